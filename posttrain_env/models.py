@@ -1,0 +1,323 @@
+"""The public contract: tool arguments and results, errors, spend and episode end.
+
+Defined once here and imported by the gateway, the workflows and the client alike. This module
+is pure (pydantic and the standard library only) so that workflow code may import it.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+# Limits of DESIGN §9. Each one has a test.
+MAX_SCRIPT_BYTES = 256 * 1024
+MAX_DEPENDENCIES = 64
+MAX_DATASETS = 16
+MAX_WAIT_TIMEOUT_S = 600
+MAX_LOG_TAIL = 2000
+DEFAULT_WAIT_TIMEOUT_S = 300
+DEFAULT_LOG_TAIL = 200
+
+MICRO = 1_000_000
+
+
+def usd(micro_usd: int) -> float:
+    """Micro-USD (the ledger's unit) as a float of USD, for the edge only."""
+    return micro_usd / MICRO
+
+
+class ErrorType(enum.StrEnum):
+    """Every error an agent can get back. The first twelve are the specification's."""
+
+    budget_exhausted = "budget_exhausted"
+    flavor_not_allowed = "flavor_not_allowed"
+    timeout_not_allowed = "timeout_not_allowed"
+    invalid_script = "invalid_script"
+    invalid_dependency = "invalid_dependency"
+    dataset_not_allowed = "dataset_not_allowed"
+    limit_reached = "limit_reached"
+    not_ready = "not_ready"
+    unknown_job = "unknown_job"
+    not_allowed = "not_allowed"
+    episode_over = "episode_over"
+    hf_error = "hf_error"
+    invalid_argument = "invalid_argument"
+
+
+class ToolError(Exception):
+    """An error answered to the agent as data: `{"error": {"type", "message", ...}}`."""
+
+    def __init__(self, type: ErrorType, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.type = ErrorType(type)
+        self.message = message
+        self.details = details
+
+    def envelope(self) -> dict[str, Any]:
+        return {"error": {"type": self.type.value, "message": self.message, **self.details}}
+
+    @classmethod
+    def from_envelope(cls, data: dict[str, Any]) -> ToolError:
+        body = dict(data["error"])
+        return cls(ErrorType(body.pop("type")), body.pop("message"), **body)
+
+
+def is_error(data: Any) -> bool:
+    return isinstance(data, dict) and isinstance(data.get("error"), dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tool arguments
+# ---------------------------------------------------------------------------------------------
+
+
+class ToolArgs(BaseModel):
+    """Base of every tool's arguments: unknown keys are refused, each field maps to an error type."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Which error type a failure on a field is reported as; anything else is invalid_argument.
+    field_error_types: ClassVar[dict[str, ErrorType]] = {}
+
+
+class NoArgs(ToolArgs):
+    pass
+
+
+class JobsSubmitArgs(ToolArgs):
+    script: str = Field(description="The Python training script (UTF-8, at most 256 KiB).")
+    flavor: str = Field(description="Hardware flavor, one of task_info's flavors.")
+    timeout_minutes: int = Field(gt=0, description="Hard time limit; the budget reserves it.")
+    dependencies: list[str] = Field(
+        default_factory=list, max_length=MAX_DEPENDENCIES,
+        description="PyPI requirement strings (names, extras, versions, markers); wheels only.",
+    )
+    datasets: list[str] = Field(
+        default_factory=list, max_length=MAX_DATASETS,
+        description="Public Hugging Face dataset repo ids, mounted at /datasets/<repo_id>.",
+    )
+
+    field_error_types: ClassVar[dict[str, ErrorType]] = {
+        "script": ErrorType.invalid_script,
+        "flavor": ErrorType.flavor_not_allowed,
+        "timeout_minutes": ErrorType.timeout_not_allowed,
+        "dependencies": ErrorType.invalid_dependency,
+        "datasets": ErrorType.dataset_not_allowed,
+    }
+
+    @field_validator("script")
+    @classmethod
+    def _script_size(cls, script: str) -> str:
+        size = len(script.encode("utf-8", errors="surrogatepass"))
+        if size > MAX_SCRIPT_BYTES:
+            raise ValueError(f"the script is {size} bytes; the limit is {MAX_SCRIPT_BYTES}")
+        return script
+
+
+class JobIdArgs(ToolArgs):
+    job_id: str = Field(description="A job id returned by jobs_submit (job-<12 hex>).")
+
+
+class JobsWaitArgs(JobIdArgs):
+    timeout_s: int = Field(
+        default=DEFAULT_WAIT_TIMEOUT_S, ge=0, le=MAX_WAIT_TIMEOUT_S,
+        description="Return at the job's next state change or after this many seconds.",
+    )
+
+
+class JobsStatusArgs(ToolArgs):
+    job_id: str | None = Field(default=None, description="One job, or every job when omitted.")
+
+
+class JobsLogsArgs(JobIdArgs):
+    tail: int = Field(
+        default=DEFAULT_LOG_TAIL, ge=1, le=MAX_LOG_TAIL, description="Last lines to return."
+    )
+
+
+ToolName = Literal[
+    "task_info", "list_hardware", "jobs_submit", "jobs_wait", "jobs_status", "jobs_logs",
+    "jobs_cancel", "dev_evaluate", "submit",
+]
+
+TOOL_ARGS: dict[str, type[ToolArgs]] = {
+    "task_info": NoArgs,
+    "list_hardware": NoArgs,
+    "jobs_submit": JobsSubmitArgs,
+    "jobs_wait": JobsWaitArgs,
+    "jobs_status": JobsStatusArgs,
+    "jobs_logs": JobsLogsArgs,
+    "jobs_cancel": JobIdArgs,
+    "dev_evaluate": JobIdArgs,
+    "submit": JobIdArgs,
+}
+
+
+def parse_tool_args(tool: str, arguments: dict[str, Any]) -> ToolArgs:
+    """Validate a tool call's arguments. Raises ToolError typed by the first failing field."""
+    model = TOOL_ARGS.get(tool)
+    if model is None:
+        known = ", ".join(TOOL_ARGS)
+        raise ToolError(ErrorType.invalid_argument, f"unknown tool {tool!r}; tools: {known}")
+    try:
+        return model.model_validate(arguments)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else ""
+        error_type = model.field_error_types.get(field, ErrorType.invalid_argument)
+        where = f"argument {field!r}" if field else "arguments"
+        raise ToolError(error_type, f"{tool}: {where}: {first['msg']}", field=field) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------------
+
+
+class JobState(enum.StrEnum):
+    queued = "queued"
+    running = "running"
+    cancelling = "cancelling"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+    timed_out = "timed_out"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset(
+    {JobState.succeeded, JobState.failed, JobState.cancelled, JobState.timed_out}
+)
+
+
+class JobView(BaseModel):
+    """What the agent sees of one of its jobs."""
+
+    job_id: str
+    state: JobState
+    flavor: str
+    timeout_minutes: int
+    created_at: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    running_s: float = 0.0
+    reserved_usd: float = 0.0
+    cost_usd: float = 0.0
+    overrun_usd: float | None = None
+    artifact: str | None = None
+    message: str = ""
+
+
+class SettledSpend(BaseModel):
+    usd: float = 0.0
+    gpu_s: float = 0.0
+    jobs: int = 0
+    calls: int = 0
+
+
+class ReservedSpend(BaseModel):
+    usd: float = 0.0
+
+
+class ServiceSpend(BaseModel):
+    """The episode's spend, on every observation (DESIGN §4)."""
+
+    version: Literal[1] = 1
+    settled: SettledSpend = Field(default_factory=SettledSpend)
+    reserved: ReservedSpend = Field(default_factory=ReservedSpend)
+    final: bool = True
+
+
+class EndReason(enum.StrEnum):
+    submitted = "submitted"
+    max_steps = "max_steps"
+    time_limit = "time_limit"
+    score_failed = "score_failed"
+    reset = "reset"
+    cancelled = "cancelled"
+
+
+class EpisodeEnd(BaseModel):
+    reason: EndReason
+    reward: float | None = None
+    # Set when the score line was missing, repeated or out of range: the reward is then 0.
+    invalid_score: str | None = None
+    contamination: dict[str, Any] | None = None
+
+
+class FlavorPrice(BaseModel):
+    """A hardware flavor with its price locked for the episode's reservations."""
+
+    name: str
+    micro_usd_per_minute: int = Field(ge=0)
+    accelerators: int = Field(default=0, ge=0)
+    accelerator: str | None = None
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "price_per_minute_micro_usd": self.micro_usd_per_minute,
+            "price_per_minute_usd": usd(self.micro_usd_per_minute),
+            "accelerator": self.accelerator,
+            "accelerators": self.accelerators,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Task specification (tasks/<task_id>/task.toml)
+# ---------------------------------------------------------------------------------------------
+
+
+class BaseModelSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    repo_id: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+    # A commit, or a branch/tag that is resolved to a commit once per episode and recorded.
+    revision: str = "main"
+    # Name of a generated tiny model the local backend uses instead; None: Hugging Face only.
+    local: str | None = None
+
+
+class TaskSpec(BaseModel):
+    """One task: what the agent is asked, what it may use, and its limits."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_]*$")
+    prompt: str = Field(min_length=1)
+    base_model: BaseModelSpec
+    flavors: list[str] = Field(min_length=1)
+    max_timeout_minutes: int = Field(gt=0)
+    budget_usd: float = Field(gt=0)
+    max_steps: int = Field(default=100, gt=0)
+    time_limit_s: int = Field(gt=0)
+    score_timeout_s: int = Field(gt=0)
+    max_concurrent_jobs: int = Field(default=2, gt=0)
+    max_dev_evaluations: int = Field(default=5, ge=0)
+    eval_flavor: str
+    eval_timeout_minutes: int = Field(gt=0)
+    # None: the backend's default cap (20 GiB on Hugging Face, 2 GiB local).
+    artifact_cap_bytes: int | None = Field(default=None, gt=0)
+    dataset_denylist: list[str] = Field(default_factory=list)
+    # Relative to the task's folder; checked when an evaluation starts.
+    evaluator: str = "evaluator.py"
+
+    @property
+    def budget_micro_usd(self) -> int:
+        # round(), not int(): 0.29 * 1e6 is 289999.99999999994 in binary floating point.
+        return round(self.budget_usd * MICRO)
+
+    def limits_view(self, prices: dict[str, FlavorPrice]) -> dict[str, Any]:
+        """The reset metadata's `task` block (DESIGN §9)."""
+        return {
+            "max_steps": self.max_steps,
+            "time_limit_s": self.time_limit_s,
+            "budget_usd": self.budget_usd,
+            "max_timeout_minutes": self.max_timeout_minutes,
+            "score_timeout_s": self.score_timeout_s,
+            "flavors": [prices[f].view() for f in self.flavors if f in prices],
+        }
