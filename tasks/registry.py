@@ -1,0 +1,121 @@
+"""Task specifications: `tasks/<task_id>/task.toml`, validated into `TaskSpec` at load.
+
+A task id comes from a client (`reset(task_id=...)`), so it is checked against `[a-z0-9_]+` before
+it is ever joined to a path. A malformed spec fails at load with a `TaskSpecError` naming the file
+and the field; the evaluator file is only looked up when an evaluation starts (`evaluator_path`).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import ValidationError
+
+from posttrain_env.models import TaskSpec
+
+TASKS_DIR = Path(__file__).parent
+SPEC_FILE = "task.toml"
+_TASK_ID = re.compile(r"[a-z0-9_]+")
+
+
+class TaskSpecError(ValueError):
+    """A task that cannot be used: unknown id, malformed spec or missing evaluator."""
+
+
+def list_tasks(tasks_dir: Path = TASKS_DIR) -> list[str]:
+    """The ids of the tasks in `tasks_dir` (folders with a task.toml), sorted."""
+    if not tasks_dir.is_dir():
+        return []
+    return sorted(
+        entry.name
+        for entry in tasks_dir.iterdir()
+        if _TASK_ID.fullmatch(entry.name) and (entry / SPEC_FILE).is_file()
+    )
+
+
+def load_task(task_id: str, tasks_dir: Path = TASKS_DIR) -> TaskSpec:
+    """Read and validate `tasks_dir/<task_id>/task.toml`.
+
+    Raises TaskSpecError for an id that is not `[a-z0-9_]+` or names no task (the message lists the
+    known ids), for invalid TOML, and for a spec that fails validation (the message names the file
+    and every failing field), including an `id` other than the folder's name.
+    """
+    if not isinstance(task_id, str) or not _TASK_ID.fullmatch(task_id):
+        raise TaskSpecError(
+            f"invalid task id {task_id!r}: ids are lowercase letters, digits and '_'; "
+            f"known tasks: {_known(tasks_dir)}"
+        )
+    path = tasks_dir / task_id / SPEC_FILE
+    if not path.is_file():
+        raise TaskSpecError(f"unknown task {task_id!r}; known tasks: {_known(tasks_dir)}")
+    shown = _shown(path, tasks_dir)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise TaskSpecError(f"{shown}: not valid TOML: {exc}") from None
+    try:
+        # Strict: TOML has real types, so a quoted number or a boolean where an integer belongs is a
+        # mistake in the spec, not something to coerce.
+        spec = TaskSpec.model_validate(data, strict=True)
+    except ValidationError as exc:
+        problems = "; ".join(_describe(error) for error in exc.errors())
+        raise TaskSpecError(f"{shown}: {problems}") from None
+    if spec.id != task_id:
+        raise TaskSpecError(
+            f"{shown}: field 'id': {spec.id!r} must equal the task's folder name {task_id!r}"
+        )
+    evaluator_problem = _evaluator_problem(spec.evaluator)
+    if evaluator_problem:
+        raise TaskSpecError(f"{shown}: field 'evaluator': {evaluator_problem}")
+    return spec
+
+
+def evaluator_path(spec: TaskSpec, tasks_dir: Path = TASKS_DIR) -> Path:
+    """The task's evaluator script. Raises TaskSpecError if it is missing or outside the task."""
+    task_dir = tasks_dir / spec.id
+    shown_spec = _shown(task_dir / SPEC_FILE, tasks_dir)
+    problem = _evaluator_problem(spec.evaluator)
+    if problem:
+        raise TaskSpecError(f"{shown_spec}: field 'evaluator': {problem}")
+    path = task_dir / spec.evaluator
+    # Resolving catches a symlink that leads out of the task's folder.
+    if not path.resolve().is_relative_to(task_dir.resolve()):
+        raise TaskSpecError(
+            f"{shown_spec}: field 'evaluator': {spec.evaluator!r} leads outside the task's folder"
+        )
+    if not path.is_file():
+        raise TaskSpecError(
+            f"task {spec.id!r} has no evaluator: {_shown(path, tasks_dir)} does not exist "
+            f"(field 'evaluator' = {spec.evaluator!r} in {shown_spec}); "
+            f"this task cannot be evaluated until it is added"
+        )
+    return path
+
+
+def _evaluator_problem(evaluator: str) -> str | None:
+    relative = PurePosixPath(evaluator)
+    if not evaluator or relative.is_absolute() or ".." in relative.parts or "\\" in evaluator:
+        return f"{evaluator!r} must be a relative path inside the task's folder"
+    return None
+
+
+def _describe(error: Any) -> str:
+    field = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    if error["type"] == "extra_forbidden":
+        return f"field '{field}': unknown key"
+    return f"field '{field}': {error['msg']}"
+
+
+def _shown(path: Path, tasks_dir: Path) -> str:
+    """`tasks/<id>/task.toml`: the path from the tasks folder's parent, short but unambiguous."""
+    try:
+        return path.relative_to(tasks_dir.parent).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _known(tasks_dir: Path) -> str:
+    return ", ".join(list_tasks(tasks_dir)) or "(none)"
