@@ -1,0 +1,237 @@
+"""The builder's output and the seccomp program, checked without running a job."""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import re
+import socket
+
+import pytest
+
+from job_launcher import launcher
+from job_launcher.builder import NONCE_ENV, LauncherConfig, build_launcher, launcher_source
+from job_launcher.requirements import script_dependencies
+from job_launcher.trusted_lines import LAUNCHER_TAG, format_trusted_line
+from posttrain_env.models import ErrorType, ToolError
+
+AGENT_SCRIPT = """\
+# /// script
+# dependencies = ["pt-probe==1.0"]
+# [tool.uv]
+# index-url = "https://evil.example/simple"
+# ///
+print("hello")
+"""
+
+
+def embedded(text: str) -> tuple[dict, str]:
+    config = re.search(r'^_EMBEDDED_CONFIG = "([A-Za-z0-9+/=]*)"$', text, re.M)
+    script = re.search(r'^_EMBEDDED_SCRIPT = "([A-Za-z0-9+/=]*)"$', text, re.M)
+    assert config and script
+    return json.loads(base64.b64decode(config[1])), base64.b64decode(script[1]).decode()
+
+
+def test_script_is_embedded_base64_and_never_becomes_the_launchers_header() -> None:
+    text = build_launcher(AGENT_SCRIPT, ["numpy"], LauncherConfig())
+    assert "evil.example" not in text
+    assert "pt-probe" not in text
+    # The only PEP 723 block uv sees is the launcher's own, and it declares no dependencies.
+    assert len(re.findall(r"(?m)^# /// script$", text)) == 1
+    assert script_dependencies(text) == []
+    config, script = embedded(text)
+    assert script == AGENT_SCRIPT
+    # The header's dependencies are merged; its other settings (the index) are not carried.
+    assert config["packages"] == ["numpy", "pt-probe==1.0"]
+    assert "evil.example" not in json.dumps(config)
+    compile(text, "launcher.py", "exec")
+
+
+def test_backend_settings_are_kept_apart_from_the_agents_packages() -> None:
+    cfg = LauncherConfig(uid=4321, gid=4322, find_links=("/opt/wheels",), no_index=True)
+    config, _ = embedded(build_launcher("print(1)\n", ["numpy"], cfg))
+    assert config["packages"] == ["numpy"]
+    assert (config["uid"], config["gid"], config["find_links"]) == (4321, 4322, ["/opt/wheels"])
+
+
+def test_the_nonce_is_not_embedded_and_the_tags_agree() -> None:
+    assert NONCE_ENV == launcher.NONCE_ENV == "POSTTRAIN_NONCE"
+    assert LAUNCHER_TAG == launcher.LAUNCHER_TAG
+    payload = {"stage": "exit", "exit_code": 0, "signal": None}
+    assert launcher.trusted_line("n0nce", payload) == format_trusted_line(
+        LAUNCHER_TAG, "n0nce", payload
+    )
+    assert '_EMBEDDED_CONFIG = ""\n' in launcher_source()
+
+
+def test_builder_refuses_what_jobs_submit_refuses() -> None:
+    with pytest.raises(ToolError) as info:
+        build_launcher("print(1)\n", ["foo @ https://evil.example/foo.whl"], LauncherConfig())
+    assert info.value.type is ErrorType.invalid_dependency
+    with pytest.raises(ToolError) as info:
+        build_launcher("def broken(:\n", [], LauncherConfig())
+    assert info.value.type is ErrorType.invalid_script
+    bad_header = '# /// script\n# dependencies = ["--index-url=https://evil.example"]\n# ///\n'
+    with pytest.raises(ToolError) as info:
+        build_launcher(bad_header, [], LauncherConfig())
+    assert info.value.type is ErrorType.invalid_dependency
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"extra_env": {"HF_TOKEN": "x"}},
+        {"extra_env": {"MY_SECRET": "x"}},
+        {"extra_env": {"POSTTRAIN_NONCE": "x"}},
+        {"extra_env": {"lower": "x"}},
+        {"uid": 0},
+        {"installer": "conda"},
+        {"find_links": "/opt/wheels"},
+    ],
+)
+def test_launcher_config_refuses_unsafe_settings(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        LauncherConfig(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The seccomp program, run through a small classic-BPF interpreter
+# ---------------------------------------------------------------------------------------------
+
+ALLOW = 0x7FFF0000
+EPERM = 0x00050000 | errno.EPERM
+ENOSYS = 0x00050000 | errno.ENOSYS
+KILL = 0x80000000
+
+
+def run_bpf(prog: list[tuple[int, int, int, int]], arch: int, nr: int, arg0: int = 0) -> int:
+    data = (nr & 0xFFFFFFFF).to_bytes(4, "little") + arch.to_bytes(4, "little")
+    data += (0).to_bytes(8, "little") + arg0.to_bytes(8, "little") + bytes(40)
+    acc, pc = 0, 0
+    for _ in range(len(prog) + 1):
+        code, jt, jf, k = prog[pc]
+        if code == 0x20:
+            acc = int.from_bytes(data[k : k + 4], "little")
+            pc += 1
+        elif code == 0x15:
+            pc += 1 + (jt if acc == k else jf)
+        elif code == 0x35:
+            pc += 1 + (jt if acc >= k else jf)
+        elif code == 0x45:
+            pc += 1 + (jt if acc & k else jf)
+        elif code == 0x05:
+            pc += 1 + k
+        elif code == 0x06:
+            return k
+        else:
+            raise AssertionError(f"unexpected opcode {code:#x}")
+    raise AssertionError("the program did not return")
+
+
+PROG = launcher.seccomp_program()
+ARCH = launcher.AUDIT_ARCH
+
+# Numbers from FACTS.md (checked on this machine) and the kernel's syscall tables.
+KNOWN = {
+    "x86_64": {
+        "socket": 41,
+        "socketpair": 53,
+        "ptrace": 101,
+        "process_vm_readv": 310,
+        "process_vm_writev": 311,
+        "seccomp": 317,
+        "getpid": 39,
+    },
+    "i386": {
+        "socket": 359,
+        "socketpair": 360,
+        "socketcall": 102,
+        "ptrace": 26,
+        "process_vm_readv": 347,
+        "process_vm_writev": 348,
+        "seccomp": 354,
+        "getpid": 20,
+    },
+    "aarch64": {
+        "socket": 198,
+        "socketpair": 199,
+        "ptrace": 117,
+        "process_vm_readv": 270,
+        "process_vm_writev": 271,
+        "seccomp": 277,
+        "getpid": 172,
+    },
+    "arm": {
+        "socket": 281,
+        "socketpair": 288,
+        "ptrace": 26,
+        "process_vm_readv": 376,
+        "process_vm_writev": 377,
+        "seccomp": 383,
+        "getpid": 20,
+    },
+}
+
+
+@pytest.mark.parametrize("arch", list(KNOWN))
+def test_syscall_tables_agree_with_the_kernel_numbers(arch: str) -> None:
+    table = launcher.SYSCALLS[arch]
+    for name, nr in KNOWN[arch].items():
+        if name != "getpid":
+            assert table[name] == nr, name
+    for name in ("io_uring_setup", "io_uring_enter", "io_uring_register", "pidfd_getfd"):
+        assert (
+            table[name]
+            == {
+                "io_uring_setup": 425,
+                "io_uring_enter": 426,
+                "io_uring_register": 427,
+                "pidfd_getfd": 438,
+            }[name]
+        )
+
+
+@pytest.mark.parametrize("arch", list(KNOWN))
+def test_filter_denies_and_allows_per_architecture(arch: str) -> None:
+    a, nrs = ARCH[arch], launcher.SYSCALLS[arch]
+    assert run_bpf(PROG, a, KNOWN[arch]["getpid"]) == ALLOW
+    for name in (
+        "ptrace",
+        "process_vm_readv",
+        "process_vm_writev",
+        "pidfd_getfd",
+        "io_uring_setup",
+        "unshare",
+        "setns",
+        "bpf",
+        "userfaultfd",
+        "perf_event_open",
+        "keyctl",
+        "mount",
+        "kexec_load",
+        "init_module",
+    ):
+        assert run_bpf(PROG, a, nrs[name]) == EPERM, name
+    assert run_bpf(PROG, a, nrs["clone3"]) == ENOSYS
+    for call in ("socket", "socketpair"):
+        assert run_bpf(PROG, a, nrs[call], socket.AF_UNIX) == ALLOW
+        for family in (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK, socket.AF_PACKET):
+            assert run_bpf(PROG, a, nrs[call], family) == EPERM
+    # clone: threads and fork allowed, any namespace flag refused.
+    assert run_bpf(PROG, a, nrs["clone"], 0x003D0F00) == ALLOW  # pthread_create's flags
+    assert run_bpf(PROG, a, nrs["clone"], 0x01200011) == ALLOW  # fork's flags
+    for flag in (0x10000000, 0x40000000, 0x20000000, 0x00020000):  # NEWUSER, NEWNET, NEWPID, NEWNS
+        assert run_bpf(PROG, a, nrs["clone"], 0x11 | flag) == EPERM
+
+
+def test_filter_checks_i386_socketcall_and_refuses_x32_and_unknown_architectures() -> None:
+    i386 = ARCH["i386"]
+    assert run_bpf(PROG, i386, 102, 1) == EPERM  # socketcall(SYS_SOCKET, …)
+    assert run_bpf(PROG, i386, 102, 8) == EPERM  # socketcall(SYS_SOCKETPAIR, …)
+    assert run_bpf(PROG, i386, 102, 3) == ALLOW  # socketcall(SYS_CONNECT, …) on an existing fd
+    x86_64 = ARCH["x86_64"]
+    assert run_bpf(PROG, x86_64, 0x40000000 | 41, socket.AF_UNIX) == EPERM  # x32 socket
+    assert run_bpf(PROG, x86_64, 0x40000000 | 39) == EPERM  # any x32 call
+    assert run_bpf(PROG, 0xC0000016, 39) == KILL  # s390x: no table, so nothing is allowed
+    assert len(PROG) <= 4096
