@@ -708,8 +708,10 @@ def drop_privileges(uid: int | None, gid: int | None) -> None:
         os.setresuid(uid, uid, uid)
         if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
             raise StageError("uid", "the uid/gid switch did not take")
-    elif uid is not None and os.getuid() != uid:
-        raise StageError("uid", f"running unprivileged as uid {os.getuid()}, not the job's {uid}")
+    elif (uid is not None and os.getresuid() != (uid, uid, uid)) or (
+        gid is not None and os.getresgid() != (gid, gid, gid)
+    ):
+        raise StageError("uid", f"running unprivileged as {os.getuid()}, not the job's {uid}")
     if 0 in os.getresuid() or 0 in os.getresgid() or 0 in os.getgroups():
         raise StageError("uid", "a root uid, gid or group remains")
     caps = capabilities()
@@ -742,7 +744,11 @@ class JobContext:
             gid = config.get("gid")
             self.gid = int(gid) if gid is not None else self.uid
         else:
-            self.uid, self.gid = os.getuid(), os.getgid()
+            # Already unprivileged (a user namespace set up by the local backend): the child
+            # verifies that it runs as the configured uid, if one is configured.
+            uid, gid = config.get("uid"), config.get("gid")
+            self.uid = int(uid) if uid is not None else os.getuid()
+            self.gid = int(gid) if gid is not None else os.getgid()
         self.user = str(config.get("user") or "job")
         self.workdir = tempfile.mkdtemp(prefix="posttrain-run-")
         self.script_path = os.path.join(self.workdir, "script.py")

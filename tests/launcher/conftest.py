@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.server
 import io
 import json
 import os
@@ -18,6 +19,7 @@ import subprocess
 import tarfile
 import tempfile
 import textwrap
+import threading
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -281,3 +283,36 @@ def live_pids_of_uid(uid: int) -> list[int]:
             if st.st_uid == uid and state != "Z":
                 pids.append(int(name))
     return pids
+
+
+class RecordingServer:
+    """An HTTP server on 127.0.0.1 that counts the requests it receives."""
+
+    def __init__(self) -> None:
+        self.requests: list[str] = []
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                owner.requests.append(self.path)
+                self.send_response(404)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def http_server() -> Iterator[RecordingServer]:
+    server = RecordingServer()
+    yield server
+    server.close()

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import platform
 import socket
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,39 +25,6 @@ def script(body: str, **constants: object) -> str:
         f"{k} = json.loads({json.dumps(json.dumps(v))})\n" for k, v in constants.items()
     )
     return SCRIPT_PRELUDE + consts + body
-
-
-class RecordingServer:
-    """An HTTP server on 127.0.0.1 that counts the requests it receives."""
-
-    def __init__(self) -> None:
-        self.requests: list[str] = []
-        owner = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                owner.requests.append(self.path)
-                self.send_response(404)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def http_server() -> Iterator[RecordingServer]:
-    server = RecordingServer()
-    yield server
-    server.close()
 
 
 # ---------------------------------------------------------------------------------------------
