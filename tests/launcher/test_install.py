@@ -223,7 +223,12 @@ try:
     inet = "opened"
 except OSError as exc:
     inet = exc.errno
-print("REPORT " + json.dumps({"uid": os.getuid(), "inet": inet}))
+try:
+    open(f"/proc/{os.getppid()}/environ", "rb").read()
+    environ = "read"
+except OSError as exc:
+    environ = exc.errno
+print("REPORT " + json.dumps({"uid": os.getuid(), "inet": inet, "parent_environ": environ}))
 """
     path = write_launcher(job_root, body, ["pt-probe==1.0"], config)
     os.chown(path, uid, uid)
@@ -238,7 +243,8 @@ print("REPORT " + json.dumps({"uid": os.getuid(), "inet": inet}))
         extra_groups=[],
     )
     assert_ran(result)
-    assert result.report() == {"uid": uid, "inet": 1}
+    # Same uid as the supervisor, yet its /proc files (environ: the nonce) stay closed.
+    assert result.report() == {"uid": uid, "inet": 1, "parent_environ": 13}
     assert result.payloads[0]["packages"] == {"pt-probe": "1.0"}
 
 
