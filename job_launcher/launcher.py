@@ -738,15 +738,13 @@ class JobContext:
         self.data_dir = str(config.get("data_dir") or "/data")
         self.outputs = os.path.join(self.data_dir, "outputs")
         self.python = os.path.join(venv, "bin", "python")
+        uid, gid = config.get("uid"), config.get("gid")
         if self.privileged:
-            self.uid = config.get("uid")
-            self.uid = int(self.uid) if self.uid is not None else choose_unused_id()
-            gid = config.get("gid")
-            self.gid = int(gid) if gid is not None else self.uid
+            self.uid: int = int(uid) if uid is not None else choose_unused_id()
+            self.gid: int = int(gid) if gid is not None else self.uid
         else:
             # Already unprivileged (a user namespace set up by the local backend): the child
             # verifies that it runs as the configured uid, if one is configured.
-            uid, gid = config.get("uid"), config.get("gid")
             self.uid = int(uid) if uid is not None else os.getuid()
             self.gid = int(gid) if gid is not None else os.getgid()
         self.user = str(config.get("user") or "job")
@@ -754,7 +752,11 @@ class JobContext:
         self.script_path = os.path.join(self.workdir, "script.py")
         self.home = os.path.join(self.workdir, "home")
         self.extra_env = {str(k): str(v) for k, v in (config.get("env") or {}).items()}
-        self._prepare(script)
+        try:
+            self._prepare(script)
+        except BaseException:
+            self.cleanup()
+            raise
 
     def _prepare(self, script: bytes) -> None:
         if not os.access(self.python, os.X_OK):
@@ -854,17 +856,28 @@ def _descendants(root: int) -> list[int]:
 
 
 def _live_pids_of_uid(uid: int) -> list[int]:
+    """Live processes with `uid` as their real, effective, saved or fs uid.
+
+    Read from /proc/<pid>/status, not the owner of /proc/<pid>: a process that made itself
+    non-dumpable shows root as that owner.
+    """
     pids = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
+        uids: list[int] = []
+        state = ""
         try:
-            st = os.stat(f"/proc/{name}")
-            with open(f"/proc/{name}/stat") as fh:
-                state = fh.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
+            with open(f"/proc/{name}/status") as fh:
+                for line in fh:
+                    if line.startswith("State:"):
+                        state = line.split()[1]
+                    elif line.startswith("Uid:"):
+                        uids = [int(x) for x in line.split()[1:]]
+                        break
+        except (OSError, ValueError, IndexError):
             continue
-        if st.st_uid == uid and state != "Z":
+        if uid in uids and state not in ("Z", "X"):
             pids.append(int(name))
     return pids
 
@@ -898,13 +911,14 @@ def kill_leftovers(ctx: JobContext, deadline_s: float = 10.0) -> list[int]:
     deadline = time.monotonic() + deadline_s
     me = os.getpid()
     while True:
+        if ctx.privileged:
+            _kill_uid(ctx.uid)
         targets = set(_descendants(me))
         if ctx.privileged:
             targets |= set(_live_pids_of_uid(ctx.uid))
         if not targets:
+            _reap()
             return []
-        if ctx.privileged:
-            _kill_uid(ctx.uid)
         for pid in targets:
             try:
                 os.kill(pid, signal.SIGKILL)

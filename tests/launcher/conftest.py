@@ -272,16 +272,19 @@ def assert_ran(result: JobResult) -> None:
 
 
 def live_pids_of_uid(uid: int) -> list[int]:
+    """Live processes whose real, effective, saved or fs uid is `uid` (from /proc/<pid>/status)."""
     pids = []
     for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                st = os.stat(f"/proc/{name}")
-                state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if st.st_uid == uid and state != "Z":
-                pids.append(int(name))
+        if not name.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{name}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        uids = [int(x) for x in fields.get("Uid", "").split()]
+        if uid in uids and fields.get("State", "").split()[:1] not in (["Z"], ["X"]):
+            pids.append(int(name))
     return pids
 
 
