@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+# The environment variable that carries a job's nonce into the job (never into history).
+NONCE_ENV = "POSTTRAIN_NONCE"
 LAUNCHER_TAG = "POSTTRAIN_LAUNCHER"
 SCORE_TAG = "POSTTRAIN_SCORE"
 # A trusted line is short; anything longer is not one of ours (and is not worth parsing).

@@ -74,7 +74,7 @@ def is_error(data: Any) -> bool:
 
 
 class ToolArgs(BaseModel):
-    """Base of every tool's arguments: unknown keys are refused, each field maps to an error type."""
+    """Base of every tool's arguments: unknown keys refused, each field mapped to an error type."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     # Which error type a failure on a field is reported as; anything else is invalid_argument.

@@ -157,6 +157,11 @@ class Ledger(BaseModel):
             overrun_micro_usd=max(0, cost - reserved),
         )
 
+    def release(self, key: str) -> Reservation:
+        """Drop `key`'s reservation without any charge: the job never started (its start failed,
+        or a server-wide cap refused it). Raises KeyError for a key not reserved."""
+        return self.reservations.pop(key)
+
     def service_spend(self, *, final: bool) -> ServiceSpend:
         """The observation's `service_spend` (DESIGN §4); `final` is the caller's to know."""
         return ServiceSpend(

@@ -1,0 +1,195 @@
+"""Activities that touch the jobs backend: start, watch, cancel, read logs and scores.
+
+Every secret a job needs (its nonce; a grader's hidden-split seed) is derived here, inside the
+activity, and handed to the backend; none is returned to a workflow (DESIGN §9).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from functools import wraps
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+from pydantic import BaseModel, Field
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+
+from activities.backend import BackendJob, JobRequest, JobRole, JobsBackend, RepoRef
+from activities.keys import ServerKey
+from job_launcher.trusted_lines import NONCE_ENV, read_score
+from posttrain_env.models import ErrorType, ToolError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+HIDDEN_SEED_SECRET = "POSTTRAIN_HIDDEN_SPLIT_SEED"
+
+
+# -- inputs and outputs (they cross the workflow boundary: no secrets) ---------------------------
+
+
+class SubmitJob(BaseModel):
+    key: str  # the job workflow's id: the idempotency key
+    role: JobRole
+    episode_id: str
+    task_id: str
+    job_id: str
+    flavor: str
+    timeout_s: int
+    script: str = ""
+    dependencies: list[str] = Field(default_factory=list)
+    datasets: list[RepoRef] = Field(default_factory=list)
+    base_model: RepoRef
+    artifact_ref: str | None = None
+    now: datetime
+
+
+class ObserveJobs(BaseModel):
+    refs: list[str]
+    now: datetime
+
+
+class JobRef(BaseModel):
+    ref: str
+    key: str
+    now: datetime
+
+
+class JobLogs(JobRef):
+    tail: int
+
+
+class ScoreResult(BaseModel):
+    score: float
+    valid: bool
+    reason: str = ""
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ResolveDatasets(BaseModel):
+    repo_ids: list[str]
+    denylist: list[str] = Field(default_factory=list)
+
+
+class WatchRequest(BaseModel):
+    """Registers a job with the namespace's watcher (sent by signal-with-start)."""
+
+    ref: str
+    workflow_id: str
+    state: str
+
+
+class WatcherSettings(BaseModel):
+    workflow_id: str
+    interval_s: float = 30.0
+    # An idle watcher exits after this long with nothing to watch.
+    idle_exit_s: float = 60.0
+
+
+def agent_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Turn a ToolError into a non-retryable ApplicationError typed by the error enum."""
+
+    @wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except ToolError as err:
+            raise ApplicationError(err.message, err.details, type=err.type.value,
+                                   non_retryable=True) from None
+
+    return wrapper
+
+
+class JobsActivities:
+    def __init__(
+        self, backend: JobsBackend, key: ServerKey, client: Client, tasks_dir: Path,
+        watcher: WatcherSettings,
+    ) -> None:
+        self._backend = backend
+        self._key = key
+        self._client = client
+        self._tasks_dir = tasks_dir
+        self._watcher = watcher
+
+    @activity.defn
+    @agent_errors
+    async def submit_job(self, job: SubmitJob) -> BackendJob:
+        """Start the job unless one with its key exists (a retried submit), then watch it."""
+        found = await self._backend.find_by_key(job.key, job.now)
+        started = found if found is not None else await self._backend.submit(self._request(job))
+        await self._watch(started, job.key)
+        return started
+
+    @activity.defn
+    async def observe_jobs(self, observe: ObserveJobs) -> dict[str, BackendJob]:
+        return await self._backend.observe(observe.refs, observe.now)
+
+    @activity.defn
+    @agent_errors
+    async def cancel_job(self, job: JobRef) -> BackendJob:
+        return await self._backend.cancel(job.ref, job.now)
+
+    @activity.defn
+    @agent_errors
+    async def job_logs(self, job: JobLogs) -> list[str]:
+        lines = await self._backend.logs(job.ref, job.tail, job.now)
+        # The launcher's own lines carry the job's nonce; the agent never needs to see it.
+        nonce = self._key.job_nonce(job.key)
+        return [line.replace(nonce, "<nonce>") for line in lines]
+
+    @activity.defn
+    @agent_errors
+    async def read_score(self, job: JobRef) -> ScoreResult:
+        lines = await self._backend.logs(job.ref, 10_000, job.now)
+        reading = read_score(lines, self._key.job_nonce(job.key))
+        return ScoreResult(score=reading.score, valid=reading.valid, reason=reading.reason,
+                           details=reading.details)
+
+    @activity.defn
+    @agent_errors
+    async def resolve_datasets(self, datasets: ResolveDatasets) -> list[RepoRef]:
+        return [RepoRef(repo_id=repo_id,
+                        revision=await self._backend.resolve_dataset(repo_id, datasets.denylist))
+                for repo_id in datasets.repo_ids]
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _request(self, job: SubmitJob) -> JobRequest:
+        env = {NONCE_ENV: self._key.job_nonce(job.key)}
+        secrets: dict[str, str] = {}
+        script = job.script
+        if job.role is not JobRole.agent:
+            script = self._evaluator_script(job.task_id)
+        if job.role is JobRole.grader:
+            secrets[HIDDEN_SEED_SECRET] = self._key.hidden_split_seed(job.episode_id)
+        return JobRequest(
+            key=job.key, role=job.role, episode_id=job.episode_id, task_id=job.task_id,
+            job_id=job.job_id, flavor=job.flavor, timeout_s=job.timeout_s, script=script,
+            dependencies=job.dependencies, datasets=job.datasets, base_model=job.base_model,
+            artifact_ref=job.artifact_ref, env=env, secrets=secrets, now=job.now,
+        )
+
+    def _evaluator_script(self, task_id: str) -> str:
+        from tasks.registry import TaskSpecError, evaluator_path, load_task
+
+        try:
+            return evaluator_path(load_task(task_id, self._tasks_dir), self._tasks_dir).read_text()
+        except TaskSpecError as err:
+            raise ToolError(ErrorType.not_allowed,
+                            f"evaluations are unavailable for this task: {err}") from None
+
+    async def _watch(self, job: BackendJob, key: str) -> None:
+        from workflows.watcher import WatcherInput, WatcherWorkflow
+
+        info = activity.info()
+        await self._client.start_workflow(
+            WatcherWorkflow.run,
+            WatcherInput(interval_s=self._watcher.interval_s,
+                         idle_exit_s=self._watcher.idle_exit_s),
+            id=self._watcher.workflow_id, task_queue=info.task_queue,
+            start_signal="watch",
+            start_signal_args=[WatchRequest(ref=job.ref, workflow_id=key, state=job.state.value)],
+        )

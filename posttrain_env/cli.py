@@ -1,0 +1,51 @@
+"""`posttrain-env` command line: `worker` (more subcommands arrive with their issues)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+
+async def _run_worker() -> None:
+    from posttrain_env.settings import Settings
+    from posttrain_env.worker import build_worker, connect, make_backend
+
+    settings = Settings()
+    backend = make_backend(settings)
+    client = await connect(settings)
+    worker = build_worker(client, settings, backend)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    logging.info("worker on task queue %r at %s (backend %s)", settings.task_queue,
+                 settings.temporal_address, backend.name)
+    async with worker:
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="posttrain-env")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("worker", help="run a Temporal worker on the task queue `posttrain`")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    status = 0
+    try:
+        if args.command == "worker":
+            asyncio.run(_run_worker())
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else 1
+        if not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except Exception:
+        logging.exception("posttrain-env %s failed", args.command)
+        status = 1
+    # The SDK can abort at interpreter exit (temporalio/sdk-python#300): exit with our status.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -1,0 +1,54 @@
+"""Server settings, read once from the environment by the server and the worker (never by agents).
+
+Not imported by `posttrain_env/__init__.py`: the client pulls in no server configuration.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from posttrain_env.models import MICRO
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "posttrain-env"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="POSTTRAIN_", extra="ignore")
+
+    hf_token: SecretStr | None = Field(default=None, validation_alias="HF_TOKEN")
+    # `hf` spends money and must be chosen explicitly; `fake` is for development and tests.
+    backend: Literal["local", "hf", "fake"] = "local"
+    namespace: str | None = None
+    state_dir: Path = Field(default_factory=default_state_dir)
+    temporal_address: str = Field(default="127.0.0.1:7233",
+                                  validation_alias=AliasChoices("TEMPORAL_ADDRESS"))
+    temporal_namespace: str = Field(default="default",
+                                    validation_alias=AliasChoices("TEMPORAL_NAMESPACE"))
+    task_queue: str = "posttrain"
+    api_keys: str = ""  # comma-separated
+    cancel_confirm_s: int = Field(default=120, gt=0)
+    job_python: str = "/usr/bin/python3"
+    max_live_episodes: int | None = Field(default=None, gt=0)
+    spend_cap_usd: float | None = Field(default=None, gt=0)
+    watch_interval_s: float = Field(default=30.0, gt=0)
+
+    @field_validator("max_live_episodes", "spend_cap_usd", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @property
+    def spend_cap_micro_usd(self) -> int | None:
+        return None if self.spend_cap_usd is None else round(self.spend_cap_usd * MICRO)
+
+    @property
+    def api_key_list(self) -> list[str]:
+        return [key.strip() for key in self.api_keys.split(",") if key.strip()]

@@ -1,0 +1,66 @@
+"""Wiring of the Temporal worker: the workflows, and the activities with their injected clients."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+
+from activities.backend import JobsBackend
+from activities.episodes import EpisodeActivities, EpisodeConfig
+from activities.jobs import JobsActivities, WatcherSettings
+from activities.keys import ServerKey
+from posttrain_env.settings import Settings
+from tasks.registry import TASKS_DIR
+from workflows.account import AccountWorkflow
+from workflows.episode import EpisodeWorkflow
+from workflows.ids import account_workflow_id, watcher_workflow_id
+from workflows.job import JobWorkflow
+from workflows.session import SessionWorkflow
+from workflows.watcher import WatcherWorkflow
+
+WORKFLOWS: Sequence[type] = (
+    SessionWorkflow, EpisodeWorkflow, JobWorkflow, WatcherWorkflow, AccountWorkflow)
+
+
+async def connect(settings: Settings) -> Client:
+    return await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace,
+                                data_converter=pydantic_data_converter)
+
+
+def make_backend(settings: Settings) -> JobsBackend:
+    if settings.backend == "fake":
+        from activities.fake_backend import FakeBackend
+
+        return FakeBackend(settings.state_dir / "fake")
+    raise SystemExit(
+        f"POSTTRAIN_BACKEND={settings.backend!r} is not available in this build yet; "
+        "use POSTTRAIN_BACKEND=fake")
+
+
+def build_worker(
+    client: Client, settings: Settings, backend: JobsBackend, *, task_queue: str | None = None,
+    tasks_dir: Path = TASKS_DIR, watch_interval_s: float | None = None,
+) -> Worker:
+    """A worker for `task_queue` (default: the settings') with every workflow and activity."""
+    queue = task_queue or settings.task_queue
+    namespace = client.namespace
+    key = ServerKey.load_or_create(settings.state_dir / "server.key")
+    watcher = WatcherSettings(workflow_id=watcher_workflow_id(namespace, queue),
+                              interval_s=watch_interval_s or settings.watch_interval_s)
+    jobs = JobsActivities(backend, key, client, tasks_dir, watcher)
+    episodes = EpisodeActivities(backend, client, EpisodeConfig(
+        tasks_dir=tasks_dir, watcher_workflow_id=watcher.workflow_id,
+        account_workflow_id=account_workflow_id(namespace, queue),
+        cancel_confirm_s=settings.cancel_confirm_s,
+        max_live_episodes=settings.max_live_episodes,
+        spend_cap_micro_usd=settings.spend_cap_micro_usd))
+    return Worker(
+        client, task_queue=queue, workflows=list(WORKFLOWS),
+        activities=[jobs.submit_job, jobs.observe_jobs, jobs.cancel_job, jobs.job_logs,
+                    jobs.read_score, jobs.resolve_datasets, episodes.prepare_episode,
+                    episodes.reserve_server_spend],
+    )

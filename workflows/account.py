@@ -1,0 +1,90 @@
+"""AccountWorkflow: the server-wide caps over all live episodes of a namespace and task queue.
+
+`POSTTRAIN_MAX_LIVE_EPISODES` and `POSTTRAIN_SPEND_CAP_USD` (reserved + settled of live
+episodes). Episodes are admitted and their reservations checked by Updates (sent from
+activities), their exposure reported and their retirement announced by Signals.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+from temporalio import workflow
+from temporalio.exceptions import ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from posttrain_env.models import ErrorType, usd
+    from workflows.ids import SIGNAL_EXPOSURE, SIGNAL_RETIRE
+
+
+class Admission(BaseModel):
+    episode_id: str
+    max_live_episodes: int | None = None
+    spend_cap_micro_usd: int | None = None
+
+
+class Exposure(BaseModel):
+    episode_id: str
+    committed_micro_usd: int  # settled + reserved
+
+
+class ExposureCheck(Exposure):
+    cap_micro_usd: int
+
+
+class AccountState(BaseModel):
+    live: dict[str, int] = Field(default_factory=dict)
+
+
+@workflow.defn
+class AccountWorkflow:
+    @workflow.init
+    def __init__(self, state: AccountState) -> None:
+        self._live = dict(state.live)
+
+    @workflow.run
+    async def run(self, state: AccountState) -> None:
+        await workflow.wait_condition(lambda: workflow.info().is_continue_as_new_suggested())
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(AccountState(live=self._live))
+
+    @workflow.update
+    def admit(self, admission: Admission) -> None:
+        if admission.episode_id in self._live:
+            return
+        limit = admission.max_live_episodes
+        if limit is not None and len(self._live) >= limit:
+            raise ApplicationError(
+                f"the server runs its maximum of {limit} live episodes; try again when one "
+                "ends", {"limit": limit}, type=ErrorType.limit_reached.value, non_retryable=True)
+        cap = admission.spend_cap_micro_usd
+        if cap is not None and sum(self._live.values()) >= cap:
+            raise ApplicationError(
+                f"the server-wide spend cap of ${usd(cap):.6f} is used by live episodes; try "
+                "again when one ends", {"cap_usd": usd(cap)},
+                type=ErrorType.budget_exhausted.value, non_retryable=True)
+        self._live[admission.episode_id] = 0
+
+    @workflow.update
+    def check_exposure(self, check: ExposureCheck) -> None:
+        """Accept the episode's new committed total unless the server-wide cap is exceeded."""
+        others = sum(v for k, v in self._live.items() if k != check.episode_id)
+        if others + check.committed_micro_usd > check.cap_micro_usd:
+            raise ApplicationError(
+                f"the server-wide spend cap of ${usd(check.cap_micro_usd):.6f} would be "
+                "exceeded; wait for running jobs to finish or use a shorter timeout",
+                {"cap_usd": usd(check.cap_micro_usd)},
+                type=ErrorType.budget_exhausted.value, non_retryable=True)
+        self._live[check.episode_id] = check.committed_micro_usd
+
+    @workflow.signal(name=SIGNAL_EXPOSURE)
+    def exposure(self, exposure: Exposure) -> None:
+        if exposure.episode_id in self._live:
+            self._live[exposure.episode_id] = exposure.committed_micro_usd
+
+    @workflow.signal(name=SIGNAL_RETIRE)
+    def retire(self, episode_id: str) -> None:
+        self._live.pop(episode_id, None)
+
+    @workflow.query
+    def live(self) -> dict[str, int]:
+        return dict(self._live)

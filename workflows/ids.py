@@ -1,0 +1,37 @@
+"""Workflow ids, derived from domain ids (never from a capability such as a session id)."""
+
+from __future__ import annotations
+
+import hashlib
+
+TASK_QUEUE = "posttrain"
+
+
+def session_workflow_id(session_id: str) -> str:
+    # A hash: the session id is a capability and must not appear in Temporal's UI or history.
+    return "session-" + hashlib.sha256(session_id.encode()).hexdigest()[:32]
+
+
+def episode_workflow_id(episode_id: str) -> str:
+    return f"episode-{episode_id}"
+
+
+def job_workflow_id(episode_id: str, n: int) -> str:
+    return f"episode-{episode_id}/job/{n}"
+
+
+def watcher_workflow_id(namespace: str, task_queue: str) -> str:
+    return f"posttrain-watcher/{namespace}/{task_queue}"
+
+
+def account_workflow_id(namespace: str, task_queue: str) -> str:
+    return f"posttrain-account/{namespace}/{task_queue}"
+
+
+# Signals sent between workflows that would otherwise import each other in a cycle. Each
+# handler declares its name with the same constant, so sender and receiver cannot drift apart.
+SIGNAL_JOB_CHANGED = "job_changed"  # JobWorkflow -> EpisodeWorkflow
+SIGNAL_EPISODE_CLOSED = "episode_closed"  # EpisodeWorkflow -> SessionWorkflow
+SIGNAL_LOOK_NOW = "look_now"  # EpisodeWorkflow, JobWorkflow -> WatcherWorkflow
+SIGNAL_EXPOSURE = "exposure"  # EpisodeWorkflow -> AccountWorkflow
+SIGNAL_RETIRE = "retire"  # EpisodeWorkflow -> AccountWorkflow

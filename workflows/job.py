@@ -1,0 +1,216 @@
+"""JobWorkflow: the life of one job (an agent's, or a dev or grader evaluation).
+
+Submit idempotently (keyed by this workflow's id), then follow the state changes the watcher
+pushes, cancel and confirm on request, read the score of an evaluation, and report every change
+to the parent episode by signal. History grows with state changes, not with the job's duration.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from pydantic import BaseModel, Field
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.backend import BackendJob, JobRole, RepoRef
+    from activities.jobs import JobRef, JobsActivities, ScoreResult, SubmitJob
+    from posttrain_env.models import JobState
+    from workflows.errors import tool_error_of
+    from workflows.ids import SIGNAL_JOB_CHANGED, SIGNAL_LOOK_NOW
+    from workflows.policies import (
+        OBSERVE_TIMEOUT,
+        PERSISTENT_RETRY,
+        READ_RETRY,
+        READ_TIMEOUT,
+        SUBMIT_RETRY,
+        SUBMIT_TIMEOUT,
+    )
+    from workflows.waiting import wait_until
+
+# How long past its own timeout a job may go unreported before we cancel it ourselves.
+GUARD_GRACE_S = 600
+# A cancellation not yet confirmed is asked for again after this long, doubling up to the cap.
+CANCEL_REISSUE_S = 15
+CANCEL_REISSUE_MAX_S = 600
+
+
+class JobInput(BaseModel):
+    job_id: str
+    role: JobRole
+    episode_id: str
+    task_id: str
+    flavor: str
+    timeout_s: int
+    base_model: RepoRef
+    script: str = ""
+    dependencies: list[str] = Field(default_factory=list)
+    datasets: list[RepoRef] = Field(default_factory=list)
+    artifact_ref: str | None = None
+    parent_workflow_id: str
+    watcher_workflow_id: str
+
+
+class JobSnapshot(BaseModel):
+    """What a job workflow reports to its episode, at every state change."""
+
+    job_id: str
+    state: JobState
+    backend: BackendJob | None = None
+    error: dict | None = None  # the typed error envelope when the submit failed
+    score: ScoreResult | None = None
+    message: str = ""
+    final: bool = False  # nothing about this job will change any more
+
+
+@workflow.defn
+class JobWorkflow:
+    def __init__(self) -> None:
+        self._state = JobState.queued
+        self._job: BackendJob | None = None
+        self._inbox: list[BackendJob] = []
+        self._cancel_requested = False
+        self._message = ""
+
+    @workflow.run
+    async def run(self, inp: JobInput) -> JobSnapshot:
+        self._inp = inp
+        try:
+            started = await workflow.execute_activity_method(
+                JobsActivities.submit_job, self._submit_request(),
+                start_to_close_timeout=SUBMIT_TIMEOUT, retry_policy=SUBMIT_RETRY,
+            )
+        except ActivityError as err:
+            error = tool_error_of(err)
+            return await self._finish(JobSnapshot(
+                job_id=inp.job_id, state=JobState.failed, error=error.envelope(),
+                message=error.message, final=True))
+        await self._apply(started, report=True)  # the episode waits for this first report
+        await self._follow_until_terminal()
+        score = await self._score() if self._state is JobState.succeeded else None
+        return await self._finish(self._snapshot(final=True, score=score))
+
+    @workflow.signal
+    def observed(self, job: BackendJob) -> None:
+        """The watcher saw this job change state."""
+        self._inbox.append(job)
+
+    @workflow.signal
+    def cancel(self) -> None:
+        self._cancel_requested = True
+
+    @workflow.query
+    def snapshot(self) -> JobSnapshot:
+        return self._snapshot(final=False)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _submit_request(self) -> SubmitJob:
+        inp = self._inp
+        return SubmitJob(
+            key=workflow.info().workflow_id, role=inp.role, episode_id=inp.episode_id,
+            task_id=inp.task_id, job_id=inp.job_id, flavor=inp.flavor, timeout_s=inp.timeout_s,
+            script=inp.script, dependencies=inp.dependencies, datasets=inp.datasets,
+            base_model=inp.base_model, artifact_ref=inp.artifact_ref, now=workflow.now(),
+        )
+
+    async def _follow_until_terminal(self) -> None:
+        assert self._job is not None
+        guard_at = workflow.now() + timedelta(seconds=self._inp.timeout_s + GUARD_GRACE_S)
+        cancel_sent_at: datetime | None = None
+        reissue_s = CANCEL_REISSUE_S
+        while not self._state.terminal:
+            if self._cancel_requested and cancel_sent_at is None:
+                cancel_sent_at = workflow.now()
+                await self._request_cancel()
+                continue
+            if cancel_sent_at is not None:
+                wake_at = cancel_sent_at + timedelta(seconds=reissue_s)
+            else:
+                wake_at = guard_at
+            timeout = max(wake_at - workflow.now(), timedelta(seconds=1))
+            cancel_pending = cancel_sent_at is None
+            woken = await wait_until(
+                lambda pending=cancel_pending: bool(self._inbox)
+                or (self._cancel_requested and pending), timeout)
+            if not woken:
+                if cancel_sent_at is None:  # the job overstayed its own timeout: stop it
+                    self._message = "the job overstayed its timeout and was cancelled"
+                    self._cancel_requested = True
+                else:  # still not confirmed: ask again, less often each time
+                    cancel_sent_at = workflow.now()
+                    reissue_s = min(reissue_s * 2, CANCEL_REISSUE_MAX_S)
+                    await self._request_cancel()
+                continue
+            inbox, self._inbox = self._inbox, []
+            for job in inbox:
+                await self._apply(job)
+            if workflow.info().is_continue_as_new_suggested():
+                workflow.logger.warning("job %s history is long", self._inp.job_id)
+
+    async def _request_cancel(self) -> None:
+        assert self._job is not None
+        if self._state is not JobState.cancelling:
+            self._state = JobState.cancelling
+            await self._report(self._snapshot(final=False))
+        try:
+            job = await workflow.execute_activity_method(
+                JobsActivities.cancel_job,
+                JobRef(ref=self._job.ref, key=workflow.info().workflow_id, now=workflow.now()),
+                start_to_close_timeout=OBSERVE_TIMEOUT, retry_policy=PERSISTENT_RETRY,
+            )
+        except ActivityError as err:
+            self._message = tool_error_of(err).message
+            return
+        await self._apply(job)
+        if not self._state.terminal:
+            await self._ask_watcher_to_look()
+
+    async def _apply(self, job: BackendJob, *, report: bool = False) -> None:
+        """Take a backend observation; report it to the episode if our state changed."""
+        self._job = job
+        if self._state is JobState.cancelling and not job.state.terminal:
+            return  # still stopping: the backend's `running` does not undo our cancelling
+        changed = report or job.state is not self._state
+        self._state = job.state
+        if changed and not job.state.terminal:
+            await self._report(self._snapshot(final=False))
+
+    async def _score(self) -> ScoreResult | None:
+        if self._inp.role is JobRole.agent or self._job is None:
+            return None
+        try:
+            return await workflow.execute_activity_method(
+                JobsActivities.read_score,
+                JobRef(ref=self._job.ref, key=workflow.info().workflow_id, now=workflow.now()),
+                start_to_close_timeout=READ_TIMEOUT, retry_policy=READ_RETRY,
+            )
+        except ActivityError as err:
+            self._message = f"could not read the evaluation's log: {tool_error_of(err).message}"
+            return None
+
+    def _snapshot(self, *, final: bool, score: ScoreResult | None = None) -> JobSnapshot:
+        message = self._message or (self._job.message if self._job else "")
+        return JobSnapshot(job_id=self._inp.job_id, state=self._state, backend=self._job,
+                           score=score, message=message, final=final)
+
+    async def _finish(self, snapshot: JobSnapshot) -> JobSnapshot:
+        await self._report(snapshot)
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return snapshot
+
+    async def _report(self, snapshot: JobSnapshot) -> None:
+        handle = workflow.get_external_workflow_handle(self._inp.parent_workflow_id)
+        try:
+            await handle.signal(SIGNAL_JOB_CHANGED, snapshot)
+        except FailureError:
+            workflow.logger.warning("episode %s is gone; job %s not reported",
+                                    self._inp.episode_id, self._inp.job_id)
+
+    async def _ask_watcher_to_look(self) -> None:
+        handle = workflow.get_external_workflow_handle(self._inp.watcher_workflow_id)
+        try:
+            await handle.signal(SIGNAL_LOOK_NOW)
+        except FailureError:
+            pass  # no watcher running: the cancel re-issue loop still looks again

@@ -1,0 +1,91 @@
+"""WatcherWorkflow: one per namespace and task queue; lists watched jobs in one call and signals
+only the job workflows whose state changed, so a job's own history grows with its state changes,
+not with its duration (DESIGN §3). Started by signal-with-start; exits when it has nothing to
+watch, so nothing keeps polling under time skipping.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import BaseModel, Field
+from temporalio import workflow
+from temporalio.exceptions import FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.backend import BackendJob
+    from activities.jobs import JobsActivities, ObserveJobs, WatchRequest
+    from posttrain_env.models import JobState
+    from workflows.ids import SIGNAL_LOOK_NOW
+    from workflows.job import JobWorkflow
+    from workflows.policies import OBSERVE_TIMEOUT, PERSISTENT_RETRY
+    from workflows.waiting import wait_until
+
+
+class WatcherInput(BaseModel):
+    interval_s: float = 30.0
+    idle_exit_s: float = 60.0
+    watched: dict[str, WatchRequest] = Field(default_factory=dict)
+
+
+@workflow.defn
+class WatcherWorkflow:
+    def __init__(self) -> None:
+        self._watched: dict[str, WatchRequest] = {}
+        self._look_now = False
+
+    @workflow.run
+    async def run(self, inp: WatcherInput) -> None:
+        self._watched.update(inp.watched)
+        while True:
+            if not self._watched:
+                await wait_until(lambda: bool(self._watched),
+                                 timedelta(seconds=inp.idle_exit_s))
+                if not self._watched:
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    if not self._watched:
+                        return
+            await self._observe_once()
+            self._look_now = False
+            if workflow.info().is_continue_as_new_suggested():
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(inp.model_copy(update={"watched": dict(self._watched)}))
+            await wait_until(lambda: self._look_now, timedelta(seconds=inp.interval_s))
+
+    @workflow.signal
+    def watch(self, request: WatchRequest) -> None:
+        if not JobState(request.state).terminal:
+            self._watched[request.ref] = request
+        self._look_now = True
+
+    @workflow.signal(name=SIGNAL_LOOK_NOW)
+    def look_now(self) -> None:
+        """A `jobs_wait` is pending: look sooner than the interval."""
+        self._look_now = True
+
+    @workflow.query
+    def watched(self) -> list[str]:
+        return sorted(self._watched)
+
+    async def _observe_once(self) -> None:
+        refs = sorted(self._watched)
+        observed: dict[str, BackendJob] = await workflow.execute_activity_method(
+            JobsActivities.observe_jobs, ObserveJobs(refs=refs, now=workflow.now()),
+            start_to_close_timeout=OBSERVE_TIMEOUT, retry_policy=PERSISTENT_RETRY,
+        )
+        for ref, job in observed.items():
+            request = self._watched.get(ref)
+            if request is None or job.state.value == request.state:
+                continue
+            request.state = job.state.value
+            await self._notify(request, job)
+            if job.state.terminal:
+                self._watched.pop(ref, None)
+
+    async def _notify(self, request: WatchRequest, job: BackendJob) -> None:
+        handle = workflow.get_external_workflow_handle(request.workflow_id)
+        try:
+            await handle.signal(JobWorkflow.observed, job)
+        except FailureError:
+            # The job's workflow is gone (it finished or was terminated): stop watching for it.
+            self._watched.pop(request.ref, None)
