@@ -37,6 +37,7 @@ class EpisodeConfig(BaseModel):
     cancel_confirm_s: int = 120
     max_live_episodes: int | None = None
     spend_cap_micro_usd: int | None = None
+    continue_as_new_events: int | None = None
 
 
 class EpisodeActivities:
@@ -72,7 +73,8 @@ class EpisodeActivities:
             prices_simulated=self._backend.prices_simulated,
             cancel_confirm_s=config.cancel_confirm_s,
             watcher_workflow_id=config.watcher_workflow_id, caps=caps,
-            session_workflow_id=request.session_workflow_id)
+            session_workflow_id=request.session_workflow_id,
+            continue_as_new_events=config.continue_as_new_events)
 
     @activity.defn
     @agent_errors

@@ -45,6 +45,9 @@ class FakeJobScript(BaseModel):
     queue_s: float = 5.0
     run_s: float = 60.0
     outcome: Literal["succeeded", "failed"] = "succeeded"
+    # A job that reaches its timeout keeps running (and billing) this long before it stops,
+    # as Hugging Face's stop lag can make it: the settlement then exceeds the reservation.
+    stop_lag_s: float = 0.0
     # Seconds from the cancel request to a confirmed `cancelled`; None: never confirmed.
     cancel_confirm_after_s: float | None = 0.0
     # Operation name ("submit", "observe", "cancel", "logs") -> calls that fail with a 503 first.
@@ -231,7 +234,8 @@ def _view(job: _FakeJob, now: datetime) -> BackendJob:
     rule, created = job.rule, job.created_at
     start = created + timedelta(seconds=rule.queue_s)
     timeout_s = job.request.timeout_s
-    natural_end = start + timedelta(seconds=min(rule.run_s, timeout_s))
+    ran_s = rule.run_s if rule.run_s <= timeout_s else timeout_s + rule.stop_lag_s
+    natural_end = start + timedelta(seconds=ran_s)
     outcome = JobState(rule.outcome) if rule.run_s <= timeout_s else JobState.timed_out
     end, final = natural_end, outcome
     cancel_at = job.cancel_requested_at

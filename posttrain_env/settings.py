@@ -39,8 +39,14 @@ class Settings(BaseSettings):
     max_live_episodes: int | None = Field(default=None, gt=0)
     spend_cap_usd: float | None = Field(default=None, gt=0)
     watch_interval_s: float = Field(default=30.0, gt=0)
+    # Where task specs live (default: the `tasks` package shipped with the server).
+    tasks_dir: Path | None = None
+    # Continue an episode as new past this many history events (default: when Temporal
+    # suggests it, ~4,000 events on the dev server). Lower it to exercise the path.
+    continue_as_new_events: int | None = Field(default=None, ge=100)
 
-    @field_validator("max_live_episodes", "spend_cap_usd", mode="before")
+    @field_validator("max_live_episodes", "spend_cap_usd", "tasks_dir", "continue_as_new_events",
+                     mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value

@@ -43,10 +43,11 @@ def make_backend(settings: Settings) -> JobsBackend:
 
 def build_worker(
     client: Client, settings: Settings, backend: JobsBackend, *, task_queue: str | None = None,
-    tasks_dir: Path = TASKS_DIR, watch_interval_s: float | None = None,
+    tasks_dir: Path | None = None, watch_interval_s: float | None = None,
 ) -> Worker:
     """A worker for `task_queue` (default: the settings') with every workflow and activity."""
     queue = task_queue or settings.task_queue
+    tasks_dir = tasks_dir or settings.tasks_dir or TASKS_DIR
     namespace = client.namespace
     key = ServerKey.load_or_create(settings.state_dir / "server.key")
     watcher = WatcherSettings(workflow_id=watcher_workflow_id(namespace, queue),
@@ -57,7 +58,8 @@ def build_worker(
         account_workflow_id=account_workflow_id(namespace, queue),
         cancel_confirm_s=settings.cancel_confirm_s,
         max_live_episodes=settings.max_live_episodes,
-        spend_cap_micro_usd=settings.spend_cap_micro_usd))
+        spend_cap_micro_usd=settings.spend_cap_micro_usd,
+        continue_as_new_events=settings.continue_as_new_events))
     return Worker(
         client, task_queue=queue, workflows=list(WORKFLOWS),
         activities=[jobs.submit_job, jobs.observe_jobs, jobs.cancel_job, jobs.job_logs,

@@ -1,4 +1,10 @@
-"""Shared fixtures: one Temporal environment per session, a fresh task queue per test."""
+"""Shared fixtures: a fresh time-skipping Temporal test server per test.
+
+STYLE.md suggests one environment per session; the test server has one global clock, and any
+workflow a finished test leaves behind (an activity scheduled on a task queue whose worker is
+gone, say) stalls time skipping for every later test. A test server starts in ~0.1 s here,
+so each test gets its own and no test can stall another.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ def binary(name: str) -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
         data_converter=pydantic_data_converter,

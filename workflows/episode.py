@@ -95,10 +95,11 @@ class EpisodeWorkflow(EpisodeTools):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 if self._all_final():
                     break
-            if workflow.info().is_continue_as_new_suggested() and not self._s.submitting:
+            if self._history_is_long() and not self._s.submitting:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(EpisodeInput(setup=self._setup, carry=self._s))
         await self._reply_if_due()
+        await self._announce_close()
         await self._account_retire()
         assert self._s.end is not None
         return self._s.end
@@ -166,6 +167,11 @@ class EpisodeWorkflow(EpisodeTools):
             cancelling=self._unconfirmed(),
         )
 
+    @workflow.query
+    def result_of(self, request_id: str) -> ToolResult | None:
+        """The answer to a finished request, while it is among the recent ones remembered."""
+        return self._s.recent.get(request_id)
+
     # -- ending --------------------------------------------------------------------------------
 
     async def _end(self, reason: EndReason, reward: float | None,
@@ -188,7 +194,14 @@ class EpisodeWorkflow(EpisodeTools):
     def _should_wake(self) -> bool:
         if self._s.end is not None:
             return self._all_final()
-        return workflow.info().is_continue_as_new_suggested() and not self._s.submitting
+        return self._history_is_long() and not self._s.submitting
+
+    def _history_is_long(self) -> bool:
+        info = workflow.info()
+        limit = self._setup.continue_as_new_events
+        if limit is not None:
+            return info.get_current_history_length() >= limit
+        return info.is_continue_as_new_suggested()
 
     def _next_timer(self) -> timedelta | None:
         if self._s.end is None:
@@ -213,6 +226,21 @@ class EpisodeWorkflow(EpisodeTools):
                                service_spend=self._spend(), unconfirmed=self._unconfirmed())
         try:
             await workflow.get_external_workflow_handle(self._reply_to).signal(
+                SIGNAL_EPISODE_CLOSED, closed)
+        except FailureError:
+            workflow.logger.warning("session of episode %s is gone", self._setup.episode_id)
+
+    async def _announce_close(self) -> None:
+        """Tell the session the episode is closed, so that it never signals a completed run."""
+        session = self._setup.session_workflow_id
+        if session is None or (self._reply_to == session and self._replied and
+                               not self._unconfirmed()):
+            return
+        assert self._s.end is not None
+        closed = EpisodeClosed(episode_id=self._setup.episode_id, end=self._s.end,
+                               service_spend=self._spend())
+        try:
+            await workflow.get_external_workflow_handle(session).signal(
                 SIGNAL_EPISODE_CLOSED, closed)
         except FailureError:
             workflow.logger.warning("session of episode %s is gone", self._setup.episode_id)

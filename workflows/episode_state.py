@@ -67,6 +67,8 @@ class EpisodeSetup(BaseModel):
     watcher_workflow_id: str
     caps: Caps
     session_workflow_id: str | None = None
+    # None: continue as new when Temporal suggests it; else past this many history events.
+    continue_as_new_events: int | None = None
 
 
 class JobRecord(BaseModel):

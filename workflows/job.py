@@ -31,6 +31,10 @@ with workflow.unsafe.imports_passed_through():
 
 # How long past its own timeout a job may go unreported before we cancel it ourselves.
 GUARD_GRACE_S = 600
+# A job whose end we learned from the cancel call waits this long for the watcher to see the
+# end too, so the watcher never signals a completed workflow (which also stalls the test
+# server's clock).
+WATCHER_SETTLE_S = 120
 # A cancellation not yet confirmed is asked for again after this long, doubling up to the cap.
 CANCEL_REISSUE_S = 15
 CANCEL_REISSUE_MAX_S = 600
@@ -72,6 +76,7 @@ class JobWorkflow:
         self._inbox: list[BackendJob] = []
         self._cancel_requested = False
         self._message = ""
+        self._watcher_has_it = False
 
     @workflow.run
     async def run(self, inp: JobInput) -> JobSnapshot:
@@ -87,7 +92,10 @@ class JobWorkflow:
                 job_id=inp.job_id, state=JobState.failed, error=error.envelope(),
                 message=error.message, final=True))
         await self._apply(started, report=True)  # the episode waits for this first report
+        # submit_job registered the job with the watcher unless it had already ended.
+        self._watcher_has_it = not started.state.terminal
         await self._follow_until_terminal()
+        await self._let_the_watcher_see_the_end()
         score = await self._score() if self._state is JobState.succeeded else None
         return await self._finish(self._snapshot(final=True, score=score))
 
@@ -95,6 +103,8 @@ class JobWorkflow:
     def observed(self, job: BackendJob) -> None:
         """The watcher saw this job change state."""
         self._inbox.append(job)
+        if job.state.terminal:
+            self._watcher_has_it = False  # the watcher drops a job once it saw it end
 
     @workflow.signal
     def cancel(self) -> None:
@@ -148,6 +158,11 @@ class JobWorkflow:
                 await self._apply(job)
             if workflow.info().is_continue_as_new_suggested():
                 workflow.logger.warning("job %s history is long", self._inp.job_id)
+
+    async def _let_the_watcher_see_the_end(self) -> None:
+        if self._watcher_has_it:
+            await self._ask_watcher_to_look()
+            await wait_until(lambda: not self._watcher_has_it, timedelta(seconds=WATCHER_SETTLE_S))
 
     async def _request_cancel(self) -> None:
         assert self._job is not None

@@ -112,7 +112,9 @@ class SessionWorkflow:
         if current is None:
             return None
         episode_id = current.episode_id
-        self._replies.pop(episode_id, None)
+        earlier = self._replies.pop(episode_id, None)
+        if earlier is not None and not earlier.unconfirmed:
+            return earlier  # the episode told us it closed: its workflow has completed
         handle = workflow.get_external_workflow_handle(episode_workflow_id(episode_id))
         try:
             await handle.signal(EpisodeWorkflow.end_requested,

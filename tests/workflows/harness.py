@@ -11,14 +11,23 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateStage
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.fake_backend import FakeBackend, FakeScenario
+from mcp_gateway.episode_calls import call_tool
 from posttrain_env.settings import Settings
 from posttrain_env.worker import build_worker
 from workflows.episode import EpisodeStatus, EpisodeWorkflow
 from workflows.episode_state import ToolCall, ToolResult
+from workflows.ids import account_workflow_id, watcher_workflow_id
 from workflows.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+
+# Test-server bug (temporal-test-server 1.40): a signal that arrives just as a timer fires gets
+# the workflow task's completion rejected ("invalid history builder state for action") and the
+# clock stalls. Skip steps that line up with workflow timers (the watcher's 30 s, jobs_wait's
+# whole minutes) make that coincidence frequent, so the step is deliberately not round.
+SKIP_STEP = timedelta(seconds=31.37)
 
 TEST_TASK = """
 id = "{task_id}"
@@ -64,27 +73,58 @@ class Episode:
 
     async def call(self, tool: str, path: str = "step", request_id: str | None = None,
                    **arguments: Any) -> ToolResult:
-        """A tool call that needs no workflow time to pass."""
+        """A tool call that needs no workflow time to pass, made as the gateway makes it."""
         rid = request_id or self.next_request_id()
-        return await self.handle.execute_update(
-            EpisodeWorkflow.call_tool,
-            ToolCall(request_id=rid, tool=tool, arguments=arguments, path=path),  # type: ignore[arg-type]
-            id=f"{self.episode_id}:{rid}", result_type=ToolResult)
+        call = ToolCall(request_id=rid, tool=tool, arguments=arguments, path=path)  # type: ignore[arg-type]
+        return await call_tool(self.env.client, self.episode_id, call)
 
     async def call_over(self, advance: timedelta, tool: str, request_id: str | None = None,
-                        **arguments: Any) -> ToolResult:
-        """A tool call during which `advance` of workflow time is skipped."""
+                        path: str = "step", **arguments: Any) -> ToolResult:
+        """A tool call during which `advance` of workflow time is skipped (the test server
+        does not skip time while a client merely awaits an update's result)."""
         rid = request_id or self.next_request_id()
         update = await self.handle.start_update(
             EpisodeWorkflow.call_tool,
-            ToolCall(request_id=rid, tool=tool, arguments=arguments),
+            ToolCall(request_id=rid, tool=tool, arguments=arguments, path=path),  # type: ignore[arg-type]
             id=f"{self.episode_id}:{rid}", wait_for_stage=WorkflowUpdateStage.ACCEPTED,
             result_type=ToolResult)
-        await self.env.sleep(advance)
+        # Skip in small steps and stop once the call has returned. No update result is polled
+        # while the test server skips time (an open poll stalls the skip): the episode's
+        # `result_of` query says when the answer is there.
+        skipped = timedelta(0)
+        while skipped < advance:
+            await self.env.sleep(SKIP_STEP)
+            skipped += SKIP_STEP
+            if await self.handle.query(EpisodeWorkflow.result_of, rid) is not None:
+                break
         return await update.result()
+
+    async def skip(self, duration: timedelta) -> None:
+        """Let `duration` of workflow time pass, in unaligned steps (see SKIP_STEP)."""
+        skipped = timedelta(0)
+        while skipped < duration:
+            step = min(SKIP_STEP, duration - skipped)
+            await self.env.sleep(step)
+            skipped += step
 
     async def status(self) -> EpisodeStatus:
         return await self.handle.query(EpisodeWorkflow.status)
+
+    async def submit_job(self, flavor: str = "cpu-basic", timeout_minutes: int = 5,
+                         script: str = "print('training')\n", **arguments: Any) -> str:
+        result = await self.call("jobs_submit", script=script, flavor=flavor,
+                                 timeout_minutes=timeout_minutes, **arguments)
+        assert "error" not in result.data, result.data
+        return result.data["job_id"]
+
+    async def wait_job(self, job_id: str, *, step: timedelta = timedelta(minutes=2),
+                       max_calls: int = 20) -> ToolResult:
+        """jobs_wait until the job is no longer queued or running."""
+        for _ in range(max_calls):
+            result = await self.call_over(step, "jobs_wait", job_id=job_id, timeout_s=120)
+            if result.data.get("state") not in ("queued", "running", "cancelling"):
+                return result
+        raise AssertionError(f"job {job_id} did not finish: {result.data}")
 
 
 @dataclass
@@ -94,11 +134,29 @@ class Harness:
     task_queue: str
     backend: FakeBackend
     settings: Settings
+    started: list[str] = field(default_factory=list)  # workflow ids to clean up
 
     async def session(self, session_id: str | None = None) -> WorkflowHandle[Any, Any]:
-        return await self.client.start_workflow(
+        handle = await self.client.start_workflow(
             SessionWorkflow.run, SessionState(), id=f"session-{session_id or uuid.uuid4().hex}",
             task_queue=self.task_queue)
+        self.started.append(handle.id)
+        return handle
+
+    async def terminate_all(self) -> None:
+        """End every workflow this test started, so that none holds the test server's one
+        clock (an activity scheduled on a task queue with no worker stalls time skipping)."""
+        ids = list(self.started)
+        for workflow_id in list(ids):
+            if workflow_id.startswith("episode-"):
+                ids += [f"{workflow_id}/job/{n}" for n in range(1, 40)]
+        ids += [watcher_workflow_id(self.client.namespace, self.task_queue),
+                account_workflow_id(self.client.namespace, self.task_queue)]
+        for workflow_id in ids:
+            try:
+                await self.client.get_workflow_handle(workflow_id).terminate("test over")
+            except RPCError:
+                pass  # not found, or already closed
 
     async def episode(self, task_id: str = "t_test",
                       session: WorkflowHandle[Any, Any] | None = None) -> Episode:
@@ -106,6 +164,7 @@ class Harness:
         reset = await session.execute_update(SessionWorkflow.reset, ResetRequest(task_id=task_id),
                                              result_type=ResetResult)
         handle = self.client.get_workflow_handle(reset.workflow_id)
+        self.started.append(reset.workflow_id)
         return Episode(self.env, handle, reset.episode_id, reset)
 
 
@@ -120,5 +179,9 @@ async def running_worker(env: WorkflowEnvironment, tmp_path: Path,
     task_queue = f"tq-{uuid.uuid4().hex[:12]}"
     worker = build_worker(env.client, config, backend, task_queue=task_queue,
                           tasks_dir=tasks_dir)
+    harness = Harness(env, env.client, task_queue, backend, config)
     async with worker:
-        yield Harness(env, env.client, task_queue, backend, config)
+        try:
+            yield harness
+        finally:
+            await harness.terminate_all()

@@ -1,0 +1,68 @@
+"""Tool calls into an episode's workflow, as every edge (OpenEnv, MCP) makes them.
+
+The update id is `<episode_id>:<request_id>`, so a retried request is answered once. A call to
+an episode whose workflow has completed is answered as `episode_over` with the episode's final
+state: Temporal reports it as "workflow execution already completed" (dev server), "update not
+found" (test server) or an accepted update whose workflow completed first.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from posttrain_env.models import ErrorType, ToolError
+from workflows.episode import EpisodeStatus, EpisodeWorkflow
+from workflows.episode_state import ToolCall, ToolResult
+from workflows.ids import episode_workflow_id
+
+
+class UnknownEpisode(LookupError):
+    """No episode with this id exists."""
+
+
+def update_id(episode_id: str, request_id: str) -> str:
+    return f"{episode_id}:{request_id}"
+
+
+async def call_tool(client: Client, episode_id: str, call: ToolCall,
+                    rpc_timeout: timedelta | None = None) -> ToolResult:
+    """Run one tool call; raises UnknownEpisode for an episode that never existed."""
+    handle = client.get_workflow_handle_for(EpisodeWorkflow.run, episode_workflow_id(episode_id))
+    try:
+        return await handle.execute_update(
+            EpisodeWorkflow.call_tool, call, id=update_id(episode_id, call.request_id),
+            rpc_timeout=rpc_timeout)
+    except WorkflowUpdateFailedError as err:
+        if "AcceptedUpdateCompletedWorkflow" not in str(err.cause):
+            raise
+    except RPCError as err:
+        if err.status is not RPCStatusCode.NOT_FOUND and "already completed" not in err.message:
+            raise
+    return await _answer_after_the_end(client, episode_id, call)
+
+
+async def _answer_after_the_end(client: Client, episode_id: str, call: ToolCall) -> ToolResult:
+    handle = client.get_workflow_handle_for(EpisodeWorkflow.run, episode_workflow_id(episode_id))
+    try:
+        answered = await handle.query(EpisodeWorkflow.result_of, call.request_id)
+        status: EpisodeStatus = await handle.query(EpisodeWorkflow.status)
+    except RPCError as err:
+        if err.status is RPCStatusCode.NOT_FOUND:
+            raise UnknownEpisode(episode_id) from None
+        raise
+    if answered is not None:  # the call was made before the end: the same answer again
+        return answered
+    error = ToolError(ErrorType.episode_over, "the episode is over; call reset to start another")
+    metadata = {"episode_id": episode_id, "steps_used": status.steps_used,
+                "steps_left": status.steps_left, "time_left_s": 0.0}
+    reward = None
+    if call.path == "step":
+        metadata["service_spend"] = status.service_spend.model_dump(mode="json")
+        if status.end is not None:
+            metadata["episode_end"] = status.end.model_dump(mode="json", exclude_none=True)
+            reward = status.end.reward
+    return ToolResult(tool=call.tool, data=error.envelope(), done=True, reward=reward,
+                      metadata=metadata)
