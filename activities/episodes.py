@@ -13,6 +13,8 @@ from temporalio.exceptions import ApplicationError
 from activities.backend import JobsBackend, RepoRef
 from activities.jobs import agent_errors
 from posttrain_env.models import ErrorType, ToolError
+from tasks.registry import TaskSpecError, load_task
+from workflows.episode_state import Caps, EpisodeSetup
 
 
 class PrepareEpisode(BaseModel):
@@ -48,9 +50,8 @@ class EpisodeActivities:
 
     @activity.defn
     @agent_errors
-    async def prepare_episode(self, request: PrepareEpisode):  # -> EpisodeSetup
-        from tasks.registry import TaskSpecError, load_task
-        from workflows.episode_state import Caps, EpisodeSetup
+    async def prepare_episode(self, request: PrepareEpisode) -> EpisodeSetup:
+        """Load the task, lock its prices, pin the base model, admit the episode."""
 
         try:
             task = load_task(request.task_id, self._config.tasks_dir)
@@ -90,7 +91,7 @@ class EpisodeActivities:
         except WorkflowUpdateFailedError as err:
             raise _as_tool_error(err) from None
 
-    async def _admit(self, episode_id: str, caps) -> None:
+    async def _admit(self, episode_id: str, caps: Caps) -> None:
         from workflows.account import AccountState, AccountWorkflow, Admission
 
         start = WithStartWorkflowOperation(

@@ -78,8 +78,10 @@ class WatchRequest(BaseModel):
     """Registers a job with the namespace's watcher (sent by signal-with-start)."""
 
     ref: str
-    workflow_id: str
+    workflow_id: str  # the job's workflow: told when the job ends
     state: str
+    job_id: str = ""
+    episode_workflow_id: str = ""  # told directly of changes short of the end
 
 
 class WatcherSettings(BaseModel):
@@ -120,7 +122,7 @@ class JobsActivities:
         """Start the job unless one with its key exists (a retried submit), then watch it."""
         found = await self._backend.find_by_key(job.key, job.now)
         started = found if found is not None else await self._backend.submit(self._request(job))
-        await self._watch(started, job.key)
+        await self._watch(started, job)
         return started
 
     @activity.defn
@@ -181,7 +183,8 @@ class JobsActivities:
             raise ToolError(ErrorType.not_allowed,
                             f"evaluations are unavailable for this task: {err}") from None
 
-    async def _watch(self, job: BackendJob, key: str) -> None:
+    async def _watch(self, started: BackendJob, job: SubmitJob) -> None:
+        from workflows.ids import episode_workflow_id
         from workflows.watcher import WatcherInput, WatcherWorkflow
 
         info = activity.info()
@@ -191,5 +194,7 @@ class JobsActivities:
                          idle_exit_s=self._watcher.idle_exit_s),
             id=self._watcher.workflow_id, task_queue=info.task_queue,
             start_signal="watch",
-            start_signal_args=[WatchRequest(ref=job.ref, workflow_id=key, state=job.state.value)],
+            start_signal_args=[WatchRequest(
+                ref=started.ref, workflow_id=job.key, state=started.state.value,
+                job_id=job.job_id, episode_workflow_id=episode_workflow_id(job.episode_id))],
         )

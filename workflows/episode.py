@@ -83,11 +83,14 @@ class EpisodeWorkflow(EpisodeTools):
         self._reply_to: str | None = None
         self._end_requested_at = None
         self._replied = False
+        # Set when the run loop's timer must be recomputed (an end, or an end request).
+        self._rearm = False
 
     @workflow.run
     async def run(self, inp: EpisodeInput) -> EpisodeEnd:
         while True:
             await wait_until(self._should_wake, self._next_timer())
+            self._rearm = False
             if self._s.end is None and self._deadline_passed() and not self._s.submitting:
                 await self._end(EndReason.time_limit, 0.0)
             await self._reply_if_due()
@@ -153,6 +156,7 @@ class EpisodeWorkflow(EpisodeTools):
             self._reply_to = request.reply_to
             self._replied = False
             self._end_requested_at = workflow.now()
+        self._rearm = True
         await self._end(request.reason, None)
 
     @workflow.query
@@ -179,6 +183,7 @@ class EpisodeWorkflow(EpisodeTools):
         """End the episode (once) and cancel every live job explicitly."""
         if self._s.end is None:
             self._s.end = EpisodeEnd(reason=reason, reward=reward, invalid_score=invalid_score)
+            self._rearm = True
             workflow.logger.info("episode %s ended: %s", self._setup.episode_id, reason.value)
         for record in list(self._s.jobs.values()):
             if record.live:
@@ -192,6 +197,8 @@ class EpisodeWorkflow(EpisodeTools):
             pass  # the job's workflow already finished; its final snapshot is on the way
 
     def _should_wake(self) -> bool:
+        if self._rearm:
+            return True
         if self._s.end is not None:
             return self._all_final()
         return self._history_is_long() and not self._s.submitting

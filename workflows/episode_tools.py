@@ -49,6 +49,13 @@ with workflow.unsafe.imports_passed_through():
 
 
 
+_RANKS = {JobState.queued: 0, JobState.running: 1, JobState.cancelling: 2}
+
+
+def _rank(state: JobState) -> int:
+    return _RANKS.get(state, 3)
+
+
 class EpisodeTools:
     _setup: EpisodeSetup
     _s: EpisodeCarry
@@ -257,14 +264,18 @@ class EpisodeTools:
         return record
 
     def _take_snapshot(self, record: JobRecord, snap: JobSnapshot) -> None:
-        """Apply what a job workflow reported; settle the ledger when the job is final."""
-        record.version += 1
-        record.state = snap.state
-        record.message = snap.message
+        """Apply what a job's workflow (or, short of the end, the watcher) reported; settle the
+        ledger when the job is final. Reports come by two routes, so none may move a job back."""
         if snap.backend is not None:
             record.submitted = True
             record.backend_ref = snap.backend.ref
             record.created_at = snap.backend.created_at
+        if not snap.final and snap.error is None and _rank(snap.state) <= _rank(record.state):
+            return
+        record.version += 1
+        record.state = snap.state
+        record.message = snap.message
+        if snap.backend is not None:
             record.started_at = snap.backend.started_at
             record.finished_at = snap.backend.finished_at
             record.running_s = snap.backend.running_s

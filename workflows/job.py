@@ -7,6 +7,7 @@ to the parent episode by signal. History grows with state changes, not with the 
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
@@ -127,7 +128,10 @@ class JobWorkflow:
 
     async def _follow_until_terminal(self) -> None:
         assert self._job is not None
-        guard_at = workflow.now() + timedelta(seconds=self._inp.timeout_s + GUARD_GRACE_S)
+        # One guard timer for the whole job, never cancelled and re-armed: a timer per wake-up
+        # would cost two history events each time.
+        guard = asyncio.ensure_future(
+            asyncio.sleep(self._inp.timeout_s + GUARD_GRACE_S))
         cancel_sent_at: datetime | None = None
         reissue_s = CANCEL_REISSUE_S
         while not self._state.terminal:
@@ -135,24 +139,23 @@ class JobWorkflow:
                 cancel_sent_at = workflow.now()
                 await self._request_cancel()
                 continue
-            if cancel_sent_at is not None:
-                wake_at = cancel_sent_at + timedelta(seconds=reissue_s)
-            else:
-                wake_at = guard_at
-            timeout = max(wake_at - workflow.now(), timedelta(seconds=1))
-            cancel_pending = cancel_sent_at is None
-            woken = await wait_until(
-                lambda pending=cancel_pending: bool(self._inbox)
-                or (self._cancel_requested and pending), timeout)
-            if not woken:
-                if cancel_sent_at is None:  # the job overstayed its own timeout: stop it
+            if cancel_sent_at is None:
+                await workflow.wait_condition(
+                    lambda: bool(self._inbox) or self._cancel_requested or guard.done())
+                if not self._inbox and not self._cancel_requested:
+                    # The job overstayed its own timeout unreported: stop it.
                     self._message = "the job overstayed its timeout and was cancelled"
                     self._cancel_requested = True
-                else:  # still not confirmed: ask again, less often each time
+                    continue
+            else:
+                wake_at = cancel_sent_at + timedelta(seconds=reissue_s)
+                timeout = max(wake_at - workflow.now(), timedelta(seconds=1))
+                if not await wait_until(lambda: bool(self._inbox), timeout):
+                    # Still not confirmed: ask again, less often each time.
                     cancel_sent_at = workflow.now()
                     reissue_s = min(reissue_s * 2, CANCEL_REISSUE_MAX_S)
                     await self._request_cancel()
-                continue
+                    continue
             inbox, self._inbox = self._inbox, []
             for job in inbox:
                 await self._apply(job)

@@ -16,8 +16,8 @@ with workflow.unsafe.imports_passed_through():
     from activities.backend import BackendJob
     from activities.jobs import JobsActivities, ObserveJobs, WatchRequest
     from posttrain_env.models import JobState
-    from workflows.ids import SIGNAL_LOOK_NOW
-    from workflows.job import JobWorkflow
+    from workflows.ids import SIGNAL_JOB_CHANGED, SIGNAL_LOOK_NOW
+    from workflows.job import JobSnapshot, JobWorkflow
     from workflows.policies import OBSERVE_TIMEOUT, PERSISTENT_RETRY
     from workflows.waiting import wait_until
 
@@ -83,9 +83,16 @@ class WatcherWorkflow:
                 self._watched.pop(ref, None)
 
     async def _notify(self, request: WatchRequest, job: BackendJob) -> None:
-        handle = workflow.get_external_workflow_handle(request.workflow_id)
+        """The end goes to the job's workflow (it settles and scores); changes short of the end
+        go straight to the episode, so the job's own history grows only at its end."""
         try:
-            await handle.signal(JobWorkflow.observed, job)
+            if job.state.terminal or not request.episode_workflow_id:
+                handle = workflow.get_external_workflow_handle(request.workflow_id)
+                await handle.signal(JobWorkflow.observed, job)
+            else:
+                handle = workflow.get_external_workflow_handle(request.episode_workflow_id)
+                await handle.signal(SIGNAL_JOB_CHANGED, JobSnapshot(
+                    job_id=request.job_id, state=job.state, backend=job, message=job.message))
         except FailureError:
             # The job's workflow is gone (it finished or was terminated): stop watching for it.
             self._watched.pop(request.ref, None)

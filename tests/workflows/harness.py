@@ -33,7 +33,7 @@ TEST_TASK = """
 id = "{task_id}"
 prompt = "Write a checkpoint to /data/outputs."
 flavors = ["cpu-basic", "t4-small"]
-max_timeout_minutes = 60
+max_timeout_minutes = {max_timeout_minutes}
 budget_usd = {budget_usd}
 max_steps = {max_steps}
 time_limit_s = {time_limit_s}
@@ -50,11 +50,13 @@ revision = "main"
 
 
 def write_task(tasks_dir: Path, task_id: str = "t_test", *, budget_usd: float = 1.0,
-               max_steps: int = 100, time_limit_s: int = 7200, evaluator: bool = True) -> None:
+               max_steps: int = 100, time_limit_s: int = 7200, max_timeout_minutes: int = 60,
+               evaluator: bool = True) -> None:
     folder = tasks_dir / task_id
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "task.toml").write_text(TEST_TASK.format(
-        task_id=task_id, budget_usd=budget_usd, max_steps=max_steps, time_limit_s=time_limit_s))
+        task_id=task_id, budget_usd=budget_usd, max_steps=max_steps, time_limit_s=time_limit_s,
+        max_timeout_minutes=max_timeout_minutes))
     if evaluator:
         (folder / "evaluator.py").write_text("print('the fake backend never runs this')\n")
 
