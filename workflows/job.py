@@ -28,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
         SUBMIT_RETRY,
         SUBMIT_TIMEOUT,
     )
-    from workflows.waiting import wait_until
+    from workflows.waiting import Alarm, wait_until
 
 # How long past its own timeout a job may go unreported before we cancel it ourselves.
 GUARD_GRACE_S = 600
@@ -134,6 +134,7 @@ class JobWorkflow:
             asyncio.sleep(self._inp.timeout_s + GUARD_GRACE_S))
         cancel_sent_at: datetime | None = None
         reissue_s = CANCEL_REISSUE_S
+        reissue_alarm = Alarm()
         while not self._state.terminal:
             if self._cancel_requested and cancel_sent_at is None:
                 cancel_sent_at = workflow.now()
@@ -148,9 +149,7 @@ class JobWorkflow:
                     self._cancel_requested = True
                     continue
             else:
-                wake_at = cancel_sent_at + timedelta(seconds=reissue_s)
-                timeout = max(wake_at - workflow.now(), timedelta(seconds=1))
-                if not await wait_until(lambda: bool(self._inbox), timeout):
+                if not await reissue_alarm.wait(lambda: bool(self._inbox), reissue_s):
                     # Still not confirmed: ask again, less often each time.
                     cancel_sent_at = workflow.now()
                     reissue_s = min(reissue_s * 2, CANCEL_REISSUE_MAX_S)

@@ -19,7 +19,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.ids import SIGNAL_JOB_CHANGED, SIGNAL_LOOK_NOW
     from workflows.job import JobSnapshot, JobWorkflow
     from workflows.policies import OBSERVE_TIMEOUT, PERSISTENT_RETRY
-    from workflows.waiting import wait_until
+    from workflows.waiting import Alarm, wait_until
 
 
 class WatcherInput(BaseModel):
@@ -33,6 +33,7 @@ class WatcherWorkflow:
     def __init__(self) -> None:
         self._watched: dict[str, WatchRequest] = {}
         self._look_now = False
+        self._alarm = Alarm()
 
     @workflow.run
     async def run(self, inp: WatcherInput) -> None:
@@ -50,7 +51,7 @@ class WatcherWorkflow:
             if workflow.info().is_continue_as_new_suggested():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(inp.model_copy(update={"watched": dict(self._watched)}))
-            await wait_until(lambda: self._look_now, timedelta(seconds=inp.interval_s))
+            await self._alarm.wait(lambda: self._look_now, inp.interval_s)
 
     @workflow.signal
     def watch(self, request: WatchRequest) -> None:

@@ -190,3 +190,30 @@ async def test_a_jobs_history_stays_under_30_events_across_a_6_hour_job(
         assert done.data["state"] == "succeeded"
         history = await h.client.get_workflow_handle(f"{ep.handle.id}/job/1").fetch_history()
         assert len(history.events) <= 30, len(history.events)
+
+
+async def test_continue_as_new_keeps_every_job_reservation_and_answer(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[LONG]),
+                              continue_as_new_events=100) as h:
+        ep = await h.episode()
+        first_run = (await ep.handle.describe()).run_id
+        job_id = await ep.submit_job(timeout_minutes=60)
+        before = await ep.call("jobs_status", request_id="before-can", job_id=job_id)
+        for _ in range(25):
+            await ep.call("task_info")
+        await ep.skip(timedelta(seconds=40))
+        assert (await ep.handle.describe()).run_id != first_run  # it continued as new
+        status = await ep.status()
+        assert status.steps_used == 27
+        assert [j["job_id"] for j in status.jobs] == [job_id]
+        assert status.service_spend.reserved.usd == 60 * 167 / 1e6
+        again = await ep.call("jobs_status", request_id="before-can", job_id=job_id)
+        assert again == before  # answered from the carried results, not run again
+        assert (await ep.status()).steps_used == 27
+        # The fake confirms at once: no workflow time needs to pass for this call.
+        cancelled = await ep.call("jobs_cancel", job_id=job_id)
+        assert cancelled.data["state"] == "cancelled"
+        assert cancelled.metadata["service_spend"]["reserved"]["usd"] == 0.0
+        assert cancelled.metadata["service_spend"]["settled"]["jobs"] == 1
