@@ -61,33 +61,45 @@ class EpisodeActivities:
         model = task.base_model
         commit = await self._backend.resolve_model(model.repo_id, model.revision)
         config = self._config
-        caps = Caps(account_workflow_id=config.account_workflow_id,
-                    spend_cap_micro_usd=config.spend_cap_micro_usd,
-                    max_live_episodes=config.max_live_episodes)
+        caps = Caps(
+            account_workflow_id=config.account_workflow_id,
+            spend_cap_micro_usd=config.spend_cap_micro_usd,
+            max_live_episodes=config.max_live_episodes,
+        )
         if caps.enabled or caps.max_live_episodes is not None:
             await self._admit(request.episode_id, caps)
         return EpisodeSetup(
-            episode_id=request.episode_id, task=task,
+            episode_id=request.episode_id,
+            task=task,
             base_model=RepoRef(repo_id=model.repo_id, revision=commit),
-            prices={name: prices[name] for name in [*task.flavors, task.eval_flavor]
-                    if name in prices},
+            prices={
+                name: prices[name] for name in [*task.flavors, task.eval_flavor] if name in prices
+            },
             prices_simulated=self._backend.prices_simulated,
             cancel_confirm_s=config.cancel_confirm_s,
-            watcher_workflow_id=config.watcher_workflow_id, caps=caps,
+            watcher_workflow_id=config.watcher_workflow_id,
+            caps=caps,
             session_workflow_id=request.session_workflow_id,
-            continue_as_new_events=config.continue_as_new_events)
+            continue_as_new_events=config.continue_as_new_events,
+        )
 
     @activity.defn
     @agent_errors
     async def reserve_server_spend(self, spend: ServerSpend) -> None:
         from workflows.account import AccountWorkflow, ExposureCheck
 
-        handle = self._client.get_workflow_handle_for(AccountWorkflow.run,
-                                                      spend.account_workflow_id)
+        handle = self._client.get_workflow_handle_for(
+            AccountWorkflow.run, spend.account_workflow_id
+        )
         try:
-            await handle.execute_update(AccountWorkflow.check_exposure, ExposureCheck(
-                episode_id=spend.episode_id, committed_micro_usd=spend.committed_micro_usd,
-                cap_micro_usd=spend.cap_micro_usd))
+            await handle.execute_update(
+                AccountWorkflow.check_exposure,
+                ExposureCheck(
+                    episode_id=spend.episode_id,
+                    committed_micro_usd=spend.committed_micro_usd,
+                    cap_micro_usd=spend.cap_micro_usd,
+                ),
+            )
         except WorkflowUpdateFailedError as err:
             raise _as_tool_error(err) from None
 
@@ -95,15 +107,22 @@ class EpisodeActivities:
         from workflows.account import AccountState, AccountWorkflow, Admission
 
         start = WithStartWorkflowOperation(
-            AccountWorkflow.run, AccountState(), id=caps.account_workflow_id,
+            AccountWorkflow.run,
+            AccountState(),
+            id=caps.account_workflow_id,
             task_queue=activity.info().task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
         try:
             await self._client.execute_update_with_start_workflow(
-                AccountWorkflow.admit, Admission(
-                    episode_id=episode_id, max_live_episodes=caps.max_live_episodes,
-                    spend_cap_micro_usd=caps.spend_cap_micro_usd),
-                start_workflow_operation=start)
+                AccountWorkflow.admit,
+                Admission(
+                    episode_id=episode_id,
+                    max_live_episodes=caps.max_live_episodes,
+                    spend_cap_micro_usd=caps.spend_cap_micro_usd,
+                ),
+                start_workflow_operation=start,
+            )
         except WorkflowUpdateFailedError as err:
             raise _as_tool_error(err) from None
 

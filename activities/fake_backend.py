@@ -137,8 +137,9 @@ class FakeBackend:
         with self._state() as state:
             for ref in refs:
                 if ref in state.jobs:
-                    self._maybe_fail(state, state.jobs[ref].rule, state.jobs[ref].request.key,
-                                     "observe")
+                    self._maybe_fail(
+                        state, state.jobs[ref].rule, state.jobs[ref].request.key, "observe"
+                    )
             return {ref: _view(state.jobs[ref], now) for ref in refs if ref in state.jobs}
 
     async def cancel(self, ref: str, now: datetime) -> BackendJob:
@@ -171,17 +172,25 @@ class FakeBackend:
 
     async def resolve_dataset(self, repo_id: str, denylist: Sequence[str]) -> str:
         if repo_id in denylist:
-            raise ToolError(ErrorType.dataset_not_allowed,
-                            f"dataset {repo_id!r} is on this task's denylist", dataset=repo_id)
+            raise ToolError(
+                ErrorType.dataset_not_allowed,
+                f"dataset {repo_id!r} is on this task's denylist",
+                dataset=repo_id,
+            )
         dataset = self.scenario.datasets.get(repo_id)
         if dataset is None:
-            raise ToolError(ErrorType.dataset_not_allowed,
-                            f"dataset {repo_id!r} does not exist", dataset=repo_id)
+            raise ToolError(
+                ErrorType.dataset_not_allowed,
+                f"dataset {repo_id!r} does not exist",
+                dataset=repo_id,
+            )
         if dataset.private or dataset.gated:
             why = "private" if dataset.private else "gated"
-            raise ToolError(ErrorType.dataset_not_allowed,
-                            f"dataset {repo_id!r} is {why}; only public, ungated datasets are "
-                            "allowed", dataset=repo_id)
+            raise ToolError(
+                ErrorType.dataset_not_allowed,
+                f"dataset {repo_id!r} is {why}; only public, ungated datasets are allowed",
+                dataset=repo_id,
+            )
         return dataset.revision
 
     # -- test controls -------------------------------------------------------------------------
@@ -198,8 +207,11 @@ class FakeBackend:
         with open(self._lock_path, "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                state = (_FakeState.model_validate_json(self._path.read_text())
-                         if self._path.exists() else _FakeState())
+                state = (
+                    _FakeState.model_validate_json(self._path.read_text())
+                    if self._path.exists()
+                    else _FakeState()
+                )
                 try:
                     yield state
                 finally:
@@ -252,12 +264,23 @@ def _view(job: _FakeJob, now: datetime) -> BackendJob:
     if now < min(start, end):
         return base
     if now < end:
-        return base.model_copy(update={"state": JobState.running, "started_at": start,
-                                       "running_s": (now - start).total_seconds()})
+        return base.model_copy(
+            update={
+                "state": JobState.running,
+                "started_at": start,
+                "running_s": (now - start).total_seconds(),
+            }
+        )
     ran = max(0.0, (end - start).total_seconds())
-    return base.model_copy(update={
-        "state": final, "started_at": start if ran > 0 else None, "finished_at": end,
-        "running_s": ran, "message": f"fake job {final.value}"})
+    return base.model_copy(
+        update={
+            "state": final,
+            "started_at": start if ran > 0 else None,
+            "finished_at": end,
+            "running_s": ran,
+            "message": f"fake job {final.value}",
+        }
+    )
 
 
 def _evaluator_output(job: _FakeJob) -> list[str]:

@@ -99,15 +99,20 @@ def agent_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         try:
             return await fn(*args, **kwargs)
         except ToolError as err:
-            raise ApplicationError(err.message, err.details, type=err.type.value,
-                                   non_retryable=True) from None
+            raise ApplicationError(
+                err.message, err.details, type=err.type.value, non_retryable=True
+            ) from None
 
     return wrapper
 
 
 class JobsActivities:
     def __init__(
-        self, backend: JobsBackend, key: ServerKey, client: Client, tasks_dir: Path,
+        self,
+        backend: JobsBackend,
+        key: ServerKey,
+        client: Client,
+        tasks_dir: Path,
         watcher: WatcherSettings,
     ) -> None:
         self._backend = backend
@@ -147,15 +152,20 @@ class JobsActivities:
     async def read_score(self, job: JobRef) -> ScoreResult:
         lines = await self._backend.logs(job.ref, 10_000, job.now)
         reading = read_score(lines, self._key.job_nonce(job.key))
-        return ScoreResult(score=reading.score, valid=reading.valid, reason=reading.reason,
-                           details=reading.details)
+        return ScoreResult(
+            score=reading.score, valid=reading.valid, reason=reading.reason, details=reading.details
+        )
 
     @activity.defn
     @agent_errors
     async def resolve_datasets(self, datasets: ResolveDatasets) -> list[RepoRef]:
-        return [RepoRef(repo_id=repo_id,
-                        revision=await self._backend.resolve_dataset(repo_id, datasets.denylist))
-                for repo_id in datasets.repo_ids]
+        return [
+            RepoRef(
+                repo_id=repo_id,
+                revision=await self._backend.resolve_dataset(repo_id, datasets.denylist),
+            )
+            for repo_id in datasets.repo_ids
+        ]
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -167,12 +177,9 @@ class JobsActivities:
             script = self._evaluator_script(job.task_id)
         if job.role is JobRole.grader:
             secrets[HIDDEN_SEED_SECRET] = self._key.hidden_split_seed(job.episode_id)
-        return JobRequest(
-            key=job.key, role=job.role, episode_id=job.episode_id, task_id=job.task_id,
-            job_id=job.job_id, flavor=job.flavor, timeout_s=job.timeout_s, script=script,
-            dependencies=job.dependencies, datasets=job.datasets, base_model=job.base_model,
-            artifact_ref=job.artifact_ref, env=env, secrets=secrets, now=job.now,
-        )
+        # A SubmitJob is a JobRequest without its secrets: copy it, then add them.
+        fields = job.model_dump(exclude={"script"})
+        return JobRequest(**fields, script=script, env=env, secrets=secrets)
 
     def _evaluator_script(self, task_id: str) -> str:
         from tasks.registry import TaskSpecError, evaluator_path, load_task
@@ -180,8 +187,9 @@ class JobsActivities:
         try:
             return evaluator_path(load_task(task_id, self._tasks_dir), self._tasks_dir).read_text()
         except TaskSpecError as err:
-            raise ToolError(ErrorType.not_allowed,
-                            f"evaluations are unavailable for this task: {err}") from None
+            raise ToolError(
+                ErrorType.not_allowed, f"evaluations are unavailable for this task: {err}"
+            ) from None
 
     async def _watch(self, started: BackendJob, job: SubmitJob) -> None:
         from workflows.ids import episode_workflow_id
@@ -190,11 +198,19 @@ class JobsActivities:
         info = activity.info()
         await self._client.start_workflow(
             WatcherWorkflow.run,
-            WatcherInput(interval_s=self._watcher.interval_s,
-                         idle_exit_s=self._watcher.idle_exit_s),
-            id=self._watcher.workflow_id, task_queue=info.task_queue,
+            WatcherInput(
+                interval_s=self._watcher.interval_s, idle_exit_s=self._watcher.idle_exit_s
+            ),
+            id=self._watcher.workflow_id,
+            task_queue=info.task_queue,
             start_signal="watch",
-            start_signal_args=[WatchRequest(
-                ref=started.ref, workflow_id=job.key, state=started.state.value,
-                job_id=job.job_id, episode_workflow_id=episode_workflow_id(job.episode_id))],
+            start_signal_args=[
+                WatchRequest(
+                    ref=started.ref,
+                    workflow_id=job.key,
+                    state=started.state.value,
+                    job_id=job.job_id,
+                    episode_workflow_id=episode_workflow_id(job.episode_id),
+                )
+            ],
         )

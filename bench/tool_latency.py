@@ -115,14 +115,20 @@ async def measure(callers: list[Call], calls: int) -> Level:
 
 
 async def bare_callers(client: Client, task_queue: str, n: int) -> list[Call]:
-    handles = await asyncio.gather(*(
-        client.start_workflow(BareWorkflow.run, id=f"bare-{uuid.uuid4().hex}",
-                              task_queue=task_queue) for _ in range(n)))
+    handles = await asyncio.gather(
+        *(
+            client.start_workflow(
+                BareWorkflow.run, id=f"bare-{uuid.uuid4().hex}", task_queue=task_queue
+            )
+            for _ in range(n)
+        )
+    )
 
     def caller(handle: WorkflowHandle[Any, Any]) -> Call:
         async def call(i: int) -> Any:
             rid = uuid.uuid4().hex
             return await handle.execute_update(BareWorkflow.echo, rid, id=f"bare:{rid}")
+
         return call
 
     return [caller(h) for h in handles]
@@ -135,17 +141,30 @@ async def episode_callers(client: Client, task_queue: str, n: int) -> list[Call]
     async def episode() -> Call:
         async with gate:
             session = await client.start_workflow(
-                SessionWorkflow.run, SessionState(), id=f"session-{uuid.uuid4().hex}",
-                task_queue=task_queue)
+                SessionWorkflow.run,
+                SessionState(),
+                id=f"session-{uuid.uuid4().hex}",
+                task_queue=task_queue,
+            )
             reset = await session.execute_update(
-                SessionWorkflow.reset, ResetRequest(task_id=TASK_ID), result_type=ResetResult)
+                SessionWorkflow.reset, ResetRequest(task_id=TASK_ID), result_type=ResetResult
+            )
             handle = client.get_workflow_handle(reset.workflow_id)
             episode_id = reset.episode_id
             submitted = await handle.execute_update(
                 EpisodeWorkflow.call_tool,
-                ToolCall(request_id="submit", tool="jobs_submit", arguments={
-                    "script": "print('bench')\n", "flavor": "cpu-basic", "timeout_minutes": 60}),
-                id=f"{episode_id}:submit", result_type=ToolResult)
+                ToolCall(
+                    request_id="submit",
+                    tool="jobs_submit",
+                    arguments={
+                        "script": "print('bench')\n",
+                        "flavor": "cpu-basic",
+                        "timeout_minutes": 60,
+                    },
+                ),
+                id=f"{episode_id}:submit",
+                result_type=ToolResult,
+            )
             if "error" in submitted.data:
                 raise RuntimeError(f"jobs_submit failed: {submitted.data}")
 
@@ -154,7 +173,9 @@ async def episode_callers(client: Client, task_queue: str, n: int) -> list[Call]
             result = await handle.execute_update(
                 EpisodeWorkflow.call_tool,
                 ToolCall(request_id=rid, tool="jobs_status", path="step"),
-                id=f"{episode_id}:{rid}", result_type=ToolResult)
+                id=f"{episode_id}:{rid}",
+                result_type=ToolResult,
+            )
             if "error" in result.data or len(result.data["jobs"]) != 1:
                 raise RuntimeError(f"unexpected jobs_status answer: {result.data}")
             return result
@@ -176,8 +197,11 @@ async def bench(calls: int, workdir: Path) -> list[str]:
     (tasks_dir / TASK_ID).mkdir(parents=True)
     (tasks_dir / TASK_ID / "task.toml").write_text(TASK)
     env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter, dev_server_existing_path=temporal_binary(),
-        dev_server_database_filename=str(workdir / "temporal.db"), dev_server_log_level="error")
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=temporal_binary(),
+        dev_server_database_filename=str(workdir / "temporal.db"),
+        dev_server_log_level="error",
+    )
     try:
         client = env.client
         settings = Settings(state_dir=workdir / "state", backend="fake")
@@ -214,10 +238,13 @@ def table(rows: list[tuple[int, Level, Level]], calls: int) -> list[str]:
         lines.append(
             f"{n:>8} | {b.p50_ms:10.1f} {b.p99_ms:6.1f} {b.mean_ms:6.1f} {b.per_s:6.0f} | "
             f"{o.p50_ms:15.1f} {o.p99_ms:6.1f} {o.mean_ms:6.1f} {o.per_s:6.0f} "
-            f"| {overhead:+6.0f} {ratio:6.0f}")
-    lines.append("targets: p50 +% <= 30, thr % >= 80 (latencies in ms). Past saturation (calls "
-                 "in flight > what the worker serves) latency is queueing: mean ≈ episodes / "
-                 "throughput, and p50 reflects the server's scheduling more than the handler.")
+            f"| {overhead:+6.0f} {ratio:6.0f}"
+        )
+    lines.append(
+        "targets: p50 +% <= 30, thr % >= 80 (latencies in ms). Past saturation (calls "
+        "in flight > what the worker serves) latency is queueing: mean ≈ episodes / "
+        "throughput, and p50 reflects the server's scheduling more than the handler."
+    )
     return lines
 
 

@@ -27,14 +27,18 @@ def update_id(episode_id: str, request_id: str) -> str:
     return f"{episode_id}:{request_id}"
 
 
-async def call_tool(client: Client, episode_id: str, call: ToolCall,
-                    rpc_timeout: timedelta | None = None) -> ToolResult:
+async def call_tool(
+    client: Client, episode_id: str, call: ToolCall, rpc_timeout: timedelta | None = None
+) -> ToolResult:
     """Run one tool call; raises UnknownEpisode for an episode that never existed."""
     handle = client.get_workflow_handle_for(EpisodeWorkflow.run, episode_workflow_id(episode_id))
     try:
         return await handle.execute_update(
-            EpisodeWorkflow.call_tool, call, id=update_id(episode_id, call.request_id),
-            rpc_timeout=rpc_timeout)
+            EpisodeWorkflow.call_tool,
+            call,
+            id=update_id(episode_id, call.request_id),
+            rpc_timeout=rpc_timeout,
+        )
     except WorkflowUpdateFailedError as err:
         if "AcceptedUpdateCompletedWorkflow" not in str(err.cause):
             raise
@@ -56,13 +60,18 @@ async def _answer_after_the_end(client: Client, episode_id: str, call: ToolCall)
     if answered is not None:  # the call was made before the end: the same answer again
         return answered
     error = ToolError(ErrorType.episode_over, "the episode is over; call reset to start another")
-    metadata = {"episode_id": episode_id, "steps_used": status.steps_used,
-                "steps_left": status.steps_left, "time_left_s": 0.0}
+    metadata = {
+        "episode_id": episode_id,
+        "steps_used": status.steps_used,
+        "steps_left": status.steps_left,
+        "time_left_s": 0.0,
+    }
     reward = None
     if call.path == "step":
         metadata["service_spend"] = status.service_spend.model_dump(mode="json")
         if status.end is not None:
             metadata["episode_end"] = status.end.model_dump(mode="json", exclude_none=True)
             reward = status.end.reward
-    return ToolResult(tool=call.tool, data=error.envelope(), done=True, reward=reward,
-                      metadata=metadata)
+    return ToolResult(
+        tool=call.tool, data=error.envelope(), done=True, reward=reward, metadata=metadata
+    )

@@ -22,8 +22,12 @@ async def _run_worker() -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    logging.info("worker on task queue %r at %s (backend %s)", settings.task_queue,
-                 settings.temporal_address, backend.name)
+    logging.info(
+        "worker on task queue %r at %s (backend %s)",
+        settings.task_queue,
+        settings.temporal_address,
+        backend.name,
+    )
     async with worker:
         await stop.wait()
 

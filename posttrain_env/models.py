@@ -90,11 +90,13 @@ class JobsSubmitArgs(ToolArgs):
     flavor: str = Field(description="Hardware flavor, one of task_info's flavors.")
     timeout_minutes: int = Field(gt=0, description="Hard time limit; the budget reserves it.")
     dependencies: list[str] = Field(
-        default_factory=list, max_length=MAX_DEPENDENCIES,
+        default_factory=list,
+        max_length=MAX_DEPENDENCIES,
         description="PyPI requirement strings (names, extras, versions, markers); wheels only.",
     )
     datasets: list[str] = Field(
-        default_factory=list, max_length=MAX_DATASETS,
+        default_factory=list,
+        max_length=MAX_DATASETS,
         description="Public Hugging Face dataset repo ids, mounted at /datasets/<repo_id>.",
     )
 
@@ -121,7 +123,9 @@ class JobIdArgs(ToolArgs):
 
 class JobsWaitArgs(JobIdArgs):
     timeout_s: int = Field(
-        default=DEFAULT_WAIT_TIMEOUT_S, ge=0, le=MAX_WAIT_TIMEOUT_S,
+        default=DEFAULT_WAIT_TIMEOUT_S,
+        ge=0,
+        le=MAX_WAIT_TIMEOUT_S,
         description="Return at the job's next state change or after this many seconds.",
     )
 
@@ -137,8 +141,15 @@ class JobsLogsArgs(JobIdArgs):
 
 
 ToolName = Literal[
-    "task_info", "list_hardware", "jobs_submit", "jobs_wait", "jobs_status", "jobs_logs",
-    "jobs_cancel", "dev_evaluate", "submit",
+    "task_info",
+    "list_hardware",
+    "jobs_submit",
+    "jobs_wait",
+    "jobs_status",
+    "jobs_logs",
+    "jobs_cancel",
+    "dev_evaluate",
+    "submit",
 ]
 
 TOOL_ARGS: dict[str, type[ToolArgs]] = {

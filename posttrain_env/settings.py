@@ -28,10 +28,12 @@ class Settings(BaseSettings):
     backend: Literal["local", "hf", "fake"] = "local"
     namespace: str | None = None
     state_dir: Path = Field(default_factory=default_state_dir)
-    temporal_address: str = Field(default="127.0.0.1:7233",
-                                  validation_alias=AliasChoices("TEMPORAL_ADDRESS"))
-    temporal_namespace: str = Field(default="default",
-                                    validation_alias=AliasChoices("TEMPORAL_NAMESPACE"))
+    temporal_address: str = Field(
+        default="127.0.0.1:7233", validation_alias=AliasChoices("TEMPORAL_ADDRESS")
+    )
+    temporal_namespace: str = Field(
+        default="default", validation_alias=AliasChoices("TEMPORAL_NAMESPACE")
+    )
     task_queue: str = "posttrain"
     api_keys: str = ""  # comma-separated
     cancel_confirm_s: int = Field(default=120, gt=0)
@@ -45,8 +47,9 @@ class Settings(BaseSettings):
     # suggests it, ~4,000 events on the dev server). Lower it to exercise the path.
     continue_as_new_events: int | None = Field(default=None, ge=100)
 
-    @field_validator("max_live_episodes", "spend_cap_usd", "tasks_dir", "continue_as_new_events",
-                     mode="before")
+    @field_validator(
+        "max_live_episodes", "spend_cap_usd", "tasks_dir", "continue_as_new_events", mode="before"
+    )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value

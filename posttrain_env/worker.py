@@ -23,12 +23,20 @@ from workflows.session import SessionWorkflow
 from workflows.watcher import WatcherWorkflow
 
 WORKFLOWS: Sequence[type] = (
-    SessionWorkflow, EpisodeWorkflow, JobWorkflow, WatcherWorkflow, AccountWorkflow)
+    SessionWorkflow,
+    EpisodeWorkflow,
+    JobWorkflow,
+    WatcherWorkflow,
+    AccountWorkflow,
+)
 
 
 async def connect(settings: Settings) -> Client:
-    return await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace,
-                                data_converter=pydantic_data_converter)
+    return await Client.connect(
+        settings.temporal_address,
+        namespace=settings.temporal_namespace,
+        data_converter=pydantic_data_converter,
+    )
 
 
 def make_backend(settings: Settings) -> JobsBackend:
@@ -38,31 +46,54 @@ def make_backend(settings: Settings) -> JobsBackend:
         return FakeBackend(settings.state_dir / "fake")
     raise SystemExit(
         f"POSTTRAIN_BACKEND={settings.backend!r} is not available in this build yet; "
-        "use POSTTRAIN_BACKEND=fake")
+        "use POSTTRAIN_BACKEND=fake"
+    )
 
 
 def build_worker(
-    client: Client, settings: Settings, backend: JobsBackend, *, task_queue: str | None = None,
-    tasks_dir: Path | None = None, watch_interval_s: float | None = None,
+    client: Client,
+    settings: Settings,
+    backend: JobsBackend,
+    *,
+    task_queue: str | None = None,
+    tasks_dir: Path | None = None,
+    watch_interval_s: float | None = None,
 ) -> Worker:
     """A worker for `task_queue` (default: the settings') with every workflow and activity."""
     queue = task_queue or settings.task_queue
     tasks_dir = tasks_dir or settings.tasks_dir or TASKS_DIR
     namespace = client.namespace
     key = ServerKey.load_or_create(settings.state_dir / "server.key")
-    watcher = WatcherSettings(workflow_id=watcher_workflow_id(namespace, queue),
-                              interval_s=watch_interval_s or settings.watch_interval_s)
+    watcher = WatcherSettings(
+        workflow_id=watcher_workflow_id(namespace, queue),
+        interval_s=watch_interval_s or settings.watch_interval_s,
+    )
     jobs = JobsActivities(backend, key, client, tasks_dir, watcher)
-    episodes = EpisodeActivities(backend, client, EpisodeConfig(
-        tasks_dir=tasks_dir, watcher_workflow_id=watcher.workflow_id,
-        account_workflow_id=account_workflow_id(namespace, queue),
-        cancel_confirm_s=settings.cancel_confirm_s,
-        max_live_episodes=settings.max_live_episodes,
-        spend_cap_micro_usd=settings.spend_cap_micro_usd,
-        continue_as_new_events=settings.continue_as_new_events))
+    episodes = EpisodeActivities(
+        backend,
+        client,
+        EpisodeConfig(
+            tasks_dir=tasks_dir,
+            watcher_workflow_id=watcher.workflow_id,
+            account_workflow_id=account_workflow_id(namespace, queue),
+            cancel_confirm_s=settings.cancel_confirm_s,
+            max_live_episodes=settings.max_live_episodes,
+            spend_cap_micro_usd=settings.spend_cap_micro_usd,
+            continue_as_new_events=settings.continue_as_new_events,
+        ),
+    )
     return Worker(
-        client, task_queue=queue, workflows=list(WORKFLOWS),
-        activities=[jobs.submit_job, jobs.observe_jobs, jobs.cancel_job, jobs.job_logs,
-                    jobs.read_score, jobs.resolve_datasets, episodes.prepare_episode,
-                    episodes.reserve_server_spend],
+        client,
+        task_queue=queue,
+        workflows=list(WORKFLOWS),
+        activities=[
+            jobs.submit_job,
+            jobs.observe_jobs,
+            jobs.cancel_job,
+            jobs.job_logs,
+            jobs.read_score,
+            jobs.resolve_datasets,
+            episodes.prepare_episode,
+            episodes.reserve_server_spend,
+        ],
     )

@@ -28,7 +28,8 @@ def binary(name: str) -> str:
 async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
         data_converter=pydantic_data_converter,
-        test_server_existing_path=binary("temporal-test-server"))
+        test_server_existing_path=binary("temporal-test-server"),
+    )
     try:
         yield env
     finally:

@@ -25,16 +25,32 @@ def error_type(tool: str, arguments: dict) -> ErrorType:
     return refused.value.type
 
 
-@pytest.mark.parametrize(("field", "at_limit", "past_limit", "expected"), [
-    ("script", "#" * (MAX_SCRIPT_BYTES - 1) + "\n", "#" * MAX_SCRIPT_BYTES + "\n",
-     ErrorType.invalid_script),
-    ("dependencies", ["six"] * MAX_DEPENDENCIES, ["six"] * (MAX_DEPENDENCIES + 1),
-     ErrorType.invalid_dependency),
-    ("datasets", ["o/d"] * MAX_DATASETS, ["o/d"] * (MAX_DATASETS + 1),
-     ErrorType.dataset_not_allowed),
-])
-def test_jobs_submit_limits(field: str, at_limit: object, past_limit: object,
-                            expected: ErrorType) -> None:
+@pytest.mark.parametrize(
+    ("field", "at_limit", "past_limit", "expected"),
+    [
+        (
+            "script",
+            "#" * (MAX_SCRIPT_BYTES - 1) + "\n",
+            "#" * MAX_SCRIPT_BYTES + "\n",
+            ErrorType.invalid_script,
+        ),
+        (
+            "dependencies",
+            ["six"] * MAX_DEPENDENCIES,
+            ["six"] * (MAX_DEPENDENCIES + 1),
+            ErrorType.invalid_dependency,
+        ),
+        (
+            "datasets",
+            ["o/d"] * MAX_DATASETS,
+            ["o/d"] * (MAX_DATASETS + 1),
+            ErrorType.dataset_not_allowed,
+        ),
+    ],
+)
+def test_jobs_submit_limits(
+    field: str, at_limit: object, past_limit: object, expected: ErrorType
+) -> None:
     parse_tool_args("jobs_submit", {**SUBMIT, field: at_limit})
     assert error_type("jobs_submit", {**SUBMIT, field: past_limit}) is expected
 
@@ -46,11 +62,15 @@ def test_the_script_limit_counts_utf8_bytes_not_characters() -> None:
 
 def test_jobs_wait_and_logs_limits() -> None:
     parse_tool_args("jobs_wait", {"job_id": "job-1", "timeout_s": MAX_WAIT_TIMEOUT_S})
-    assert error_type("jobs_wait", {"job_id": "job-1", "timeout_s": MAX_WAIT_TIMEOUT_S + 1}) \
+    assert (
+        error_type("jobs_wait", {"job_id": "job-1", "timeout_s": MAX_WAIT_TIMEOUT_S + 1})
         is ErrorType.invalid_argument
+    )
     parse_tool_args("jobs_logs", {"job_id": "job-1", "tail": MAX_LOG_TAIL})
-    assert error_type("jobs_logs", {"job_id": "job-1", "tail": MAX_LOG_TAIL + 1}) \
+    assert (
+        error_type("jobs_logs", {"job_id": "job-1", "tail": MAX_LOG_TAIL + 1})
         is ErrorType.invalid_argument
+    )
 
 
 def test_defaults_and_unknown_keys() -> None:
@@ -58,22 +78,35 @@ def test_defaults_and_unknown_keys() -> None:
     assert wait.model_dump() == {"job_id": "job-1", "timeout_s": 300}
     assert parse_tool_args("jobs_logs", {"job_id": "job-1"}).model_dump()["tail"] == 200
     assert error_type("task_info", {"x": 1}) is ErrorType.invalid_argument
-    assert error_type("jobs_submit", {**SUBMIT, "timeout_minutes": "5 min"}) \
+    assert (
+        error_type("jobs_submit", {**SUBMIT, "timeout_minutes": "5 min"})
         is ErrorType.timeout_not_allowed
+    )
     assert error_type("nope", {}) is ErrorType.invalid_argument
 
 
 def test_the_error_envelope_round_trips() -> None:
     error = ToolError(ErrorType.unknown_job, "no such job", job_id="job-1")
-    assert error.envelope() == {"error": {"type": "unknown_job", "message": "no such job",
-                                          "job_id": "job-1"}}
+    assert error.envelope() == {
+        "error": {"type": "unknown_job", "message": "no such job", "job_id": "job-1"}
+    }
     again = ToolError.from_envelope(error.envelope())
-    assert (again.type, again.message, again.details) == (error.type, error.message,
-                                                          error.details)
+    assert (again.type, again.message, again.details) == (error.type, error.message, error.details)
 
 
 def test_the_error_enum_is_the_specs_twelve_plus_invalid_argument() -> None:
     assert {t.value for t in ErrorType} == {
-        "budget_exhausted", "flavor_not_allowed", "timeout_not_allowed", "invalid_script",
-        "invalid_dependency", "dataset_not_allowed", "limit_reached", "not_ready",
-        "unknown_job", "not_allowed", "episode_over", "hf_error", "invalid_argument"}
+        "budget_exhausted",
+        "flavor_not_allowed",
+        "timeout_not_allowed",
+        "invalid_script",
+        "invalid_dependency",
+        "dataset_not_allowed",
+        "limit_reached",
+        "not_ready",
+        "unknown_job",
+        "not_allowed",
+        "episode_over",
+        "hf_error",
+        "invalid_argument",
+    }

@@ -49,14 +49,20 @@ def test_the_bounds_0_and_1_are_valid_scores() -> None:
 
 def test_garbage_and_overlong_lines_are_not_trusted() -> None:
     long_line = score_line(0.5) + " " * MAX_TRUSTED_LINE_CHARS
-    lines = [f"{SCORE_TAG} {NONCE} not-json", f"{SCORE_TAG} {NONCE} [0.5]", long_line,
-             f"prefix {score_line(0.5)}"]
+    lines = [
+        f"{SCORE_TAG} {NONCE} not-json",
+        f"{SCORE_TAG} {NONCE} [0.5]",
+        long_line,
+        f"prefix {score_line(0.5)}",
+    ]
     assert trusted_payloads(lines, SCORE_TAG, NONCE) == []
 
 
 def test_launcher_and_score_lines_are_told_apart() -> None:
-    lines = [format_trusted_line(LAUNCHER_TAG, NONCE, {"stage": "exit", "exit_code": 0}),
-             score_line(0.25)]
+    lines = [
+        format_trusted_line(LAUNCHER_TAG, NONCE, {"stage": "exit", "exit_code": 0}),
+        score_line(0.25),
+    ]
     assert trusted_payloads(lines, LAUNCHER_TAG, NONCE) == [{"stage": "exit", "exit_code": 0}]
     assert read_score(lines, NONCE).score == 0.25
 

@@ -54,14 +54,20 @@ class AccountWorkflow:
         limit = admission.max_live_episodes
         if limit is not None and len(self._live) >= limit:
             raise ApplicationError(
-                f"the server runs its maximum of {limit} live episodes; try again when one "
-                "ends", {"limit": limit}, type=ErrorType.limit_reached.value, non_retryable=True)
+                f"the server runs its maximum of {limit} live episodes; try again when one ends",
+                {"limit": limit},
+                type=ErrorType.limit_reached.value,
+                non_retryable=True,
+            )
         cap = admission.spend_cap_micro_usd
         if cap is not None and sum(self._live.values()) >= cap:
             raise ApplicationError(
                 f"the server-wide spend cap of ${usd(cap):.6f} is used by live episodes; try "
-                "again when one ends", {"cap_usd": usd(cap)},
-                type=ErrorType.budget_exhausted.value, non_retryable=True)
+                "again when one ends",
+                {"cap_usd": usd(cap)},
+                type=ErrorType.budget_exhausted.value,
+                non_retryable=True,
+            )
         self._live[admission.episode_id] = 0
 
     @workflow.update
@@ -73,7 +79,9 @@ class AccountWorkflow:
                 f"the server-wide spend cap of ${usd(check.cap_micro_usd):.6f} would be "
                 "exceeded; wait for running jobs to finish or use a shorter timeout",
                 {"cap_usd": usd(check.cap_micro_usd)},
-                type=ErrorType.budget_exhausted.value, non_retryable=True)
+                type=ErrorType.budget_exhausted.value,
+                non_retryable=True,
+            )
         self._live[check.episode_id] = check.committed_micro_usd
 
     @workflow.signal(name=SIGNAL_EXPOSURE)

@@ -78,8 +78,9 @@ class EpisodeWorkflow(EpisodeTools):
     def __init__(self, inp: EpisodeInput) -> None:
         self._setup = inp.setup
         budget = inp.setup.task.budget_micro_usd
-        self._s = inp.carry or EpisodeCarry(started_at=workflow.now(),
-                                            ledger=Ledger(budget_micro_usd=budget))
+        self._s = inp.carry or EpisodeCarry(
+            started_at=workflow.now(), ledger=Ledger(budget_micro_usd=budget)
+        )
         self._reply_to: str | None = None
         self._end_requested_at = None
         self._replied = False
@@ -117,13 +118,20 @@ class EpisodeWorkflow(EpisodeTools):
         if self._s.end is None and self._deadline_passed() and not self._s.submitting:
             await self._end(EndReason.time_limit, 0.0)
         if self._s.end is not None:
-            return self._result(call, ToolError(
-                ErrorType.episode_over, "the episode is over; call reset to start another"
-            ).envelope())
+            return self._result(
+                call,
+                ToolError(
+                    ErrorType.episode_over, "the episode is over; call reset to start another"
+                ).envelope(),
+            )
         if self._s.steps_used >= self._setup.task.max_steps:
-            return self._result(call, ToolError(
-                ErrorType.limit_reached, "the step limit is reached; the episode ends when the "
-                "calls in flight finish").envelope())
+            return self._result(
+                call,
+                ToolError(
+                    ErrorType.limit_reached,
+                    "the step limit is reached; the episode ends when the calls in flight finish",
+                ).envelope(),
+            )
         self._s.steps_used += 1
         try:
             data = await self._dispatch(call.tool, parse_tool_args(call.tool, call.arguments))
@@ -163,9 +171,13 @@ class EpisodeWorkflow(EpisodeTools):
     def status(self) -> EpisodeStatus:
         now = workflow.now()
         return EpisodeStatus(
-            episode_id=self._setup.episode_id, task_id=self._setup.task.id,
-            steps_used=self._s.steps_used, steps_left=self._steps_left(),
-            time_left_s=self._time_left_s(), done=self._s.end is not None, end=self._s.end,
+            episode_id=self._setup.episode_id,
+            task_id=self._setup.task.id,
+            steps_used=self._s.steps_used,
+            steps_left=self._steps_left(),
+            time_left_s=self._time_left_s(),
+            done=self._s.end is not None,
+            end=self._s.end,
             service_spend=self._spend(),
             jobs=[self._view(r, now).model_dump(mode="json") for r in self._s.jobs.values()],
             cancelling=self._unconfirmed(),
@@ -178,8 +190,9 @@ class EpisodeWorkflow(EpisodeTools):
 
     # -- ending --------------------------------------------------------------------------------
 
-    async def _end(self, reason: EndReason, reward: float | None,
-                   invalid_score: str | None = None) -> None:
+    async def _end(
+        self, reason: EndReason, reward: float | None, invalid_score: str | None = None
+    ) -> None:
         """End the episode (once) and cancel every live job explicitly."""
         if self._s.end is None:
             self._s.end = EpisodeEnd(reason=reason, reward=reward, invalid_score=invalid_score)
@@ -225,30 +238,39 @@ class EpisodeWorkflow(EpisodeTools):
         if self._reply_to is None or self._replied or self._s.end is None:
             return
         due = self._end_requested_at is not None and workflow.now() >= (
-            self._end_requested_at + timedelta(seconds=self._setup.cancel_confirm_s))
+            self._end_requested_at + timedelta(seconds=self._setup.cancel_confirm_s)
+        )
         if not self._all_final() and not due:
             return
         self._replied = True
-        closed = EpisodeClosed(episode_id=self._setup.episode_id, end=self._s.end,
-                               service_spend=self._spend(), unconfirmed=self._unconfirmed())
+        closed = EpisodeClosed(
+            episode_id=self._setup.episode_id,
+            end=self._s.end,
+            service_spend=self._spend(),
+            unconfirmed=self._unconfirmed(),
+        )
         try:
             await workflow.get_external_workflow_handle(self._reply_to).signal(
-                SIGNAL_EPISODE_CLOSED, closed)
+                SIGNAL_EPISODE_CLOSED, closed
+            )
         except FailureError:
             workflow.logger.warning("session of episode %s is gone", self._setup.episode_id)
 
     async def _announce_close(self) -> None:
         """Tell the session the episode is closed, so that it never signals a completed run."""
         session = self._setup.session_workflow_id
-        if session is None or (self._reply_to == session and self._replied and
-                               not self._unconfirmed()):
+        if session is None or (
+            self._reply_to == session and self._replied and not self._unconfirmed()
+        ):
             return
         assert self._s.end is not None
-        closed = EpisodeClosed(episode_id=self._setup.episode_id, end=self._s.end,
-                               service_spend=self._spend())
+        closed = EpisodeClosed(
+            episode_id=self._setup.episode_id, end=self._s.end, service_spend=self._spend()
+        )
         try:
             await workflow.get_external_workflow_handle(session).signal(
-                SIGNAL_EPISODE_CLOSED, closed)
+                SIGNAL_EPISODE_CLOSED, closed
+            )
         except FailureError:
             workflow.logger.warning("session of episode %s is gone", self._setup.episode_id)
 

@@ -122,15 +122,21 @@ def job_view(episode_id: str, record: JobRecord, now: datetime) -> JobView:
         running_s = max(running_s, (now - record.started_at).total_seconds())
     settlement = record.settlement
     return JobView(
-        job_id=record.job_id, state=record.state, flavor=record.flavor,
-        timeout_minutes=record.timeout_minutes, created_at=iso(record.created_at),
-        started_at=iso(record.started_at), finished_at=iso(record.finished_at),
+        job_id=record.job_id,
+        state=record.state,
+        flavor=record.flavor,
+        timeout_minutes=record.timeout_minutes,
+        created_at=iso(record.created_at),
+        started_at=iso(record.started_at),
+        finished_at=iso(record.finished_at),
         running_s=round(running_s, 3),
         reserved_usd=usd(record.reserved_micro_usd if settlement is None else 0),
         cost_usd=usd(settlement.cost_micro_usd) if settlement else 0.0,
         overrun_usd=usd(settlement.overrun_micro_usd)
-        if settlement and settlement.overrun_micro_usd else None,
+        if settlement and settlement.overrun_micro_usd
+        else None,
         artifact=f"openenv-artifact://{episode_id}/{record.job_id}/outputs"
-        if record.role is JobRole.agent else None,
+        if record.role is JobRole.agent
+        else None,
         message=record.message,
     )

@@ -48,7 +48,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.waiting import wait_until
 
 
-
 _RANKS = {JobState.queued: 0, JobState.running: 1, JobState.cancelling: 2}
 
 
@@ -60,8 +59,9 @@ class EpisodeTools:
     _setup: EpisodeSetup
     _s: EpisodeCarry
 
-    async def _end(self, reason: EndReason, reward: float | None,
-                   invalid_score: str | None = None) -> None:
+    async def _end(
+        self, reason: EndReason, reward: float | None, invalid_score: str | None = None
+    ) -> None:
         raise NotImplementedError
 
     # -- dispatch ------------------------------------------------------------------------------
@@ -99,31 +99,46 @@ class EpisodeTools:
 
     def _task_info(self) -> dict[str, Any]:
         task, model = self._setup.task, self._setup.base_model
-        return {"task_id": task.id, "prompt": task.prompt,
-                "base_model": {"repo_id": model.repo_id, "revision": model.revision},
-                **task.limits_view(self._setup.prices)}
+        return {
+            "task_id": task.id,
+            "prompt": task.prompt,
+            "base_model": {"repo_id": model.repo_id, "revision": model.revision},
+            **task.limits_view(self._setup.prices),
+        }
 
     async def _jobs_submit(self, args: JobsSubmitArgs) -> dict[str, Any]:
         task = self._setup.task
         if args.flavor not in self._allowed_flavors():
-            raise ToolError(ErrorType.flavor_not_allowed,
-                            f"flavor {args.flavor!r} is not allowed; use one of "
-                            f"{', '.join(self._allowed_flavors())}", flavor=args.flavor)
+            raise ToolError(
+                ErrorType.flavor_not_allowed,
+                f"flavor {args.flavor!r} is not allowed; use one of "
+                f"{', '.join(self._allowed_flavors())}",
+                flavor=args.flavor,
+            )
         if args.timeout_minutes > task.max_timeout_minutes:
-            raise ToolError(ErrorType.timeout_not_allowed,
-                            f"timeout_minutes {args.timeout_minutes} is above this task's maximum "
-                            f"of {task.max_timeout_minutes}")
+            raise ToolError(
+                ErrorType.timeout_not_allowed,
+                f"timeout_minutes {args.timeout_minutes} is above this task's maximum "
+                f"of {task.max_timeout_minutes}",
+            )
         validate_script(args.script)
         dependencies = merged_dependencies(args.script, args.dependencies)
         live = [r for r in self._s.jobs.values() if r.role is JobRole.agent and r.live]
         if len(live) >= task.max_concurrent_jobs:
-            raise ToolError(ErrorType.limit_reached,
-                            f"{len(live)} jobs are live and this task allows "
-                            f"{task.max_concurrent_jobs} at once; wait for or cancel one")
+            raise ToolError(
+                ErrorType.limit_reached,
+                f"{len(live)} jobs are live and this task allows "
+                f"{task.max_concurrent_jobs} at once; wait for or cancel one",
+            )
         datasets = await self._resolve_datasets(args.datasets)
         record = await self._start_job(
-            JobRole.agent, args.flavor, args.timeout_minutes, script=args.script,
-            dependencies=dependencies, datasets=datasets)
+            JobRole.agent,
+            args.flavor,
+            args.timeout_minutes,
+            script=args.script,
+            dependencies=dependencies,
+            datasets=datasets,
+        )
         return self._view(record, workflow.now()).model_dump(mode="json")
 
     async def _jobs_wait(self, args: JobsWaitArgs) -> dict[str, Any]:
@@ -131,8 +146,10 @@ class EpisodeTools:
         version = record.version
         if not record.final:
             await self._ask_watcher_to_look()
-            await wait_until(lambda: record.version != version or self._s.end is not None,
-                             timedelta(seconds=args.timeout_s))
+            await wait_until(
+                lambda: record.version != version or self._s.end is not None,
+                timedelta(seconds=args.timeout_s),
+            )
         view = self._view(record, workflow.now()).model_dump(mode="json")
         return {**view, "changed": record.version != version}
 
@@ -150,9 +167,15 @@ class EpisodeTools:
         try:
             lines = await workflow.execute_activity_method(
                 JobsActivities.job_logs,
-                JobLogs(ref=record.backend_ref, key=record.workflow_id, tail=args.tail,
-                        now=workflow.now()),
-                start_to_close_timeout=READ_TIMEOUT, retry_policy=READ_RETRY)
+                JobLogs(
+                    ref=record.backend_ref,
+                    key=record.workflow_id,
+                    tail=args.tail,
+                    now=workflow.now(),
+                ),
+                start_to_close_timeout=READ_TIMEOUT,
+                retry_policy=READ_RETRY,
+            )
         except ActivityError as err:
             raise tool_error_of(err) from None
         return {"job_id": record.job_id, "lines": lines}
@@ -162,32 +185,44 @@ class EpisodeTools:
         if not record.final:
             await self._cancel_job(record)
             # Unconfirmed in time: answered as `cancelling`; jobs_status shows the rest.
-            await wait_until(lambda: record.final,
-                             timedelta(seconds=self._setup.cancel_confirm_s))
+            await wait_until(lambda: record.final, timedelta(seconds=self._setup.cancel_confirm_s))
         return self._view(record, workflow.now()).model_dump(mode="json")
 
     async def _dev_evaluate(self, args: JobIdArgs) -> dict[str, Any]:
         task = self._setup.task
         job = self._succeeded_agent_job(args.job_id)
         if self._s.dev_evaluations >= task.max_dev_evaluations:
-            raise ToolError(ErrorType.limit_reached,
-                            f"this task allows {task.max_dev_evaluations} dev evaluations and "
-                            "all are used")
+            raise ToolError(
+                ErrorType.limit_reached,
+                f"this task allows {task.max_dev_evaluations} dev evaluations and all are used",
+            )
         self._s.dev_evaluations += 1
         evaluation = await self._start_job(
-            JobRole.dev, task.eval_flavor, task.eval_timeout_minutes,
-            artifact_ref=job.backend_ref, evaluated_job_id=job.job_id)
+            JobRole.dev,
+            task.eval_flavor,
+            task.eval_timeout_minutes,
+            artifact_ref=job.backend_ref,
+            evaluated_job_id=job.job_id,
+        )
         await workflow.wait_condition(lambda: evaluation.final or self._s.end is not None)
         if not evaluation.final:
-            raise ToolError(ErrorType.episode_over,
-                            "the episode ended while the dev evaluation ran")
+            raise ToolError(
+                ErrorType.episode_over, "the episode ended while the dev evaluation ran"
+            )
         if evaluation.score is None:
-            raise ToolError(ErrorType.hf_error,
-                            f"the dev evaluation job did not finish: {evaluation.message}",
-                            evaluation_id=evaluation.job_id)
+            raise ToolError(
+                ErrorType.hf_error,
+                f"the dev evaluation job did not finish: {evaluation.message}",
+                evaluation_id=evaluation.job_id,
+            )
         cost = evaluation.settlement.cost_micro_usd if evaluation.settlement else 0
-        return {"job_id": job.job_id, "evaluation_id": evaluation.job_id, "split": "dev",
-                **evaluation.score.model_dump(), "cost_usd": cost / 1_000_000}
+        return {
+            "job_id": job.job_id,
+            "evaluation_id": evaluation.job_id,
+            "split": "dev",
+            **evaluation.score.model_dump(),
+            "cost_usd": cost / 1_000_000,
+        }
 
     async def _submit(self, args: JobIdArgs) -> dict[str, Any]:
         task = self._setup.task
@@ -197,23 +232,37 @@ class EpisodeTools:
         self._s.submitting = True
         try:
             grader = await self._start_job(
-                JobRole.grader, task.eval_flavor, math.ceil(task.score_timeout_s / 60),
-                timeout_s=task.score_timeout_s, artifact_ref=job.backend_ref,
-                evaluated_job_id=job.job_id, reserve=False)
+                JobRole.grader,
+                task.eval_flavor,
+                math.ceil(task.score_timeout_s / 60),
+                timeout_s=task.score_timeout_s,
+                artifact_ref=job.backend_ref,
+                evaluated_job_id=job.job_id,
+                reserve=False,
+            )
         except ToolError as err:
             self._s.submitting = False
             await self._end(EndReason.score_failed, None)
             return {"job_id": job.job_id, "score": None, "reason": err.message}
         # Only a reset or an operator's cancel interrupts grading; the deadline does not.
-        await workflow.wait_condition(lambda: grader.final or (
-            self._s.end is not None and self._s.end.reason in (EndReason.reset,
-                                                                EndReason.cancelled)))
+        await workflow.wait_condition(
+            lambda: (
+                grader.final
+                or (
+                    self._s.end is not None
+                    and self._s.end.reason in (EndReason.reset, EndReason.cancelled)
+                )
+            )
+        )
         self._s.submitting = False
         score = grader.score
         if score is None:
             await self._end(EndReason.score_failed, None)
-            return {"job_id": job.job_id, "score": None,
-                    "reason": grader.message or f"the grader job ended {grader.state.value}"}
+            return {
+                "job_id": job.job_id,
+                "score": None,
+                "reason": grader.message or f"the grader job ended {grader.state.value}",
+            }
         reward = score.score if score.valid else 0.0
         await self._end(EndReason.submitted, reward, None if score.valid else score.reason)
         return {"job_id": job.job_id, "split": "hidden", **score.model_dump(), "score": reward}
@@ -221,10 +270,18 @@ class EpisodeTools:
     # -- jobs ----------------------------------------------------------------------------------
 
     async def _start_job(
-        self, role: JobRole, flavor: str, timeout_minutes: int, *, timeout_s: int | None = None,
-        script: str = "", dependencies: list[str] | None = None,
-        datasets: list[RepoRef] | None = None, artifact_ref: str | None = None,
-        evaluated_job_id: str | None = None, reserve: bool = True,
+        self,
+        role: JobRole,
+        flavor: str,
+        timeout_minutes: int,
+        *,
+        timeout_s: int | None = None,
+        script: str = "",
+        dependencies: list[str] | None = None,
+        datasets: list[RepoRef] | None = None,
+        artifact_ref: str | None = None,
+        evaluated_job_id: str | None = None,
+        reserve: bool = True,
     ) -> JobRecord:
         """Reserve, start the child, and wait until the job exists (or its start failed)."""
         self._s.job_counter += 1
@@ -244,20 +301,36 @@ class EpisodeTools:
                 self._s.ledger.release(job_id)
                 raise
         record = JobRecord(
-            job_id=job_id, workflow_id=job_workflow_id(self._setup.episode_id, n), role=role,
-            flavor=flavor, timeout_minutes=timeout_minutes, reserved_micro_usd=reserved,
-            evaluated_job_id=evaluated_job_id, created_at=workflow.now())
+            job_id=job_id,
+            workflow_id=job_workflow_id(self._setup.episode_id, n),
+            role=role,
+            flavor=flavor,
+            timeout_minutes=timeout_minutes,
+            reserved_micro_usd=reserved,
+            evaluated_job_id=evaluated_job_id,
+            created_at=workflow.now(),
+        )
         self._s.jobs[job_id] = record
         await workflow.start_child_workflow(
             JobWorkflow.run,
-            JobInput(job_id=job_id, role=role, episode_id=self._setup.episode_id,
-                     task_id=self._setup.task.id, flavor=flavor,
-                     timeout_s=timeout_s or timeout_minutes * 60,
-                     base_model=self._setup.base_model, script=script,
-                     dependencies=dependencies or [], datasets=datasets or [],
-                     artifact_ref=artifact_ref, parent_workflow_id=workflow.info().workflow_id,
-                     watcher_workflow_id=self._setup.watcher_workflow_id),
-            id=record.workflow_id, parent_close_policy=workflow.ParentClosePolicy.ABANDON)
+            JobInput(
+                job_id=job_id,
+                role=role,
+                episode_id=self._setup.episode_id,
+                task_id=self._setup.task.id,
+                flavor=flavor,
+                timeout_s=timeout_s or timeout_minutes * 60,
+                base_model=self._setup.base_model,
+                script=script,
+                dependencies=dependencies or [],
+                datasets=datasets or [],
+                artifact_ref=artifact_ref,
+                parent_workflow_id=workflow.info().workflow_id,
+                watcher_workflow_id=self._setup.watcher_workflow_id,
+            ),
+            id=record.workflow_id,
+            parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+        )
         await workflow.wait_condition(lambda: record.submitted or record.error is not None)
         if record.error is not None:
             raise ToolError.from_envelope(record.error)
@@ -298,24 +371,32 @@ class EpisodeTools:
             return await workflow.execute_activity_method(
                 JobsActivities.resolve_datasets,
                 ResolveDatasets(repo_ids=repo_ids, denylist=self._setup.task.dataset_denylist),
-                start_to_close_timeout=READ_TIMEOUT, retry_policy=READ_RETRY)
+                start_to_close_timeout=READ_TIMEOUT,
+                retry_policy=READ_RETRY,
+            )
         except ActivityError as err:
             raise tool_error_of(err) from None
 
     def _agent_job(self, job_id: str) -> JobRecord:
         record = self._s.jobs.get(job_id)
         if record is None or record.role is not JobRole.agent:
-            raise ToolError(ErrorType.unknown_job,
-                            f"this episode has no job {job_id!r}; jobs_status lists its jobs",
-                            job_id=job_id)
+            raise ToolError(
+                ErrorType.unknown_job,
+                f"this episode has no job {job_id!r}; jobs_status lists its jobs",
+                job_id=job_id,
+            )
         return record
 
     def _succeeded_agent_job(self, job_id: str) -> JobRecord:
         record = self._agent_job(job_id)
         if record.state is not JobState.succeeded:
-            raise ToolError(ErrorType.not_ready,
-                            f"job {job_id} is {record.state.value}; only a succeeded job's "
-                            "outputs can be evaluated", job_id=job_id, state=record.state.value)
+            raise ToolError(
+                ErrorType.not_ready,
+                f"job {job_id} is {record.state.value}; only a succeeded job's "
+                "outputs can be evaluated",
+                job_id=job_id,
+                state=record.state.value,
+            )
         return record
 
     async def _cancel_job(self, record: JobRecord) -> None:
@@ -337,11 +418,15 @@ class EpisodeTools:
         try:
             await workflow.execute_activity_method(
                 EpisodeActivities.reserve_server_spend,
-                ServerSpend(account_workflow_id=caps.account_workflow_id,
-                            episode_id=self._setup.episode_id,
-                            committed_micro_usd=self._s.ledger.committed_micro_usd,
-                            cap_micro_usd=caps.spend_cap_micro_usd),
-                start_to_close_timeout=READ_TIMEOUT, retry_policy=READ_RETRY)
+                ServerSpend(
+                    account_workflow_id=caps.account_workflow_id,
+                    episode_id=self._setup.episode_id,
+                    committed_micro_usd=self._s.ledger.committed_micro_usd,
+                    cap_micro_usd=caps.spend_cap_micro_usd,
+                ),
+                start_to_close_timeout=READ_TIMEOUT,
+                retry_policy=READ_RETRY,
+            )
         except ActivityError as err:
             raise tool_error_of(err) from None
 
@@ -350,9 +435,13 @@ class EpisodeTools:
         if caps.enabled or caps.max_live_episodes is not None:
             handle = workflow.get_external_workflow_handle(caps.account_workflow_id)
             try:
-                await handle.signal(AccountWorkflow.exposure, Exposure(
-                    episode_id=self._setup.episode_id,
-                    committed_micro_usd=self._s.ledger.committed_micro_usd))
+                await handle.signal(
+                    AccountWorkflow.exposure,
+                    Exposure(
+                        episode_id=self._setup.episode_id,
+                        committed_micro_usd=self._s.ledger.committed_micro_usd,
+                    ),
+                )
             except FailureError:
                 pass
 
@@ -391,8 +480,11 @@ class EpisodeTools:
         return all(r.final for r in self._s.jobs.values())
 
     def _unconfirmed(self) -> list[str]:
-        return [r.job_id for r in self._s.jobs.values()
-                if r.state is JobState.cancelling and not r.final]
+        return [
+            r.job_id
+            for r in self._s.jobs.values()
+            if r.state is JobState.cancelling and not r.final
+        ]
 
     def _spend(self) -> ServiceSpend:
         return self._s.ledger.service_spend(final=self._all_final())
@@ -400,8 +492,11 @@ class EpisodeTools:
     def _result(self, call: ToolCall, data: dict[str, Any]) -> ToolResult:
         end = self._s.end
         metadata: dict[str, Any] = {
-            "episode_id": self._setup.episode_id, "steps_used": self._s.steps_used,
-            "steps_left": self._steps_left(), "time_left_s": round(self._time_left_s(), 3)}
+            "episode_id": self._setup.episode_id,
+            "steps_used": self._s.steps_used,
+            "steps_left": self._steps_left(),
+            "time_left_s": round(self._time_left_s(), 3),
+        }
         if self._setup.prices_simulated:
             metadata["prices_simulated"] = True
         reward = None
@@ -410,5 +505,6 @@ class EpisodeTools:
             if end is not None:
                 metadata["episode_end"] = end.model_dump(mode="json", exclude_none=True)
                 reward = end.reward
-        return ToolResult(tool=call.tool, data=data, done=end is not None, reward=reward,
-                          metadata=metadata)
+        return ToolResult(
+            tool=call.tool, data=data, done=end is not None, reward=reward, metadata=metadata
+        )

@@ -84,14 +84,22 @@ class JobWorkflow:
         self._inp = inp
         try:
             started = await workflow.execute_activity_method(
-                JobsActivities.submit_job, self._submit_request(),
-                start_to_close_timeout=SUBMIT_TIMEOUT, retry_policy=SUBMIT_RETRY,
+                JobsActivities.submit_job,
+                self._submit_request(),
+                start_to_close_timeout=SUBMIT_TIMEOUT,
+                retry_policy=SUBMIT_RETRY,
             )
         except ActivityError as err:
             error = tool_error_of(err)
-            return await self._finish(JobSnapshot(
-                job_id=inp.job_id, state=JobState.failed, error=error.envelope(),
-                message=error.message, final=True))
+            return await self._finish(
+                JobSnapshot(
+                    job_id=inp.job_id,
+                    state=JobState.failed,
+                    error=error.envelope(),
+                    message=error.message,
+                    final=True,
+                )
+            )
         await self._apply(started, report=True)  # the episode waits for this first report
         # submit_job registered the job with the watcher unless it had already ended.
         self._watcher_has_it = not started.state.terminal
@@ -118,20 +126,14 @@ class JobWorkflow:
     # -- helpers -------------------------------------------------------------------------------
 
     def _submit_request(self) -> SubmitJob:
-        inp = self._inp
-        return SubmitJob(
-            key=workflow.info().workflow_id, role=inp.role, episode_id=inp.episode_id,
-            task_id=inp.task_id, job_id=inp.job_id, flavor=inp.flavor, timeout_s=inp.timeout_s,
-            script=inp.script, dependencies=inp.dependencies, datasets=inp.datasets,
-            base_model=inp.base_model, artifact_ref=inp.artifact_ref, now=workflow.now(),
-        )
+        fields = self._inp.model_dump(exclude={"parent_workflow_id", "watcher_workflow_id"})
+        return SubmitJob(**fields, key=workflow.info().workflow_id, now=workflow.now())
 
     async def _follow_until_terminal(self) -> None:
         assert self._job is not None
         # One guard timer for the whole job, never cancelled and re-armed: a timer per wake-up
         # would cost two history events each time.
-        guard = asyncio.ensure_future(
-            asyncio.sleep(self._inp.timeout_s + GUARD_GRACE_S))
+        guard = asyncio.ensure_future(asyncio.sleep(self._inp.timeout_s + GUARD_GRACE_S))
         cancel_sent_at: datetime | None = None
         reissue_s = CANCEL_REISSUE_S
         reissue_alarm = Alarm()
@@ -142,7 +144,8 @@ class JobWorkflow:
                 continue
             if cancel_sent_at is None:
                 await workflow.wait_condition(
-                    lambda: bool(self._inbox) or self._cancel_requested or guard.done())
+                    lambda: bool(self._inbox) or self._cancel_requested or guard.done()
+                )
                 if not self._inbox and not self._cancel_requested:
                     # The job overstayed its own timeout unreported: stop it.
                     self._message = "the job overstayed its timeout and was cancelled"
@@ -175,7 +178,8 @@ class JobWorkflow:
             job = await workflow.execute_activity_method(
                 JobsActivities.cancel_job,
                 JobRef(ref=self._job.ref, key=workflow.info().workflow_id, now=workflow.now()),
-                start_to_close_timeout=OBSERVE_TIMEOUT, retry_policy=PERSISTENT_RETRY,
+                start_to_close_timeout=OBSERVE_TIMEOUT,
+                retry_policy=PERSISTENT_RETRY,
             )
         except ActivityError as err:
             self._message = tool_error_of(err).message
@@ -201,7 +205,8 @@ class JobWorkflow:
             return await workflow.execute_activity_method(
                 JobsActivities.read_score,
                 JobRef(ref=self._job.ref, key=workflow.info().workflow_id, now=workflow.now()),
-                start_to_close_timeout=READ_TIMEOUT, retry_policy=READ_RETRY,
+                start_to_close_timeout=READ_TIMEOUT,
+                retry_policy=READ_RETRY,
             )
         except ActivityError as err:
             self._message = f"could not read the evaluation's log: {tool_error_of(err).message}"
@@ -209,8 +214,14 @@ class JobWorkflow:
 
     def _snapshot(self, *, final: bool, score: ScoreResult | None = None) -> JobSnapshot:
         message = self._message or (self._job.message if self._job else "")
-        return JobSnapshot(job_id=self._inp.job_id, state=self._state, backend=self._job,
-                           score=score, message=message, final=final)
+        return JobSnapshot(
+            job_id=self._inp.job_id,
+            state=self._state,
+            backend=self._job,
+            score=score,
+            message=message,
+            final=final,
+        )
 
     async def _finish(self, snapshot: JobSnapshot) -> JobSnapshot:
         await self._report(snapshot)
@@ -222,8 +233,9 @@ class JobWorkflow:
         try:
             await handle.signal(SIGNAL_JOB_CHANGED, snapshot)
         except FailureError:
-            workflow.logger.warning("episode %s is gone; job %s not reported",
-                                    self._inp.episode_id, self._inp.job_id)
+            workflow.logger.warning(
+                "episode %s is gone; job %s not reported", self._inp.episode_id, self._inp.job_id
+            )
 
     async def _ask_watcher_to_look(self) -> None:
         handle = workflow.get_external_workflow_handle(self._inp.watcher_workflow_id)

@@ -14,23 +14,29 @@ NON_RETRYABLE = [t.value for t in ErrorType]
 # Starting a job: a few attempts with backoff (429/503), then hf_error to the agent.
 SUBMIT_TIMEOUT = timedelta(seconds=120)
 SUBMIT_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30), maximum_attempts=8,
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=8,
     non_retryable_error_types=NON_RETRYABLE,
 )
 
 # Watching and cancelling must not give up: a job left unobserved may still be billing.
 OBSERVE_TIMEOUT = timedelta(seconds=60)
 PERSISTENT_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=60), maximum_attempts=0,
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=60),
+    maximum_attempts=0,
     non_retryable_error_types=NON_RETRYABLE,
 )
 
 # Reads the agent waits on (logs, scores, dataset checks, episode preparation).
 READ_TIMEOUT = timedelta(seconds=60)
 READ_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=20), maximum_attempts=5,
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=20),
+    maximum_attempts=5,
     non_retryable_error_types=NON_RETRYABLE,
 )

@@ -54,7 +54,8 @@ class SessionWorkflow:
     @workflow.run
     async def run(self, state: SessionState) -> None:
         await workflow.wait_condition(
-            lambda: self._state.closed or workflow.info().is_continue_as_new_suggested())
+            lambda: self._state.closed or workflow.info().is_continue_as_new_suggested()
+        )
         await workflow.wait_condition(workflow.all_handlers_finished)
         if not self._state.closed:
             workflow.continue_as_new(self._state)
@@ -70,17 +71,26 @@ class SessionWorkflow:
             try:
                 setup: EpisodeSetup = await workflow.execute_activity_method(
                     EpisodeActivities.prepare_episode,
-                    PrepareEpisode(task_id=request.task_id, episode_id=episode_id,
-                                   session_workflow_id=workflow.info().workflow_id),
-                    start_to_close_timeout=READ_TIMEOUT, retry_policy=READ_RETRY)
+                    PrepareEpisode(
+                        task_id=request.task_id,
+                        episode_id=episode_id,
+                        session_workflow_id=workflow.info().workflow_id,
+                    ),
+                    start_to_close_timeout=READ_TIMEOUT,
+                    retry_policy=READ_RETRY,
+                )
             except ActivityError as err:
                 error = tool_error_of(err)
-                raise ApplicationError(error.message, error.details, type=error.type.value,
-                                       non_retryable=True) from None
+                raise ApplicationError(
+                    error.message, error.details, type=error.type.value, non_retryable=True
+                ) from None
             workflow_id = episode_workflow_id(episode_id)
             await workflow.start_child_workflow(
-                EpisodeWorkflow.run, EpisodeInput(setup=setup), id=workflow_id,
-                parent_close_policy=workflow.ParentClosePolicy.ABANDON)
+                EpisodeWorkflow.run,
+                EpisodeInput(setup=setup),
+                id=workflow_id,
+                parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+            )
             self._state.current = setup
             return ResetResult(episode_id=episode_id, workflow_id=workflow_id, setup=setup)
         finally:
@@ -106,8 +116,9 @@ class SessionWorkflow:
     def current_episode(self) -> str | None:
         return self._state.current.episode_id if self._state.current else None
 
-    async def _end_current(self, reason: EndReason, *,
-                           fail_if_unconfirmed: bool) -> EpisodeClosed | None:
+    async def _end_current(
+        self, reason: EndReason, *, fail_if_unconfirmed: bool
+    ) -> EpisodeClosed | None:
         current = self._state.current
         if current is None:
             return None
@@ -117,12 +128,16 @@ class SessionWorkflow:
             return earlier  # the episode told us it closed: its workflow has completed
         handle = workflow.get_external_workflow_handle(episode_workflow_id(episode_id))
         try:
-            await handle.signal(EpisodeWorkflow.end_requested,
-                                EndRequest(reason=reason, reply_to=workflow.info().workflow_id))
+            await handle.signal(
+                EpisodeWorkflow.end_requested,
+                EndRequest(reason=reason, reply_to=workflow.info().workflow_id),
+            )
         except FailureError:
             return None  # the episode's workflow has completed: every job is final
-        await wait_until(lambda: episode_id in self._replies,
-                         timedelta(seconds=current.cancel_confirm_s + REPLY_SLACK_S))
+        await wait_until(
+            lambda: episode_id in self._replies,
+            timedelta(seconds=current.cancel_confirm_s + REPLY_SLACK_S),
+        )
         closed = self._replies.get(episode_id)
         if closed is not None and not closed.unconfirmed:
             return closed
@@ -132,7 +147,11 @@ class SessionWorkflow:
                 f"episode {episode_id} could not be ended: the cancellation of job(s) {jobs} was "
                 f"not confirmed within {current.cancel_confirm_s} s; they may still be billing. "
                 "The episode stays cancelling; reset again to retry.",
-                {"episode_id": episode_id,
-                 "unconfirmed_jobs": closed.unconfirmed if closed else []},
-                type=ErrorType.hf_error.value, non_retryable=True)
+                {
+                    "episode_id": episode_id,
+                    "unconfirmed_jobs": closed.unconfirmed if closed else [],
+                },
+                type=ErrorType.hf_error.value,
+                non_retryable=True,
+            )
         return closed

@@ -40,8 +40,7 @@ class WatcherWorkflow:
         self._watched.update(inp.watched)
         while True:
             if not self._watched:
-                await wait_until(lambda: bool(self._watched),
-                                 timedelta(seconds=inp.idle_exit_s))
+                await wait_until(lambda: bool(self._watched), timedelta(seconds=inp.idle_exit_s))
                 if not self._watched:
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     if not self._watched:
@@ -71,8 +70,10 @@ class WatcherWorkflow:
     async def _observe_once(self) -> None:
         refs = sorted(self._watched)
         observed: dict[str, BackendJob] = await workflow.execute_activity_method(
-            JobsActivities.observe_jobs, ObserveJobs(refs=refs, now=workflow.now()),
-            start_to_close_timeout=OBSERVE_TIMEOUT, retry_policy=PERSISTENT_RETRY,
+            JobsActivities.observe_jobs,
+            ObserveJobs(refs=refs, now=workflow.now()),
+            start_to_close_timeout=OBSERVE_TIMEOUT,
+            retry_policy=PERSISTENT_RETRY,
         )
         for ref, job in observed.items():
             request = self._watched.get(ref)
@@ -92,8 +93,12 @@ class WatcherWorkflow:
                 await handle.signal(JobWorkflow.observed, job)
             else:
                 handle = workflow.get_external_workflow_handle(request.episode_workflow_id)
-                await handle.signal(SIGNAL_JOB_CHANGED, JobSnapshot(
-                    job_id=request.job_id, state=job.state, backend=job, message=job.message))
+                await handle.signal(
+                    SIGNAL_JOB_CHANGED,
+                    JobSnapshot(
+                        job_id=request.job_id, state=job.state, backend=job, message=job.message
+                    ),
+                )
         except FailureError:
             # The job's workflow is gone (it finished or was terminated): stop watching for it.
             self._watched.pop(request.ref, None)

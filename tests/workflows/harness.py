@@ -49,14 +49,27 @@ revision = "main"
 """
 
 
-def write_task(tasks_dir: Path, task_id: str = "t_test", *, budget_usd: float = 1.0,
-               max_steps: int = 100, time_limit_s: int = 7200, max_timeout_minutes: int = 60,
-               evaluator: bool = True) -> None:
+def write_task(
+    tasks_dir: Path,
+    task_id: str = "t_test",
+    *,
+    budget_usd: float = 1.0,
+    max_steps: int = 100,
+    time_limit_s: int = 7200,
+    max_timeout_minutes: int = 60,
+    evaluator: bool = True,
+) -> None:
     folder = tasks_dir / task_id
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "task.toml").write_text(TEST_TASK.format(
-        task_id=task_id, budget_usd=budget_usd, max_steps=max_steps, time_limit_s=time_limit_s,
-        max_timeout_minutes=max_timeout_minutes))
+    (folder / "task.toml").write_text(
+        TEST_TASK.format(
+            task_id=task_id,
+            budget_usd=budget_usd,
+            max_steps=max_steps,
+            time_limit_s=time_limit_s,
+            max_timeout_minutes=max_timeout_minutes,
+        )
+    )
     if evaluator:
         (folder / "evaluator.py").write_text("print('the fake backend never runs this')\n")
 
@@ -73,23 +86,32 @@ class Episode:
         self._n += 1
         return f"r{self._n}"
 
-    async def call(self, tool: str, path: str = "step", request_id: str | None = None,
-                   **arguments: Any) -> ToolResult:
+    async def call(
+        self, tool: str, path: str = "step", request_id: str | None = None, **arguments: Any
+    ) -> ToolResult:
         """A tool call that needs no workflow time to pass, made as the gateway makes it."""
         rid = request_id or self.next_request_id()
         call = ToolCall(request_id=rid, tool=tool, arguments=arguments, path=path)  # type: ignore[arg-type]
         return await call_tool(self.env.client, self.episode_id, call)
 
-    async def call_over(self, advance: timedelta, tool: str, request_id: str | None = None,
-                        path: str = "step", **arguments: Any) -> ToolResult:
+    async def call_over(
+        self,
+        advance: timedelta,
+        tool: str,
+        request_id: str | None = None,
+        path: str = "step",
+        **arguments: Any,
+    ) -> ToolResult:
         """A tool call during which `advance` of workflow time is skipped (the test server
         does not skip time while a client merely awaits an update's result)."""
         rid = request_id or self.next_request_id()
         update = await self.handle.start_update(
             EpisodeWorkflow.call_tool,
             ToolCall(request_id=rid, tool=tool, arguments=arguments, path=path),  # type: ignore[arg-type]
-            id=f"{self.episode_id}:{rid}", wait_for_stage=WorkflowUpdateStage.ACCEPTED,
-            result_type=ToolResult)
+            id=f"{self.episode_id}:{rid}",
+            wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+            result_type=ToolResult,
+        )
         # Skip in small steps and stop once the call has returned. No update result is polled
         # while the test server skips time (an open poll stalls the skip): the episode's
         # `result_of` query says when the answer is there.
@@ -112,15 +134,26 @@ class Episode:
     async def status(self) -> EpisodeStatus:
         return await self.handle.query(EpisodeWorkflow.status)
 
-    async def submit_job(self, flavor: str = "cpu-basic", timeout_minutes: int = 5,
-                         script: str = "print('training')\n", **arguments: Any) -> str:
-        result = await self.call("jobs_submit", script=script, flavor=flavor,
-                                 timeout_minutes=timeout_minutes, **arguments)
+    async def submit_job(
+        self,
+        flavor: str = "cpu-basic",
+        timeout_minutes: int = 5,
+        script: str = "print('training')\n",
+        **arguments: Any,
+    ) -> str:
+        result = await self.call(
+            "jobs_submit",
+            script=script,
+            flavor=flavor,
+            timeout_minutes=timeout_minutes,
+            **arguments,
+        )
         assert "error" not in result.data, result.data
         return result.data["job_id"]
 
-    async def wait_job(self, job_id: str, *, step: timedelta = timedelta(minutes=2),
-                       max_calls: int = 20) -> ToolResult:
+    async def wait_job(
+        self, job_id: str, *, step: timedelta = timedelta(minutes=2), max_calls: int = 20
+    ) -> ToolResult:
         """jobs_wait until the job is no longer queued or running."""
         for _ in range(max_calls):
             result = await self.call_over(step, "jobs_wait", job_id=job_id, timeout_s=120)
@@ -140,8 +173,11 @@ class Harness:
 
     async def session(self, session_id: str | None = None) -> WorkflowHandle[Any, Any]:
         handle = await self.client.start_workflow(
-            SessionWorkflow.run, SessionState(), id=f"session-{session_id or uuid.uuid4().hex}",
-            task_queue=self.task_queue)
+            SessionWorkflow.run,
+            SessionState(),
+            id=f"session-{session_id or uuid.uuid4().hex}",
+            task_queue=self.task_queue,
+        )
         self.started.append(handle.id)
         return handle
 
@@ -152,35 +188,38 @@ class Harness:
         for workflow_id in list(ids):
             if workflow_id.startswith("episode-"):
                 ids += [f"{workflow_id}/job/{n}" for n in range(1, 40)]
-        ids += [watcher_workflow_id(self.client.namespace, self.task_queue),
-                account_workflow_id(self.client.namespace, self.task_queue)]
+        ids += [
+            watcher_workflow_id(self.client.namespace, self.task_queue),
+            account_workflow_id(self.client.namespace, self.task_queue),
+        ]
         for workflow_id in ids:
             try:
                 await self.client.get_workflow_handle(workflow_id).terminate("test over")
             except RPCError:
                 pass  # not found, or already closed
 
-    async def episode(self, task_id: str = "t_test",
-                      session: WorkflowHandle[Any, Any] | None = None) -> Episode:
+    async def episode(
+        self, task_id: str = "t_test", session: WorkflowHandle[Any, Any] | None = None
+    ) -> Episode:
         session = session or await self.session()
-        reset = await session.execute_update(SessionWorkflow.reset, ResetRequest(task_id=task_id),
-                                             result_type=ResetResult)
+        reset = await session.execute_update(
+            SessionWorkflow.reset, ResetRequest(task_id=task_id), result_type=ResetResult
+        )
         handle = self.client.get_workflow_handle(reset.workflow_id)
         self.started.append(reset.workflow_id)
         return Episode(self.env, handle, reset.episode_id, reset)
 
 
 @asynccontextmanager
-async def running_worker(env: WorkflowEnvironment, tmp_path: Path,
-                         scenario: FakeScenario | None = None,
-                         **settings: Any) -> AsyncIterator[Harness]:
+async def running_worker(
+    env: WorkflowEnvironment, tmp_path: Path, scenario: FakeScenario | None = None, **settings: Any
+) -> AsyncIterator[Harness]:
     tasks_dir = tmp_path / "tasks"
     write_task(tasks_dir)
     config = Settings(state_dir=tmp_path / "state", backend="fake", **settings)
     backend = FakeBackend(config.state_dir / "fake", scenario or FakeScenario())
     task_queue = f"tq-{uuid.uuid4().hex[:12]}"
-    worker = build_worker(env.client, config, backend, task_queue=task_queue,
-                          tasks_dir=tasks_dir)
+    worker = build_worker(env.client, config, backend, task_queue=task_queue, tasks_dir=tasks_dir)
     harness = Harness(env, env.client, task_queue, backend, config)
     async with worker:
         try:

@@ -34,9 +34,12 @@ async def test_a_job_runs_and_submit_rewards_the_hidden_score(
         assert final.metadata["episode_end"] == {"reason": "submitted", "reward": 0.75}
         spend = final.metadata["service_spend"]
         # 60 s of running is one minute of cpu-basic; the grader is free.
-        assert spend == {"version": 1, "settled": {"usd": CPU_PRICE / 1e6, "gpu_s": 0.0,
-                                                   "jobs": 1, "calls": 0},
-                         "reserved": {"usd": 0.0}, "final": True}
+        assert spend == {
+            "version": 1,
+            "settled": {"usd": CPU_PRICE / 1e6, "gpu_s": 0.0, "jobs": 1, "calls": 0},
+            "reserved": {"usd": 0.0},
+            "final": True,
+        }
         assert await h.client.get_workflow_handle(ep.handle.id).result() is not None
 
 
@@ -73,12 +76,12 @@ async def test_the_budget_boundary_is_exact_to_the_micro_dollar(
         write_task(tmp_path / "tasks", "t_tight", budget_usd=(10 * CPU_PRICE) / 1e6)
         ep = await h.episode("t_tight")
         await ep.submit_job(timeout_minutes=9)
-        refused = await ep.call("jobs_submit", script="pass\n", flavor="cpu-basic",
-                                timeout_minutes=2)
+        refused = await ep.call(
+            "jobs_submit", script="pass\n", flavor="cpu-basic", timeout_minutes=2
+        )
         assert refused.data["error"]["type"] == "budget_exhausted"
         assert refused.data["error"]["remaining_usd"] == CPU_PRICE / 1e6
-        exact = await ep.call("jobs_submit", script="pass\n", flavor="cpu-basic",
-                              timeout_minutes=1)
+        exact = await ep.call("jobs_submit", script="pass\n", flavor="cpu-basic", timeout_minutes=1)
         assert "error" not in exact.data, exact.data
         assert exact.metadata["service_spend"]["reserved"]["usd"] == 10 * CPU_PRICE / 1e6
 
@@ -86,12 +89,14 @@ async def test_the_budget_boundary_is_exact_to_the_micro_dollar(
 async def test_cancel_releases_the_reservation_and_settles_what_ran(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
-    async with running_worker(time_skipping_env, tmp_path,
-                              scenario(FakeJobScript(queue_s=5, run_s=3600))) as h:
+    async with running_worker(
+        time_skipping_env, tmp_path, scenario(FakeJobScript(queue_s=5, run_s=3600))
+    ) as h:
         ep = await h.episode()
         job_id = await ep.submit_job(timeout_minutes=60)
-        running = await ep.call_over(timedelta(seconds=125), "jobs_wait", job_id=job_id,
-                                     timeout_s=60)
+        running = await ep.call_over(
+            timedelta(seconds=125), "jobs_wait", job_id=job_id, timeout_s=60
+        )
         assert running.data["state"] == "running"
         await ep.skip(timedelta(seconds=60))
         cancelled = await ep.call_over(timedelta(seconds=30), "jobs_cancel", job_id=job_id)
@@ -108,8 +113,10 @@ async def test_cancel_releases_the_reservation_and_settles_what_ran(
 async def test_dev_evaluations_are_charged_and_counted_as_calls_and_the_grader_is_free(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
-    rules = scenario(FakeJobScript(role=JobRole.dev, run_s=100, score=0.25),
-                     FakeJobScript(role=JobRole.grader, run_s=500, score=0.5))
+    rules = scenario(
+        FakeJobScript(role=JobRole.dev, run_s=100, score=0.25),
+        FakeJobScript(role=JobRole.grader, run_s=500, score=0.5),
+    )
     async with running_worker(time_skipping_env, tmp_path, rules) as h:
         ep = await h.episode()
         job_id = await ep.submit_job()

@@ -42,14 +42,18 @@ async def test_reset_with_a_never_confirmed_cancellation_fails_naming_the_job(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     stuck = FakeJobScript(run_s=100_000, cancel_confirm_after_s=None)
-    async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[stuck]),
-                              cancel_confirm_s=120) as h:
+    async with running_worker(
+        time_skipping_env, tmp_path, FakeScenario(jobs=[stuck]), cancel_confirm_s=120
+    ) as h:
         session = await h.session()
         first = await h.episode(session=session)
         job_id = await first.submit_job(timeout_minutes=60)
         reset = await session.start_update(
-            SessionWorkflow.reset, ResetRequest(task_id="t_test"), result_type=ResetResult,
-            wait_for_stage=WorkflowUpdateStage.ACCEPTED)
+            SessionWorkflow.reset,
+            ResetRequest(task_id="t_test"),
+            result_type=ResetResult,
+            wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+        )
         await first.skip(timedelta(minutes=4))
         with pytest.raises(WorkflowUpdateFailedError) as failure:
             await reset.result()
@@ -83,8 +87,9 @@ async def test_an_operators_cancel_ends_the_episode_unscored(
     async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[LONG])) as h:
         ep = await h.episode()
         await ep.submit_job(timeout_minutes=60)
-        await ep.handle.signal(EpisodeWorkflow.end_requested,
-                               EndRequest(reason=EndReason.cancelled))
+        await ep.handle.signal(
+            EpisodeWorkflow.end_requested, EndRequest(reason=EndReason.cancelled)
+        )
         await ep.skip(timedelta(seconds=40))
         status = await ep.status()
         assert status.end is not None and status.end.reason == EndReason.cancelled
@@ -95,8 +100,9 @@ async def test_a_cancellation_unconfirmed_keeps_final_false_until_it_is_confirme
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     slow_stop = FakeJobScript(run_s=100_000, cancel_confirm_after_s=300)
-    async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[slow_stop]),
-                              cancel_confirm_s=60) as h:
+    async with running_worker(
+        time_skipping_env, tmp_path, FakeScenario(jobs=[slow_stop]), cancel_confirm_s=60
+    ) as h:
         ep = await h.episode()
         job_id = await ep.submit_job(timeout_minutes=60)
         await ep.skip(timedelta(minutes=1))
@@ -131,12 +137,14 @@ async def test_the_server_wide_spend_cap_refuses_jobs_and_episodes_cleanly(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     # cpu-basic costs 167 micro-USD a minute: the cap fits 10 minutes in all live episodes.
-    async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[LONG]),
-                              spend_cap_usd=0.00167) as h:
+    async with running_worker(
+        time_skipping_env, tmp_path, FakeScenario(jobs=[LONG]), spend_cap_usd=0.00167
+    ) as h:
         one, two = await h.episode(), await h.episode()
         await one.submit_job(timeout_minutes=6)
-        refused = await two.call("jobs_submit", script="pass\n", flavor="cpu-basic",
-                                 timeout_minutes=5)
+        refused = await two.call(
+            "jobs_submit", script="pass\n", flavor="cpu-basic", timeout_minutes=5
+        )
         assert refused.data["error"]["type"] == "budget_exhausted"
         assert "server-wide" in refused.data["error"]["message"]
         assert refused.metadata["service_spend"]["reserved"]["usd"] == 0.0
@@ -159,13 +167,17 @@ async def test_no_secret_appears_in_any_workflow_history(
         await ep.call_over(timedelta(minutes=5), "submit", job_id=job_id)
         key = ServerKey.load_or_create(h.settings.state_dir / "server.key")
         requests = h.backend.requests()
-        secrets = {key.hidden_split_seed(ep.episode_id), key.episode_token(ep.episode_id),
-                   (h.settings.state_dir / "server.key").read_bytes().hex()}
+        secrets = {
+            key.hidden_split_seed(ep.episode_id),
+            key.episode_token(ep.episode_id),
+            (h.settings.state_dir / "server.key").read_bytes().hex(),
+        }
         secrets |= {r.env["POSTTRAIN_NONCE"] for r in requests}
         secrets |= {v for r in requests for v in r.secrets.values()}
         assert len([r for r in requests if r.secrets]) == 1  # only the grader has a secret
         workflow_ids = [session.id, ep.handle.id] + [
-            f"{ep.handle.id}/job/{n}" for n in range(1, len(requests) + 1)]
+            f"{ep.handle.id}/job/{n}" for n in range(1, len(requests) + 1)
+        ]
         scanned = 0
         for workflow_id in workflow_ids:
             history = await h.client.get_workflow_handle(workflow_id).fetch_history()
@@ -181,8 +193,13 @@ async def test_a_jobs_history_stays_under_30_events_across_a_6_hour_job(
 ) -> None:
     six_hours = FakeJobScript(run_s=6 * 3600)
     async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[six_hours])) as h:
-        write_task(tmp_path / "tasks", "t_long", time_limit_s=8 * 3600, budget_usd=5.0,
-                   max_timeout_minutes=7 * 60)
+        write_task(
+            tmp_path / "tasks",
+            "t_long",
+            time_limit_s=8 * 3600,
+            budget_usd=5.0,
+            max_timeout_minutes=7 * 60,
+        )
         ep = await h.episode("t_long")
         job_id = await ep.submit_job(timeout_minutes=7 * 60)
         await ep.skip(timedelta(hours=6, minutes=5))
@@ -195,8 +212,9 @@ async def test_a_jobs_history_stays_under_30_events_across_a_6_hour_job(
 async def test_continue_as_new_keeps_every_job_reservation_and_answer(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
-    async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[LONG]),
-                              continue_as_new_events=100) as h:
+    async with running_worker(
+        time_skipping_env, tmp_path, FakeScenario(jobs=[LONG]), continue_as_new_events=100
+    ) as h:
         ep = await h.episode()
         first_run = (await ep.handle.describe()).run_id
         job_id = await ep.submit_job(timeout_minutes=60)

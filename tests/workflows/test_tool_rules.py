@@ -32,10 +32,14 @@ async def test_argument_and_policy_errors_are_typed_data_and_each_counts_as_a_st
             ({**base, "script": "def broken(:\n"}, "invalid_script"),
             ({**base, "script": "x" * (MAX_SCRIPT_BYTES + 1)}, "invalid_script"),
             ({**base, "dependencies": ["git+https://example.org/x.git"]}, "invalid_dependency"),
-            ({**base, "dependencies": [f"pkg{i}" for i in range(MAX_DEPENDENCIES + 1)]},
-             "invalid_dependency"),
-            ({**base, "datasets": [f"org/d{i}" for i in range(MAX_DATASETS + 1)]},
-             "dataset_not_allowed"),
+            (
+                {**base, "dependencies": [f"pkg{i}" for i in range(MAX_DEPENDENCIES + 1)]},
+                "invalid_dependency",
+            ),
+            (
+                {**base, "datasets": [f"org/d{i}" for i in range(MAX_DATASETS + 1)]},
+                "dataset_not_allowed",
+            ),
             ({**base, "unexpected": 1}, "invalid_argument"),
         ]
         for n, (arguments, expected) in enumerate(cases, start=1):
@@ -69,14 +73,26 @@ async def test_the_largest_allowed_script_and_dependency_list_are_accepted(
 async def test_datasets_must_exist_be_public_ungated_and_not_denylisted(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
-    datasets = {"org/public": FakeDataset(revision="a" * 40), "org/private": FakeDataset(
-        private=True), "org/gated": FakeDataset(gated=True)}
+    datasets = {
+        "org/public": FakeDataset(revision="a" * 40),
+        "org/private": FakeDataset(private=True),
+        "org/gated": FakeDataset(gated=True),
+    }
     async with running_worker(time_skipping_env, tmp_path, FakeScenario(datasets=datasets)) as h:
         ep = await h.episode()
-        for name, reason in [("org/private", "private"), ("org/gated", "gated"),
-                             ("org/missing", "does not exist")]:
-            error = await error_of(ep, "jobs_submit", script="pass\n", flavor="cpu-basic",
-                                   timeout_minutes=5, datasets=[name])
+        for name, reason in [
+            ("org/private", "private"),
+            ("org/gated", "gated"),
+            ("org/missing", "does not exist"),
+        ]:
+            error = await error_of(
+                ep,
+                "jobs_submit",
+                script="pass\n",
+                flavor="cpu-basic",
+                timeout_minutes=5,
+                datasets=[name],
+            )
             assert error["type"] == "dataset_not_allowed" and reason in error["message"]
         await ep.submit_job(datasets=["org/public"])
         mounted = h.backend.requests()[0].datasets
@@ -90,8 +106,9 @@ async def test_concurrent_jobs_are_limited_per_task(
         ep = await h.episode()  # the test task allows 2 live jobs
         await ep.submit_job()
         await ep.submit_job()
-        error = await error_of(ep, "jobs_submit", script="pass\n", flavor="cpu-basic",
-                               timeout_minutes=5)
+        error = await error_of(
+            ep, "jobs_submit", script="pass\n", flavor="cpu-basic", timeout_minutes=5
+        )
         assert error["type"] == "limit_reached"
 
 
@@ -117,8 +134,14 @@ async def test_another_episodes_job_is_an_unknown_job(
     async with running_worker(time_skipping_env, tmp_path) as h:
         mine, theirs = await h.episode(), await h.episode()
         their_job = await theirs.submit_job()
-        for tool in ("jobs_status", "jobs_logs", "jobs_cancel", "jobs_wait", "dev_evaluate",
-                     "submit"):
+        for tool in (
+            "jobs_status",
+            "jobs_logs",
+            "jobs_cancel",
+            "jobs_wait",
+            "dev_evaluate",
+            "submit",
+        ):
             error = await error_of(mine, tool, job_id=their_job)
             assert error["type"] == "unknown_job", tool
         assert (await mine.call("jobs_status")).data == {"jobs": []}
@@ -160,8 +183,13 @@ async def test_a_submit_that_fails_after_creating_the_job_is_retried_and_one_job
     flaky = FakeJobScript(fail_after_create=True)
     async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[flaky])) as h:
         ep = await h.episode()
-        result = await ep.call_over(timedelta(seconds=40), "jobs_submit", script="pass\n",
-                                    flavor="cpu-basic", timeout_minutes=5)
+        result = await ep.call_over(
+            timedelta(seconds=40),
+            "jobs_submit",
+            script="pass\n",
+            flavor="cpu-basic",
+            timeout_minutes=5,
+        )
         assert result.data["state"] == "queued", result.data
         assert len(h.backend.requests()) == 1
         assert (await ep.wait_job(result.data["job_id"])).data["state"] == "succeeded"
@@ -173,8 +201,13 @@ async def test_transient_service_errors_are_retried(
     busy = FakeJobScript(transient_errors={"submit": 2, "observe": 2, "logs": 1})
     async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[busy])) as h:
         ep = await h.episode()
-        result = await ep.call_over(timedelta(seconds=40), "jobs_submit", script="pass\n",
-                                    flavor="cpu-basic", timeout_minutes=5)
+        result = await ep.call_over(
+            timedelta(seconds=40),
+            "jobs_submit",
+            script="pass\n",
+            flavor="cpu-basic",
+            timeout_minutes=5,
+        )
         job_id = result.data["job_id"]
         assert (await ep.wait_job(job_id)).data["state"] == "succeeded"
         logs = await ep.call_over(timedelta(seconds=40), "jobs_logs", job_id=job_id)
@@ -187,8 +220,13 @@ async def test_a_service_that_keeps_failing_is_an_hf_error_and_nothing_is_reserv
     down = FakeJobScript(transient_errors={"submit": 100})
     async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[down])) as h:
         ep = await h.episode()
-        result = await ep.call_over(timedelta(minutes=10), "jobs_submit", script="pass\n",
-                                    flavor="cpu-basic", timeout_minutes=5)
+        result = await ep.call_over(
+            timedelta(minutes=10),
+            "jobs_submit",
+            script="pass\n",
+            flavor="cpu-basic",
+            timeout_minutes=5,
+        )
         assert result.data["error"]["type"] == "hf_error"
         assert "503" in result.data["error"]["message"]
         assert result.metadata["service_spend"]["reserved"]["usd"] == 0.0

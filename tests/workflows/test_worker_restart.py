@@ -66,10 +66,26 @@ def stop(proc: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGTERM) ->
 def spawn_dev_server(db_file: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(
-            [binary("temporal"), "server", "start-dev", "--db-filename", str(db_file),
-             "--ip", "127.0.0.1", "--port", str(port), "--ui-port", str(free_port()),
-             "--headless", "--log-level", "warn"],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                binary("temporal"),
+                "server",
+                "start-dev",
+                "--db-filename",
+                str(db_file),
+                "--ip",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--ui-port",
+                str(free_port()),
+                "--headless",
+                "--log-level",
+                "warn",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 @asynccontextmanager
@@ -105,19 +121,29 @@ def worker_process(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[
     exe = Path(sys.executable).with_name("posttrain-env")
     command = [str(exe)] if exe.exists() else [shutil.which("posttrain-env") or "posttrain-env"]
     with log.open("ab") as out:
-        proc = subprocess.Popen([*command, "worker"], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [*command, "worker"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         yield proc
     finally:
         stop(proc)
 
 
-async def call(handle: WorkflowHandle[Any, Any], episode_id: str, request_id: str, tool: str,
-               **arguments: Any) -> ToolResult:
+async def call(
+    handle: WorkflowHandle[Any, Any], episode_id: str, request_id: str, tool: str, **arguments: Any
+) -> ToolResult:
     return await handle.execute_update(
-        EpisodeWorkflow.call_tool, ToolCall(request_id=request_id, tool=tool, arguments=arguments),
-        id=f"{episode_id}:{request_id}", result_type=ToolResult, rpc_timeout=UPDATE_RPC_TIMEOUT)
+        EpisodeWorkflow.call_tool,
+        ToolCall(request_id=request_id, tool=tool, arguments=arguments),
+        id=f"{episode_id}:{request_id}",
+        result_type=ToolResult,
+        rpc_timeout=UPDATE_RPC_TIMEOUT,
+    )
 
 
 async def test_a_worker_killed_mid_episode_and_a_new_one_finish_the_same_episode_with_the_same_result(  # noqa: E501
@@ -125,34 +151,55 @@ async def test_a_worker_killed_mid_episode_and_a_new_one_finish_the_same_episode
 ) -> None:
     state_dir = tmp_path / "state"
     write_task(tmp_path / "tasks")
-    scenario = FakeScenario(jobs=[
-        FakeJobScript(role=JobRole.agent, queue_s=1, run_s=6),
-        FakeJobScript(role=JobRole.grader, queue_s=0.5, run_s=1, score=0.5),
-    ])
+    scenario = FakeScenario(
+        jobs=[
+            FakeJobScript(role=JobRole.agent, queue_s=1, run_s=6),
+            FakeJobScript(role=JobRole.grader, queue_s=0.5, run_s=1, score=0.5),
+        ]
+    )
     (tmp_path / "scenario.json").write_text(scenario.model_dump_json())
     task_queue = f"tq-restart-{uuid.uuid4().hex[:12]}"
     log = tmp_path / "worker.log"
 
     async with dev_server(tmp_path / "temporal.db") as (address, client):
-        env = {**os.environ, "POSTTRAIN_BACKEND": "fake", "POSTTRAIN_STATE_DIR": str(state_dir),
-               "TEMPORAL_ADDRESS": address, "POSTTRAIN_TASK_QUEUE": task_queue,
-               "POSTTRAIN_TASKS_DIR": str(tmp_path / "tasks"), "POSTTRAIN_WATCH_INTERVAL_S": "1",
-               "POSTTRAIN_FAKE_SCENARIO": str(tmp_path / "scenario.json")}
+        env = {
+            **os.environ,
+            "POSTTRAIN_BACKEND": "fake",
+            "POSTTRAIN_STATE_DIR": str(state_dir),
+            "TEMPORAL_ADDRESS": address,
+            "POSTTRAIN_TASK_QUEUE": task_queue,
+            "POSTTRAIN_TASKS_DIR": str(tmp_path / "tasks"),
+            "POSTTRAIN_WATCH_INTERVAL_S": "1",
+            "POSTTRAIN_FAKE_SCENARIO": str(tmp_path / "scenario.json"),
+        }
 
         def log_tail() -> str:
             return log.read_text(errors="replace")[-3000:] if log.exists() else ""
 
         with worker_process(env, log) as first:
             session = await client.start_workflow(
-                SessionWorkflow.run, SessionState(), id=f"session-{uuid.uuid4().hex}",
-                task_queue=task_queue)
+                SessionWorkflow.run,
+                SessionState(),
+                id=f"session-{uuid.uuid4().hex}",
+                task_queue=task_queue,
+            )
             reset = await session.execute_update(
-                SessionWorkflow.reset, ResetRequest(task_id="t_test"), result_type=ResetResult,
-                rpc_timeout=UPDATE_RPC_TIMEOUT)
+                SessionWorkflow.reset,
+                ResetRequest(task_id="t_test"),
+                result_type=ResetResult,
+                rpc_timeout=UPDATE_RPC_TIMEOUT,
+            )
             episode_id = reset.episode_id
             handle = client.get_workflow_handle(reset.workflow_id)
-            submitted = await call(handle, episode_id, "r1", "jobs_submit", script=SCRIPT,
-                                   flavor="cpu-basic", timeout_minutes=10)
+            submitted = await call(
+                handle,
+                episode_id,
+                "r1",
+                "jobs_submit",
+                script=SCRIPT,
+                flavor="cpu-basic",
+                timeout_minutes=10,
+            )
             job_id = submitted.data["job_id"]
 
             async def job_running() -> bool:
@@ -165,7 +212,8 @@ async def test_a_worker_killed_mid_episode_and_a_new_one_finish_the_same_episode
 
         # Sent while no worker runs: it must complete once the next worker is up.
         waiting = asyncio.create_task(
-            call(handle, episode_id, "r2", "jobs_wait", job_id=job_id, timeout_s=30))
+            call(handle, episode_id, "r2", "jobs_wait", job_id=job_id, timeout_s=30)
+        )
         await asyncio.sleep(0)  # let the update go out before the new worker exists
         assert not waiting.done()
         with worker_process(env, log):
@@ -174,8 +222,9 @@ async def test_a_worker_killed_mid_episode_and_a_new_one_finish_the_same_episode
             while waited.data.get("state") != "succeeded":
                 assert waited.data.get("state") in ("queued", "running"), (waited.data, log_tail())
                 n += 1
-                waited = await call(handle, episode_id, f"r{n}", "jobs_wait", job_id=job_id,
-                                    timeout_s=30)
+                waited = await call(
+                    handle, episode_id, f"r{n}", "jobs_wait", job_id=job_id, timeout_s=30
+                )
 
             first_submit = await call(handle, episode_id, "r-submit", "submit", job_id=job_id)
             again = await call(handle, episode_id, "r-submit", "submit", job_id=job_id)
@@ -187,8 +236,12 @@ async def test_a_worker_killed_mid_episode_and_a_new_one_finish_the_same_episode
             assert first_submit.metadata["episode_end"]["reason"] == "submitted"
             spend = first_submit.metadata["service_spend"]
             # 6 s of cpu-basic at 167 micro-USD/min settles as one minute; the grader is free.
-            assert spend == {"version": 1, "final": True, "reserved": {"usd": 0.0},
-                             "settled": {"usd": 0.000167, "gpu_s": 0.0, "jobs": 1, "calls": 0}}
+            assert spend == {
+                "version": 1,
+                "final": True,
+                "reserved": {"usd": 0.0},
+                "settled": {"usd": 0.000167, "gpu_s": 0.0, "jobs": 1, "calls": 0},
+            }
             assert again == first_submit  # the same request id is answered once, after restart
             assert status.done and status.end is not None and status.end.reward == 0.5
 
