@@ -197,13 +197,17 @@ class EpisodeTools:
                 f"this task allows {task.max_dev_evaluations} dev evaluations and all are used",
             )
         self._s.dev_evaluations += 1
-        evaluation = await self._start_job(
-            JobRole.dev,
-            task.eval_flavor,
-            task.eval_timeout_minutes,
-            artifact_ref=job.backend_ref,
-            evaluated_job_id=job.job_id,
-        )
+        try:
+            evaluation = await self._start_job(
+                JobRole.dev,
+                task.eval_flavor,
+                task.eval_timeout_minutes,
+                artifact_ref=job.backend_ref,
+                evaluated_job_id=job.job_id,
+            )
+        except ToolError:
+            self._s.dev_evaluations -= 1  # one that never started uses up no allowance
+            raise
         await workflow.wait_condition(lambda: evaluation.final or self._s.end is not None)
         if not evaluation.final:
             raise ToolError(

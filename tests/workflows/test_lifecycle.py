@@ -206,6 +206,7 @@ async def test_a_jobs_history_stays_under_30_events_across_a_6_hour_job(
         done = await ep.call("jobs_status", job_id=job_id)
         assert done.data["state"] == "succeeded"
         history = await h.client.get_workflow_handle(f"{ep.handle.id}/job/1").fetch_history()
+        print(f"job history: {len(history.events)} events")
         assert len(history.events) <= 30, len(history.events)
 
 

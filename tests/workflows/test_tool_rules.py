@@ -10,7 +10,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities.backend import JobRole
 from activities.fake_backend import FakeDataset, FakeJobScript, FakeScenario
 from posttrain_env.models import MAX_DATASETS, MAX_DEPENDENCIES, MAX_SCRIPT_BYTES
-from tests.workflows.harness import running_worker
+from tests.workflows.harness import running_worker, write_task
 
 
 async def error_of(ep, tool: str, **arguments) -> dict:
@@ -249,3 +249,22 @@ async def test_only_the_step_path_carries_reward_and_spend(
         assert "service_spend" not in final.metadata
         status = await ep.status()
         assert status.end is not None and status.end.reward == 0.5
+
+
+async def test_a_task_without_its_evaluator_answers_evaluations_with_a_clear_error(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    async with running_worker(time_skipping_env, tmp_path) as h:
+        write_task(tmp_path / "tasks", "t_no_eval", evaluator=False)
+        ep = await h.episode("t_no_eval")
+        job_id = await ep.submit_job()
+        await ep.wait_job(job_id)
+        before = (await ep.status()).steps_used
+        for _ in range(3):  # the task allows 2: failed starts use up no allowance
+            result = await ep.call("dev_evaluate", job_id=job_id)
+            assert result.data["error"]["type"] == "not_allowed"
+            assert "evaluator.py does not exist" in result.data["error"]["message"]
+            assert result.metadata["service_spend"]["reserved"]["usd"] == 0.0
+            assert result.metadata["service_spend"]["settled"]["calls"] == 0
+            assert not result.done
+        assert (await ep.status()).steps_used == before + 3  # each error counted as a step
