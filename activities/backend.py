@@ -27,22 +27,27 @@ class RepoRef(BaseModel):
     revision: str
 
 
-class JobRequest(BaseModel):
-    """Everything a backend needs to start one job. Built inside an activity: it may hold the
-    job's nonce and, for graders, the hidden-split seed, so it never enters workflow history."""
+class JobSpec(BaseModel):
+    """What a job is, as the episode decides it (no secrets: this crosses workflow history)."""
 
-    key: str  # idempotency key: the job's workflow id
     role: JobRole
     episode_id: str
     task_id: str
     job_id: str
     flavor: str
     timeout_s: int
-    script: str = ""  # agent jobs: the agent's script; evaluations: the evaluator
+    script: str = ""  # agent jobs: the agent's script (evaluations get the task's evaluator)
     dependencies: list[str] = Field(default_factory=list)
     datasets: list[RepoRef] = Field(default_factory=list)
     base_model: RepoRef
     artifact_ref: str | None = None  # evaluations: backend ref of the job whose outputs are /model
+
+
+class JobRequest(JobSpec):
+    """Everything a backend needs to start one job. Built inside an activity: it may hold the
+    job's nonce and, for graders, the hidden-split seed, so it never enters workflow history."""
+
+    key: str  # idempotency key: the job's workflow id
     env: dict[str, str] = Field(default_factory=dict)
     secrets: dict[str, str] = Field(default_factory=dict)
     now: datetime

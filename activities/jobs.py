@@ -17,7 +17,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
-from activities.backend import BackendJob, JobRequest, JobRole, JobsBackend, RepoRef
+from activities.backend import BackendJob, JobRequest, JobRole, JobsBackend, JobSpec, RepoRef
 from activities.keys import ServerKey
 from job_launcher.trusted_lines import NONCE_ENV, read_score
 from posttrain_env.models import ErrorType, ToolError
@@ -31,19 +31,8 @@ HIDDEN_SEED_SECRET = "POSTTRAIN_HIDDEN_SPLIT_SEED"
 # -- inputs and outputs (they cross the workflow boundary: no secrets) ---------------------------
 
 
-class SubmitJob(BaseModel):
+class SubmitJob(JobSpec):
     key: str  # the job workflow's id: the idempotency key
-    role: JobRole
-    episode_id: str
-    task_id: str
-    job_id: str
-    flavor: str
-    timeout_s: int
-    script: str = ""
-    dependencies: list[str] = Field(default_factory=list)
-    datasets: list[RepoRef] = Field(default_factory=list)
-    base_model: RepoRef
-    artifact_ref: str | None = None
     now: datetime
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timedelta
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.backend import BackendJob, JobRole, RepoRef
+    from activities.backend import BackendJob, JobRole, JobSpec
     from activities.jobs import JobRef, JobsActivities, ScoreResult, SubmitJob
     from posttrain_env.models import JobState
     from workflows.errors import tool_error_of
@@ -41,18 +41,7 @@ CANCEL_REISSUE_S = 15
 CANCEL_REISSUE_MAX_S = 600
 
 
-class JobInput(BaseModel):
-    job_id: str
-    role: JobRole
-    episode_id: str
-    task_id: str
-    flavor: str
-    timeout_s: int
-    base_model: RepoRef
-    script: str = ""
-    dependencies: list[str] = Field(default_factory=list)
-    datasets: list[RepoRef] = Field(default_factory=list)
-    artifact_ref: str | None = None
+class JobInput(JobSpec):
     parent_workflow_id: str
     watcher_workflow_id: str
 
