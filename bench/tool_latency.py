@@ -192,7 +192,7 @@ def temporal_binary() -> str:
     return path
 
 
-async def bench(calls: int, workdir: Path) -> list[str]:
+async def bench(calls: int, workdir: Path, levels: tuple[int, ...] = LEVELS) -> list[str]:
     tasks_dir = workdir / "tasks"
     (tasks_dir / TASK_ID).mkdir(parents=True)
     (tasks_dir / TASK_ID / "task.toml").write_text(TASK)
@@ -215,7 +215,7 @@ async def bench(calls: int, workdir: Path) -> list[str]:
             await measure(await bare_callers(client, bare_queue, 1), WARMUP_CALLS)
             await measure(await episode_callers(client, queue, 1), WARMUP_CALLS)
             rows = []
-            for n in LEVELS:
+            for n in levels:
                 bare_level = await measure(await bare_callers(client, bare_queue, n), calls)
                 our_level = await measure(await episode_callers(client, queue, n), calls)
                 rows.append((n, bare_level, our_level))
@@ -251,11 +251,17 @@ def table(rows: list[tuple[int, Level, Level]], calls: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300, help="updates per level and kind")
+    parser.add_argument(
+        "--levels",
+        default=",".join(map(str, LEVELS)),
+        help="concurrent episodes per level, comma-separated",
+    )
     args = parser.parse_args()
+    levels = tuple(int(n) for n in args.levels.split(","))
     status = 0
     with tempfile.TemporaryDirectory(prefix="tool-latency-") as tmp:
         try:
-            lines = asyncio.run(asyncio.wait_for(bench(args.calls, Path(tmp)), RUN_LIMIT_S))
+            lines = asyncio.run(asyncio.wait_for(bench(args.calls, Path(tmp), levels), RUN_LIMIT_S))
             print("\n".join(lines))
         except TimeoutError:
             print(f"the benchmark did not finish within {RUN_LIMIT_S} s", file=sys.stderr)

@@ -22,7 +22,9 @@ SUBMIT_RETRY = RetryPolicy(
 )
 
 # Watching and cancelling must not give up: a job left unobserved may still be billing.
-OBSERVE_TIMEOUT = timedelta(seconds=60)
+# One listing call is short; a short timeout means a worker killed mid-call delays the watch
+# by seconds, not a minute (the activity does not heartbeat).
+OBSERVE_TIMEOUT = timedelta(seconds=15)
 PERSISTENT_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2.0,

@@ -1,0 +1,29 @@
+"""The README's benchmark commands run (tiny sizes). They measure; this only checks they work."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_the_tool_latency_benchmark_runs_and_prints_its_table() -> None:
+    out = run("bench/tool_latency.py", "--calls", "10", "--levels", "1,2")
+    assert "jobs_status" in out and "bare" in out
+    rows = [line for line in out.splitlines() if line.strip().startswith(("1 ", "2 "))]
+    assert len(rows) == 2, out
+
+
+def test_the_launcher_overhead_benchmark_runs_and_prints_its_figures() -> None:
+    out = run("bench/launcher_overhead.py", "--runs", "2")
+    assert "median" in out and "target" in out, out
