@@ -9,6 +9,8 @@ import os
 import signal
 import sys
 
+from pydantic import ValidationError
+
 
 async def _run_worker() -> None:
     from posttrain_env.settings import Settings
@@ -42,6 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.command == "worker":
             asyncio.run(_run_worker())
+    except ValidationError as exc:  # a bad setting: say which, without a traceback
+        print(f"posttrain-env: invalid settings:\n{exc}", file=sys.stderr)
+        status = 2
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else 1
         if not isinstance(exc.code, int):
@@ -53,3 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+if __name__ == "__main__":
+    main()

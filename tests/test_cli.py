@@ -1,0 +1,32 @@
+"""The `posttrain-env` command line: clear refusals with a real exit status."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def test_the_worker_refuses_a_bad_setting_with_a_clear_message_and_status() -> None:
+    env = {**os.environ, "POSTTRAIN_BACKEND": "bogus"}
+    done = subprocess.run(
+        [sys.executable, "-m", "posttrain_env.cli", "worker"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "invalid settings" in done.stderr and "backend" in done.stderr
+    assert "Traceback" not in done.stderr
+    env["POSTTRAIN_BACKEND"] = "local"
+    done = subprocess.run(
+        [sys.executable, "-m", "posttrain_env.cli", "worker"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1 and "use POSTTRAIN_BACKEND=fake" in done.stderr
