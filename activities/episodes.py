@@ -66,7 +66,7 @@ class EpisodeActivities:
             spend_cap_micro_usd=config.spend_cap_micro_usd,
             max_live_episodes=config.max_live_episodes,
         )
-        if caps.enabled or caps.max_live_episodes is not None:
+        if caps.tracked:
             await self._admit(request.episode_id, caps)
         return EpisodeSetup(
             episode_id=request.episode_id,

@@ -52,7 +52,13 @@ class Caps(BaseModel):
 
     @property
     def enabled(self) -> bool:
+        """A spend cap is set: each reservation is checked against it."""
         return self.spend_cap_micro_usd is not None
+
+    @property
+    def tracked(self) -> bool:
+        """Any cap is set: the episode is admitted, reported and retired in the account."""
+        return self.enabled or self.max_live_episodes is not None
 
 
 class EpisodeSetup(BaseModel):

@@ -436,7 +436,7 @@ class EpisodeTools:
 
     async def _account_report(self) -> None:
         caps = self._setup.caps
-        if caps.enabled or caps.max_live_episodes is not None:
+        if caps.tracked:
             handle = workflow.get_external_workflow_handle(caps.account_workflow_id)
             try:
                 await handle.signal(
@@ -451,7 +451,7 @@ class EpisodeTools:
 
     async def _account_retire(self) -> None:
         caps = self._setup.caps
-        if caps.enabled or caps.max_live_episodes is not None:
+        if caps.tracked:
             handle = workflow.get_external_workflow_handle(caps.account_workflow_id)
             try:
                 await handle.signal(AccountWorkflow.retire, self._setup.episode_id)
