@@ -73,6 +73,8 @@ class TransientBackendError(Exception):
 class JobsBackend(Protocol):
     name: str
     prices_simulated: bool
+    # True: the task's generated local model (`[base_model] local`) replaces its Hub repo.
+    uses_local_models: bool
 
     async def submit(self, request: JobRequest) -> BackendJob:
         """Start a job. Callers look for an existing job with the key first (find_by_key)."""

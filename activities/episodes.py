@@ -59,7 +59,16 @@ class EpisodeActivities:
             raise ToolError(ErrorType.invalid_argument, str(err), field="task_id") from None
         prices = {p.name: p for p in await self._backend.hardware()}
         model = task.base_model
-        commit = await self._backend.resolve_model(model.repo_id, model.revision)
+        repo_id = model.repo_id
+        if self._backend.uses_local_models:
+            if model.local is None:
+                raise ToolError(
+                    ErrorType.not_allowed,
+                    f"task {task.id!r} has no local base model; it needs the hf backend",
+                    field="task_id",
+                )
+            repo_id = model.local
+        commit = await self._backend.resolve_model(repo_id, model.revision)
         config = self._config
         caps = Caps(
             account_workflow_id=config.account_workflow_id,
@@ -71,7 +80,7 @@ class EpisodeActivities:
         return EpisodeSetup(
             episode_id=request.episode_id,
             task=task,
-            base_model=RepoRef(repo_id=model.repo_id, revision=commit),
+            base_model=RepoRef(repo_id=repo_id, revision=commit),
             prices={
                 name: prices[name] for name in [*task.flavors, task.eval_flavor] if name in prices
             },

@@ -104,6 +104,7 @@ class FakeBackend:
 
     name = "fake"
     prices_simulated = True
+    uses_local_models = False
 
     def __init__(self, state_dir: Path, scenario: FakeScenario | None = None) -> None:
         state_dir.mkdir(parents=True, exist_ok=True)
