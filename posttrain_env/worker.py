@@ -40,14 +40,19 @@ async def connect(settings: Settings) -> Client:
 
 
 def make_backend(settings: Settings) -> JobsBackend:
+    """The backend `POSTTRAIN_BACKEND` names. Raises SystemExit with a message a person can act
+    on when it cannot be built (e.g. `hf` without `HF_TOKEN`)."""
     if settings.backend == "fake":
         from activities.fake_backend import FakeBackend
 
         return FakeBackend(settings.state_dir / "fake")
-    raise SystemExit(
-        f"POSTTRAIN_BACKEND={settings.backend!r} is not available in this build yet; "
-        "use POSTTRAIN_BACKEND=fake"
-    )
+    if settings.backend == "local":
+        from activities.local_backend import LocalBackend
+
+        return LocalBackend.from_settings(settings)
+    from activities.hf_backend import HfBackend
+
+    return HfBackend.from_settings(settings)
 
 
 def build_worker(

@@ -20,7 +20,9 @@ def test_the_worker_refuses_a_bad_setting_with_a_clear_message_and_status() -> N
     assert done.returncode == 2
     assert "invalid settings" in done.stderr and "backend" in done.stderr
     assert "Traceback" not in done.stderr
-    env["POSTTRAIN_BACKEND"] = "local"
+    # `hf` spends money: without the broker's token it must refuse to start, naming what is missing.
+    env["POSTTRAIN_BACKEND"] = "hf"
+    env.pop("HF_TOKEN", None)
     done = subprocess.run(
         [sys.executable, "-m", "posttrain_env.cli", "worker"],
         env=env,
@@ -29,4 +31,5 @@ def test_the_worker_refuses_a_bad_setting_with_a_clear_message_and_status() -> N
         timeout=60,
         check=False,
     )
-    assert done.returncode == 1 and "use POSTTRAIN_BACKEND=fake" in done.stderr
+    assert done.returncode == 1 and "HF_TOKEN" in done.stderr
+    assert "Traceback" not in done.stderr
