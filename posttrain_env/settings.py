@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     )
     task_queue: str = "posttrain"
     api_keys: str = ""  # comma-separated
+    # Host names the gateway answers to besides loopback (comma-separated), e.g. a real domain
+    # behind a proxy. Requests naming any other Host or Origin are refused (DNS rebinding).
+    allowed_hosts: str = ""
     cancel_confirm_s: int = Field(default=120, gt=0)
     job_python: str = "/usr/bin/python3"
     max_live_episodes: int | None = Field(default=None, gt=0)
@@ -57,6 +60,10 @@ class Settings(BaseSettings):
     @property
     def spend_cap_micro_usd(self) -> int | None:
         return None if self.spend_cap_usd is None else round(self.spend_cap_usd * MICRO)
+
+    @property
+    def allowed_host_list(self) -> list[str]:
+        return [host.strip() for host in self.allowed_hosts.split(",") if host.strip()]
 
     @property
     def api_key_list(self) -> list[str]:
