@@ -35,6 +35,9 @@ class Settings(BaseSettings):
         default="default", validation_alias=AliasChoices("TEMPORAL_NAMESPACE")
     )
     task_queue: str = "posttrain"
+    # The embedded Temporal dev server (used when TEMPORAL_ADDRESS is not set): gRPC and UI ports.
+    temporal_port: int = Field(default=7233, gt=0, lt=65536)
+    temporal_ui_port: int = Field(default=8233, gt=0, lt=65536)
     api_keys: str = ""  # comma-separated
     # Host names the gateway answers to besides loopback (comma-separated), e.g. a real domain
     # behind a proxy. Requests naming any other Host or Origin are refused (DNS rebinding).
