@@ -1,4 +1,4 @@
-"""`posttrain-env` command line: `worker` (more subcommands arrive with their issues)."""
+"""`posttrain-env` command line: `worker`, `server` (more subcommands arrive with their issues)."""
 
 from __future__ import annotations
 
@@ -38,12 +38,21 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="posttrain-env")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("worker", help="run a Temporal worker on the task queue `posttrain`")
+    from posttrain_env.server import add_server_arguments
+
+    add_server_arguments(
+        sub.add_parser("server", help="the gateway, a worker and the embedded Temporal server")
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     status = 0
     try:
         if args.command == "worker":
             asyncio.run(_run_worker())
+        elif args.command == "server":
+            from posttrain_env.server import run
+
+            status = run(args.host, args.port, with_worker=not args.no_worker)
     except ValidationError as exc:  # a bad setting: say which, without a traceback
         print(f"posttrain-env: invalid settings:\n{exc}", file=sys.stderr)
         status = 2
