@@ -171,10 +171,11 @@ class JobsActivities:
         return JobRequest(**fields, script=script, env=env, secrets=secrets)
 
     def _evaluator_script(self, task_id: str) -> str:
-        from tasks.registry import TaskSpecError, evaluator_path, load_task
+        from tasks.registry import TaskSpecError, evaluator_script, load_task
 
         try:
-            return evaluator_path(load_task(task_id, self._tasks_dir), self._tasks_dir).read_text()
+            # One file: the shared evaluator helpers are embedded (DESIGN §9, "Evaluators").
+            return evaluator_script(load_task(task_id, self._tasks_dir), self._tasks_dir)
         except TaskSpecError as err:
             raise ToolError(
                 ErrorType.not_allowed, f"evaluations are unavailable for this task: {err}"

@@ -18,6 +18,8 @@ from posttrain_env.models import TaskSpec
 
 TASKS_DIR = Path(__file__).parent
 SPEC_FILE = "task.toml"
+# Shared evaluator helpers, embedded into evaluators by evaluator_script.
+KIT_PATH = TASKS_DIR / "evaluator_kit.py"
 _TASK_ID = re.compile(r"[a-z0-9_]+")
 
 
@@ -119,3 +121,43 @@ def _shown(path: Path, tasks_dir: Path) -> str:
 
 def _known(tasks_dir: Path) -> str:
     return ", ".join(list_tasks(tasks_dir)) or "(none)"
+
+
+def evaluator_script(spec: TaskSpec, tasks_dir: Path = TASKS_DIR) -> str:
+    """The task's evaluator as the one file a grader job runs (DESIGN §9, "Evaluators").
+
+    An evaluator that imports the shared helpers with one `from tasks.evaluator_kit import ...`
+    statement gets that statement replaced by the kit's source (tasks/evaluator_kit.py, always
+    the package's own, whatever `tasks_dir`); any other evaluator is returned as it is. Raises
+    TaskSpecError as evaluator_path does, and if the evaluator imports the kit more than once.
+    """
+    path = evaluator_path(spec, tasks_dir)
+    text = path.read_text(encoding="utf-8")
+    imports = _KIT_IMPORT.findall(text)
+    if not imports:
+        return text
+    if len(imports) > 1:
+        raise TaskSpecError(
+            f"{_shown(path, tasks_dir)}: import tasks.evaluator_kit in one statement, not "
+            f"{len(imports)}"
+        )
+    kit = _kit_source()
+    return _KIT_IMPORT.sub(lambda _: kit, text, count=1)
+
+
+# `from tasks.evaluator_kit import a, b` or a parenthesised list over several lines.
+_KIT_IMPORT = re.compile(
+    r"^from tasks\.evaluator_kit import (?:\([^)]*\)|[^\n(]*)[^\n]*\n", re.MULTILINE
+)
+
+
+def _kit_source() -> str:
+    kit = KIT_PATH.read_text(encoding="utf-8")
+    # Embedded mid-file, the kit must not bring a second PEP 723 block or a __future__ import.
+    if re.search(r"^# /// script|^from __future__ ", kit, re.MULTILINE):
+        raise RuntimeError(f"{KIT_PATH} cannot be embedded: PEP 723 block or __future__ import")
+    begin, end = (
+        "# --- begin tasks/evaluator_kit.py (embedded) ---\n",
+        "# --- end tasks/evaluator_kit.py ---\n",
+    )
+    return begin + kit + end

@@ -281,17 +281,22 @@ def test_a_task_id_that_could_be_a_path_is_refused(tasks_dir: Path, task_id: str
     assert str(caught.value).endswith("known tasks: t0_artifact")
 
 
-def test_a_missing_evaluator_gives_a_clear_error() -> None:
-    # The shipped tasks have no evaluator yet: load succeeds, an evaluation could not start.
-    spec = load_task("t0_artifact")
-    assert not (TASKS_DIR / "t0_artifact" / "evaluator.py").exists()
+def test_a_missing_evaluator_gives_a_clear_error(tasks_dir: Path) -> None:
+    # Load succeeds; only an evaluation could not start.
+    write_task(tasks_dir, "t_none", VALID_SPEC.format(task_id="t_none"))
+    spec = load_task("t_none", tasks_dir)
     with pytest.raises(TaskSpecError) as caught:
-        evaluator_path(spec)
+        evaluator_path(spec, tasks_dir)
     assert str(caught.value) == (
-        "task 't0_artifact' has no evaluator: tasks/t0_artifact/evaluator.py does not exist "
-        "(field 'evaluator' = 'evaluator.py' in tasks/t0_artifact/task.toml); "
+        "task 't_none' has no evaluator: tasks/t_none/evaluator.py does not exist "
+        "(field 'evaluator' = 'evaluator.py' in tasks/t_none/task.toml); "
         "this task cannot be evaluated until it is added"
     )
+
+
+def test_t0_artifact_has_its_evaluator() -> None:
+    spec = load_task("t0_artifact")
+    assert evaluator_path(spec) == TASKS_DIR / "t0_artifact" / "evaluator.py"
 
 
 def test_an_existing_evaluator_is_found(tasks_dir: Path) -> None:

@@ -1,0 +1,471 @@
+"""Shared helpers for task evaluators: standard library only, Python >= 3.10.
+
+`tasks.registry.evaluator_script` embeds this file verbatim into an evaluator that imports it with
+one `from tasks.evaluator_kit import ...` statement, so a grader job uploads a single file
+(DESIGN §9, "Evaluators"). Hence: no `from __future__` import (it would not be the first statement
+of the assembled file), no PEP 723 block, no `if __name__ == "__main__"`, and no import of the
+project.
+
+Everything read from an artifact is hostile (DESIGN §6 item 5, §9 "Grader faults"): the readers
+validate each file like the reference `safetensors` implementation does and raise ArtifactError
+for anything malformed, before reading any tensor data. Nothing from an artifact is executed.
+
+    ArtifactError                       the artifact (not the grader) is at fault: score 0, invalid
+    TensorInfo                          one tensor of a file: name, dtype, shape, absolute offsets
+    read_header(path) -> dict           validated header of one .safetensors file
+    safetensors_files(folder) -> list   the regular *.safetensors files directly in a folder
+    read_tensor_set(folder) -> dict     every tensor of every such file, names unique
+    read_bytes(info, fd) / iter_chunks  tensor data
+    write_safetensors(path, tensors)    a canonical file (sorted names, aligned header)
+    double_exactly(dtype, data)         every element × 2, exactly, in its own dtype
+    is_doubled(dtype, base, got)        `got` == double_exactly(base), any NaN matching a NaN
+    choose_subset(names, k, seed)       k names chosen by a seed (splits)
+    score_line(nonce, payload)          the one trusted `POSTTRAIN_SCORE <nonce> {json}` line
+    run_isolated(fn, *args)             fn in a forked child with a memory cap; crash → reported
+"""
+
+import errno
+import hashlib
+import json
+import os
+import resource
+import stat
+import struct
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+# The reference implementation's limit on the JSON header (safetensors' MAX_HEADER_SIZE).
+MAX_HEADER_BYTES = 100_000_000
+# More files than any real checkpoint is split into; a folder of thousands is an attack.
+MAX_SAFETENSORS_FILES = 256
+# Bytes per element of every dtype the reference implementation knows and that is byte-sized.
+# Sub-byte dtypes (F4, F6_*) are refused as unknown: no task here uses them.
+DTYPE_SIZES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "F8_E8M0": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
+# IEEE-style float dtypes that `double_exactly` handles: (bytes, exponent bits, mantissa bits).
+FLOAT_LAYOUTS = {"F16": (2, 5, 10), "BF16": (2, 8, 7), "F32": (4, 8, 23), "F64": (8, 11, 52)}
+_STRUCT_CODES = {2: "H", 4: "I", 8: "Q"}
+CHUNK_BYTES = 4 << 20
+# Trusted lines longer than this are ignored by the broker (job_launcher.trusted_lines).
+MAX_SCORE_LINE_CHARS = 16_384
+SCORE_TAG = "POSTTRAIN_SCORE"
+# errno values that an artifact can cause by itself (a file it made unreadable, a symlink loop);
+# any other OSError while reading it (EIO, ESTALE, ENOTCONN...) is the mount's fault.
+ARTIFACT_ERRNOS = frozenset(
+    {
+        errno.EACCES,
+        errno.EPERM,
+        errno.ELOOP,
+        errno.EISDIR,
+        errno.ENOTDIR,
+        errno.ENOENT,
+        errno.ENXIO,
+        errno.EFBIG,
+        errno.EOVERFLOW,
+        errno.EINVAL,
+    }
+)
+
+
+class ArtifactError(Exception):
+    """The artifact is not a valid checkpoint; the message says why (shown to the agent)."""
+
+
+class TensorInfo(NamedTuple):
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int  # absolute offset in the file
+    end: int
+    path: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+def shorten(text: str, limit: int = 120) -> str:
+    """`text` cut to `limit` characters: artifact-chosen names are echoed only this short."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _open_regular(path: Path) -> int:
+    """An fd on a regular file, never following a symlink, never blocking on a FIFO."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ArtifactError(f"{shorten(path.name)} is not a regular file")
+    return fd
+
+
+def _read_exactly(fd: int, size: int, offset: int) -> bytes:
+    chunks = []
+    while size > 0:
+        chunk = os.pread(fd, min(size, CHUNK_BYTES), offset)
+        if not chunk:
+            raise ArtifactError("the file ended before the data its header promises")
+        chunks.append(chunk)
+        size -= len(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ArtifactError(f"the header names {shorten(key)!r} twice")
+        result[key] = value
+    return result
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def read_header(path: Path, *, max_header_bytes: int = MAX_HEADER_BYTES) -> dict[str, TensorInfo]:
+    """The tensors of one .safetensors file, validated; raises ArtifactError if malformed.
+
+    Checks what the reference implementation checks: a header length within the file and the
+    cap, a UTF-8 JSON object (no duplicate keys), `__metadata__` a string map, every entry a
+    known dtype, a shape of non-negative integers, data_offsets inside the data section whose
+    length equals the shape's size, and tensors that tile the data section exactly (no overlap,
+    no hole, nothing after the last). No tensor data is read.
+    """
+    name = shorten(path.name)
+    fd = _open_regular(path)
+    try:
+        file_size = os.fstat(fd).st_size
+        if file_size < 8:
+            raise ArtifactError(f"{name}: {file_size} bytes is too short for a safetensors file")
+        (header_len,) = struct.unpack("<Q", _read_exactly(fd, 8, 0))
+        if header_len > max_header_bytes:
+            raise ArtifactError(
+                f"{name}: header length {header_len} exceeds the {max_header_bytes}-byte cap"
+            )
+        if header_len > file_size - 8:
+            raise ArtifactError(
+                f"{name}: header length {header_len} is beyond the end of the {file_size}-byte file"
+            )
+        raw = _read_exactly(fd, header_len, 8)
+    finally:
+        os.close(fd)
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except ArtifactError as exc:
+        raise ArtifactError(f"{name}: {exc}") from None
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise ArtifactError(f"{name}: the header is not valid UTF-8 JSON") from None
+    if not isinstance(header, dict):
+        raise ArtifactError(f"{name}: the header is not a JSON object")
+    data_start = 8 + header_len
+    data_len = file_size - data_start
+    tensors: dict[str, TensorInfo] = {}
+    for key, entry in header.items():
+        if key == "__metadata__":
+            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+                raise ArtifactError(f"{name}: __metadata__ must map strings to strings")
+            continue
+        shown = shorten(key)
+        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+            raise ArtifactError(
+                f"{name}: tensor {shown!r} must have exactly dtype, shape and data_offsets"
+            )
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
+            raise ArtifactError(f"{name}: tensor {shown!r} has an unknown dtype {dtype!r:.40}")
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise ArtifactError(f"{name}: tensor {shown!r} has an invalid shape")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(_is_int(o) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1] <= data_len
+        ):
+            raise ArtifactError(
+                f"{name}: tensor {shown!r} has data_offsets outside the "
+                f"{data_len}-byte data section"
+            )
+        size = DTYPE_SIZES[dtype]
+        for dim in shape:
+            size *= dim
+        if size != offsets[1] - offsets[0]:
+            raise ArtifactError(
+                f"{name}: tensor {shown!r} holds {offsets[1] - offsets[0]} bytes but its dtype "
+                f"and shape need {size}"
+            )
+        tensors[key] = TensorInfo(
+            key, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1], str(path)
+        )
+    position = data_start
+    for info in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
+        if info.begin != position:
+            problem = "overlaps another" if info.begin < position else "leaves a gap before it"
+            raise ArtifactError(f"{name}: tensor {shorten(info.name)!r} {problem}")
+        position = info.end
+    if position != file_size:
+        raise ArtifactError(f"{name}: {file_size - position} bytes after the last tensor")
+    return tensors
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The regular `*.safetensors` files directly in `folder`, sorted by name.
+
+    Symlinks, folders and other files are ignored (never followed). Raises ArtifactError for more
+    than MAX_SAFETENSORS_FILES, and OSError if the folder cannot be listed.
+    """
+    found = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.endswith(".safetensors") and entry.is_file(follow_symlinks=False):
+                found.append(Path(entry.path))
+                if len(found) > MAX_SAFETENSORS_FILES:
+                    raise ArtifactError(
+                        f"more than {MAX_SAFETENSORS_FILES} .safetensors files in {folder}"
+                    )
+    return sorted(found)
+
+
+def read_tensor_set(folder: Path) -> dict[str, TensorInfo]:
+    """Every tensor of every `*.safetensors` file in `folder` (see safetensors_files).
+
+    Raises ArtifactError when there is no such file, a file is malformed, or two files hold a
+    tensor of the same name.
+    """
+    files = safetensors_files(folder)
+    if not files:
+        raise ArtifactError(f"no .safetensors file directly in {folder}")
+    merged: dict[str, TensorInfo] = {}
+    for path in files:
+        for key, info in read_header(path).items():
+            if key in merged:
+                raise ArtifactError(
+                    f"tensor {shorten(key)!r} is in both {shorten(Path(merged[key].path).name)} "
+                    f"and {shorten(path.name)}"
+                )
+            merged[key] = info
+    return merged
+
+
+def open_files(tensors: dict[str, TensorInfo]) -> dict[str, int]:
+    """One read-only fd per file of `tensors` (close them with close_files)."""
+    fds: dict[str, int] = {}
+    try:
+        for info in tensors.values():
+            if info.path not in fds:
+                fds[info.path] = _open_regular(Path(info.path))
+    except BaseException:
+        close_files(fds)
+        raise
+    return fds
+
+
+def close_files(fds: dict[str, int]) -> None:
+    for fd in fds.values():
+        os.close(fd)
+
+
+def read_bytes(info: TensorInfo, fd: int) -> bytes:
+    return _read_exactly(fd, info.nbytes, info.begin)
+
+
+def iter_chunks(info: TensorInfo, fd: int, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+    offset, left = info.begin, info.nbytes
+    while left > 0:
+        size = min(left, chunk_bytes)
+        yield _read_exactly(fd, size, offset)
+        offset += size
+        left -= size
+
+
+def write_safetensors(
+    path: Path,
+    tensors: dict[str, tuple[str, tuple[int, ...], bytes]],
+    metadata: dict[str, str] | None = None,
+) -> None:
+    """Write `{name: (dtype, shape, raw little-endian bytes)}` as one canonical file.
+
+    Tensors in name order, the header padded with spaces to a multiple of 8 bytes (as the
+    reference implementation does), so equal inputs give byte-identical files.
+    """
+    header: dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    offset = 0
+    for name in sorted(tensors):
+        dtype, shape, data = tensors[name]
+        size = DTYPE_SIZES[dtype]
+        for dim in shape:
+            size *= dim
+        if size != len(data):
+            raise ValueError(f"{name}: {len(data)} bytes for dtype {dtype} and shape {shape}")
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(raw)))
+        out.write(raw)
+        for name in sorted(tensors):
+            out.write(tensors[name][2])
+
+
+def _float_words(dtype: str, data: bytes) -> tuple[str, list[int], int, int]:
+    width, exp_bits, mant_bits = FLOAT_LAYOUTS[dtype]
+    if len(data) % width:
+        raise ValueError(f"{len(data)} bytes is not a whole number of {dtype} elements")
+    fmt = f"<{len(data) // width}{_STRUCT_CODES[width]}"
+    return fmt, list(struct.unpack(fmt, data)), exp_bits, mant_bits
+
+
+def _double_word(word: int, exp_bits: int, mant_bits: int) -> int:
+    sign = word & (1 << (exp_bits + mant_bits))
+    magnitude = word ^ sign
+    exp_max = (1 << exp_bits) - 1
+    exponent = magnitude >> mant_bits
+    if exponent == exp_max:  # inf stays inf; NaN is compared as "any NaN" by is_doubled
+        return word
+    if exponent == 0:  # zero or subnormal: the mantissa shifts, carrying into the exponent
+        return sign | (magnitude << 1)
+    if exponent + 1 == exp_max:  # 2x overflows: round-to-nearest gives infinity
+        return sign | (exp_max << mant_bits)
+    return sign | (magnitude + (1 << mant_bits))
+
+
+def double_exactly(dtype: str, data: bytes) -> bytes:
+    """Every element of `data` (raw little-endian `dtype`) multiplied by 2, exactly.
+
+    IEEE semantics in the element's own dtype: the exponent goes up by one, subnormals shift,
+    a result beyond the largest finite value is infinity, ±0 and ±inf stay. NaNs are kept as they
+    are (libraries differ on NaN payloads; is_doubled accepts any NaN). Raises ValueError for a
+    dtype other than F16, BF16, F32, F64.
+    """
+    if dtype not in FLOAT_LAYOUTS:
+        raise ValueError(f"cannot double dtype {dtype}")
+    fmt, words, exp_bits, mant_bits = _float_words(dtype, data)
+    return struct.pack(fmt, *(_double_word(w, exp_bits, mant_bits) for w in words))
+
+
+def is_doubled(dtype: str, base: bytes, got: bytes) -> bool:
+    """True if `got` is `base` × 2 exactly (see double_exactly); a NaN matches any NaN."""
+    if len(base) != len(got):
+        return False
+    expected = double_exactly(dtype, base)
+    if expected == got:
+        return True
+    _, want, exp_bits, mant_bits = _float_words(dtype, expected)
+    _, have, _, _ = _float_words(dtype, got)
+    nan_floor = ((1 << exp_bits) - 1) << mant_bits
+    magnitude = (1 << (exp_bits + mant_bits)) - 1
+    return all(
+        w == h or ((w & magnitude) > nan_floor and (h & magnitude) > nan_floor)
+        for w, h in zip(want, have, strict=True)
+    )
+
+
+def choose_subset(names: list[str], k: int, seed: str) -> list[str]:
+    """`k` of `names` chosen by `seed` (sorted): the same seed always picks the same ones."""
+    ranked = sorted(set(names), key=lambda n: hashlib.sha256(f"{seed}\0{n}".encode()).digest())
+    return sorted(ranked[: max(0, k)])
+
+
+def score_line(nonce: str, payload: dict[str, Any]) -> str:
+    """The trusted score line: one line of ASCII JSON, under the broker's length cap.
+
+    json.dumps escapes every control character and non-ASCII character, so no artifact-chosen
+    string can end the line early or start another. If the details make the line too long, they
+    are dropped (the score and split stay).
+    """
+    line = f"{SCORE_TAG} {nonce} {json.dumps(payload, separators=(',', ':'), sort_keys=True)}"
+    if len(line) <= MAX_SCORE_LINE_CHARS:
+        return line
+    kept = {k: payload[k] for k in ("score", "split", "artifact_valid") if k in payload}
+    kept["reason"] = shorten(str(payload.get("reason", "")), 500)
+    return f"{SCORE_TAG} {nonce} {json.dumps(kept, separators=(',', ':'), sort_keys=True)}"
+
+
+class Isolated(NamedTuple):
+    """What a run_isolated child produced: `value` (JSON) when ok, else a description."""
+
+    ok: bool
+    value: Any
+    problem: str = ""
+
+
+def run_isolated(fn: Callable[..., Any], *args: Any, memory_bytes: int = 4 << 30) -> Isolated:
+    """Run `fn(*args)` in a forked child whose address space is capped at `memory_bytes`.
+
+    The child sends fn's JSON-serialisable result back through a pipe. A child that raises,
+    runs out of memory, is killed by a signal or exits without a result gives ok=False and a
+    description: the caller decides whose fault that is. Linux/POSIX only (os.fork).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the caller's code
+        status = 70
+        try:
+            os.close(read_end)
+            _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+            cap = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
+            resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+            try:
+                message = {"ok": True, "value": fn(*args)}
+            except MemoryError:
+                message = {"ok": False, "problem": "the evaluation ran out of memory"}
+            except Exception as exc:
+                message = {
+                    "ok": False,
+                    "problem": f"{type(exc).__name__}: {shorten(str(exc), 500)}",
+                    "traceback": traceback.format_exc(limit=8),
+                }
+            data = json.dumps(message).encode()
+            view = memoryview(data)
+            while view:
+                view = view[os.write(write_end, view) :]
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    chunks = []
+    with os.fdopen(read_end, "rb") as reader:
+        while chunk := reader.read(1 << 16):
+            chunks.append(chunk)
+    _, wait_status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(wait_status):
+        signal_number = os.WTERMSIG(wait_status)
+        return Isolated(False, None, f"the evaluation was killed by signal {signal_number}")
+    try:
+        message = json.loads(b"".join(chunks))
+    except ValueError:
+        code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else wait_status
+        return Isolated(False, None, f"the evaluation ended (status {code}) without a result")
+    if message.get("ok"):
+        return Isolated(True, message.get("value"))
+    if message.get("traceback"):
+        print(message["traceback"], file=sys.stderr)
+    return Isolated(False, None, str(message.get("problem", "the evaluation failed")))
