@@ -41,6 +41,8 @@ class JobSpec(BaseModel):
     datasets: list[RepoRef] = Field(default_factory=list)
     base_model: RepoRef
     artifact_ref: str | None = None  # evaluations: backend ref of the job whose outputs are /model
+    # The task's cap on a job's outputs; None: the backend's default (DESIGN §9).
+    artifact_cap_bytes: int | None = None
 
 
 class JobRequest(JobSpec):
