@@ -1,0 +1,190 @@
+"""Sessions resolved to Temporal workflows, with no state a restart could lose (DESIGN §9).
+
+A session id is a capability (192 random bits) that the gateway never stores or logs: the
+session's workflow id is a hash of it, so any replica, or this one after a restart, finds the
+same session from the id alone. The only memory is a cache of session -> current episode,
+re-resolved when a call answers `episode_over` (another replica may have reset the session) or
+the cached episode is unknown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import uuid
+from collections import OrderedDict
+from datetime import timedelta
+
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateStage,
+)
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from mcp_gateway.episode_calls import UnknownEpisode, call_tool
+from posttrain_env.models import ErrorType, ToolError, is_error
+from workflows.episode import EpisodeStatus, EpisodeWorkflow
+from workflows.episode_state import ToolCall, ToolResult
+from workflows.ids import episode_workflow_id, session_workflow_id
+from workflows.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+
+_SESSION_ID = re.compile(r"[A-Za-z0-9_-]{22,128}")
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,200}")
+CACHE_SIZE = 10_000
+# How long `close` waits for the episode's jobs to be confirmed cancelled before answering
+# "closing" (the close itself is durable once Temporal has accepted it).
+CLOSE_WAIT = timedelta(seconds=30)
+
+
+class SessionError(Exception):
+    """A request the gateway refuses before it reaches an episode; `code` is stable."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def new_session_id() -> str:
+    return secrets.token_urlsafe(24)  # 192 bits
+
+
+def check_session_id(session_id: object) -> str:
+    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
+        raise SessionError("INVALID_SESSION", "malformed session id")
+    return session_id
+
+
+def request_id_of(value: object) -> str:
+    """The client's request id, or a fresh one for clients that send none (stock clients)."""
+    if value is None or value == "":
+        return uuid.uuid4().hex
+    if not isinstance(value, str) or not _REQUEST_ID.fullmatch(value):
+        raise SessionError(
+            "INVALID_REQUEST_ID", "request_id must be 1-200 printable ASCII characters"
+        )
+    return value
+
+
+class Sessions:
+    def __init__(self, client: Client, task_queue: str) -> None:
+        self._client = client
+        self._task_queue = task_queue
+        self._episodes: OrderedDict[str, str] = OrderedDict()
+
+    async def reset(self, session_id: str, task_id: object, request_id: str) -> ResetResult:
+        """End the session's episode and start one of `task_id`. Raises SessionError typed by
+        the error enum (unknown task, a cap reached, a cancellation left unconfirmed)."""
+        if not isinstance(task_id, str) or not task_id:
+            raise SessionError(
+                ErrorType.invalid_argument.value, "reset needs task_id, e.g. reset(task_id=...)"
+            )
+        start = WithStartWorkflowOperation(
+            SessionWorkflow.run,
+            SessionState(),
+            id=session_workflow_id(session_id),
+            task_queue=self._task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        try:
+            request = ResetRequest(task_id=task_id)
+        except ValueError:
+            raise SessionError(ErrorType.invalid_argument.value, "task_id is too long") from None
+        try:
+            result = await self._client.execute_update_with_start_workflow(
+                SessionWorkflow.reset,
+                request,
+                start_workflow_operation=start,
+                id=f"reset:{request_id}",
+            )
+        except WorkflowUpdateFailedError as err:
+            cause = err.cause
+            if isinstance(cause, ApplicationError) and cause.type:
+                raise SessionError(cause.type, cause.message) from None
+            raise
+        self._remember(session_id, result.episode_id)
+        return result
+
+    async def close(self, session_id: str) -> bool:
+        """End the session's live episode as cancelled. True once every job is confirmed."""
+        handle = self._client.get_workflow_handle_for(
+            SessionWorkflow.run, session_workflow_id(session_id)
+        )
+        self._episodes.pop(session_id, None)
+        try:
+            update = await handle.start_update(
+                SessionWorkflow.close,
+                id=f"close:{uuid.uuid4().hex}",
+                wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+            )
+        except RPCError as err:
+            if err.status is RPCStatusCode.NOT_FOUND or "already completed" in err.message:
+                return True  # never reset, or already closed: nothing is live
+            raise
+        try:
+            async with asyncio.timeout(CLOSE_WAIT.total_seconds()):
+                await update.result()
+        except TimeoutError:
+            return False
+        return True
+
+    async def episode_of(self, session_id: str, *, refresh: bool = False) -> str:
+        """The session's current episode. Raises SessionError NO_EPISODE before any reset."""
+        if not refresh:
+            cached = self._episodes.get(session_id)
+            if cached is not None:
+                self._episodes.move_to_end(session_id)
+                return cached
+        handle = self._client.get_workflow_handle_for(
+            SessionWorkflow.run, session_workflow_id(session_id)
+        )
+        try:
+            episode_id = await handle.query(SessionWorkflow.current_episode)
+        except RPCError as err:
+            if err.status is not RPCStatusCode.NOT_FOUND:
+                raise
+            episode_id = None
+        if episode_id is None:
+            raise SessionError("NO_EPISODE", "no episode in this session: call reset(task_id=...)")
+        self._remember(session_id, episode_id)
+        return episode_id
+
+    async def call(self, session_id: str, call: ToolCall) -> ToolResult:
+        """Run a tool call in the session's current episode (the update id makes it once-only)."""
+        episode_id = await self.episode_of(session_id)
+        try:
+            result = await call_tool(self._client, episode_id, call)
+        except UnknownEpisode:
+            result = None
+        if result is not None and not _episode_over(result):
+            return result
+        # The cache may be stale: another replica reset this session since we looked.
+        current = await self.episode_of(session_id, refresh=True)
+        if current == episode_id and result is not None:
+            return result
+        try:
+            return await call_tool(self._client, current, call)
+        except UnknownEpisode:
+            raise SessionError("NO_EPISODE", "the session's episode no longer exists") from None
+
+    async def status(self, episode_id: str) -> EpisodeStatus:
+        handle = self._client.get_workflow_handle_for(
+            EpisodeWorkflow.run, episode_workflow_id(episode_id)
+        )
+        return await handle.query(EpisodeWorkflow.status)
+
+    def _remember(self, session_id: str, episode_id: str) -> None:
+        self._episodes[session_id] = episode_id
+        self._episodes.move_to_end(session_id)
+        while len(self._episodes) > CACHE_SIZE:
+            self._episodes.popitem(last=False)
+
+
+def _episode_over(result: ToolResult) -> bool:
+    data = result.data
+    return is_error(data) and ToolError.from_envelope(data).type is ErrorType.episode_over

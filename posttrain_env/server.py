@@ -1,0 +1,116 @@
+"""`uv run server` (also `posttrain-env server`): the gateway, a worker and, unless
+`TEMPORAL_ADDRESS` is set, the embedded file-backed Temporal dev server, in one process.
+
+Shutdown on SIGINT/SIGTERM is orderly: uvicorn stops taking requests, the worker finishes, the
+embedded Temporal server stops. The process then exits with its real status through
+`os._exit`, because the SDK can abort at interpreter exit (temporalio/sdk-python#300).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+
+from pydantic import ValidationError
+
+log = logging.getLogger("posttrain_env.server")
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="bind port (default 8000)")
+    parser.add_argument(
+        "--no-worker",
+        action="store_true",
+        help="serve the gateway only; workers run elsewhere (`posttrain-env worker`)",
+    )
+
+
+async def serve(host: str, port: int, *, with_worker: bool) -> None:
+    import uvicorn
+
+    from mcp_gateway.app import create_app
+    from posttrain_env.settings import Settings
+    from posttrain_env.temporal_dev import EmbeddedTemporal, EmbeddedTemporalConfig
+    from posttrain_env.worker import build_worker, connect, make_backend
+
+    settings = Settings()
+    backend = make_backend(settings) if with_worker else None
+    embedded: EmbeddedTemporal | None = None
+    async with contextlib.AsyncExitStack() as stack:
+        if "temporal_address" not in settings.model_fields_set:
+            embedded = EmbeddedTemporal(
+                EmbeddedTemporalConfig(
+                    state_dir=settings.state_dir,
+                    port=settings.temporal_port,
+                    ui_port=settings.temporal_ui_port,
+                )
+            )
+            await embedded.start()
+            stack.callback(embedded.stop)
+            settings = settings.model_copy(update={"temporal_address": embedded.config.address})
+            log.info(
+                "embedded Temporal at %s (state in %s)",
+                settings.temporal_address,
+                settings.state_dir,
+            )
+            if embedded.config.ui_url:
+                log.info("Temporal UI: %s", embedded.config.ui_url)
+        client = await connect(settings)
+        if backend is not None:
+            worker = build_worker(client, settings, backend)
+            await stack.enter_async_context(worker)
+            log.info("worker on task queue %r (backend %s)", settings.task_queue, backend.name)
+        app = create_app(settings, client)
+        config = uvicorn.Config(
+            app, host=host, port=port, access_log=False, log_level="warning", lifespan="on"
+        )
+        server = uvicorn.Server(config)
+        log.info("gateway on http://%s:%d (OpenEnv /ws, /mcp)", host, port)
+        await server.serve()  # returns on SIGINT/SIGTERM (uvicorn handles both)
+        if not server.started:
+            raise SystemExit(f"the gateway could not listen on {host}:{port}")
+
+
+def run(host: str, port: int, *, with_worker: bool) -> int:
+    """Serve until a signal; the exit status (0 clean, 1 failure, 2 bad settings)."""
+    from posttrain_env.temporal_dev import EmbeddedTemporalError
+
+    try:
+        asyncio.run(serve(host, port, with_worker=with_worker))
+    except ValidationError as exc:
+        print(f"posttrain-env: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    except EmbeddedTemporalError as exc:
+        print(f"posttrain-env: {exc}", file=sys.stderr)
+        return 1
+    except SystemExit as exc:
+        if isinstance(exc.code, int):
+            return exc.code
+        print(exc.code, file=sys.stderr)
+        return 1
+    except Exception:
+        log.exception("the server failed")
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="server", description="the posttrain_env gateway, worker and embedded Temporal"
+    )
+    add_server_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    status = run(args.host, args.port, with_worker=not args.no_worker)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    main()
