@@ -159,8 +159,8 @@ def _encode(values: np.ndarray, dtype: str) -> bytes:
 
 def _train_tokenizer() -> Tokenizer:
     tokenizer = Tokenizer(models.BPE(unk_token=None))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # type: ignore[assignment]
-    tokenizer.decoder = decoders.ByteLevel()  # type: ignore[assignment]
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_TARGET,
         special_tokens=list(SPECIAL_TOKENS),
