@@ -1,0 +1,201 @@
+"""The files of one local job, and process identity. Standard library only: the job's supervisor
+(`activities.local.job_runner`) imports this module without the server's dependencies.
+
+A job folder `<state>/local/jobs/<ref>/` holds:
+
+    job.json         what to run (written once by the backend, no secrets)
+    supervisor.json  {"pid", "start"} of the job's supervisor process
+    status.json      {"started_at"}: wall time the job started (it runs from then on)
+    sandbox.json     {"pid", "start", "phase"}: the current phase's pid-namespace init (bwrap's
+                     `child-pid`); killing it ends every process of the phase
+    cancel           present once a cancellation was asked for
+    result.json      {"state", "exit_code", "started_at", "finished_at", "running_s", "message"}:
+                     written exactly once (the first writer wins), the job's end
+    log              stdout and stderr of every phase, in order
+    job/             the launcher or evaluator script (read-only at /job)
+    data/            read-write at /data; data/outputs is what the agent's script leaves
+    env/             the job's venv (read-write during install, read-only at /env afterwards)
+    tmp/, shm/       private /tmp and /dev/shm
+    artifact/        data/outputs after the job, without links or special files (/model)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+from pathlib import Path
+from typing import Any
+
+JOB = "job.json"
+SUPERVISOR = "supervisor.json"
+STATUS = "status.json"
+SANDBOX = "sandbox.json"
+CANCEL = "cancel"
+RESULT = "result.json"
+LOG = "log"
+ARTIFACT = "artifact"
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Replace `path` atomically (a reader never sees half a file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def create_json(path: Path, value: Any) -> bool:
+    """Create `path` with `value` unless it exists; True when this call created it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value, sort_keys=True))
+    try:
+        os.link(tmp, path)  # atomic create-if-absent, so two writers can never both win
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+# -- process identity ----------------------------------------------------------------------------
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot), or None when it is gone or a zombie.
+
+    A pid with its start time names one process for good: pids are reused, the pair is not.
+    """
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def identity(pid: int) -> dict[str, int] | None:
+    ticks = start_ticks(pid)
+    return None if ticks is None else {"pid": pid, "start": ticks}
+
+
+def is_alive(ident: dict[str, Any] | None) -> bool:
+    if not ident:
+        return False
+    return start_ticks(int(ident["pid"])) == ident.get("start")
+
+
+def kill(ident: dict[str, Any] | None, sig: int = signal.SIGKILL) -> bool:
+    """Signal the process `ident` names, if it still is that process. True when signalled."""
+    if not is_alive(ident):
+        return False
+    assert ident is not None
+    try:
+        os.kill(int(ident["pid"]), sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+# -- disk usage, logs and the artifact ---------------------------------------------------------
+
+
+def usage(root: Path, limit_files: int) -> tuple[int, int]:
+    """(apparent bytes, entries) under `root`, never following links.
+
+    Apparent size (st_size), not allocated blocks: a sparse file costs what copying or uploading
+    it would. Stops counting past `limit_files` entries (the caller treats that as over a cap).
+    """
+    total = files = 0
+    todo = [root]
+    while todo and files <= limit_files:
+        folder = todo.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except PermissionError:
+            # A job that shares our uid (no root) can chmod 000 its own folders to hide them.
+            try:
+                os.chmod(folder, 0o700)
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue
+        except OSError:
+            continue
+        for entry in entries:
+            files += 1
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                todo.append(Path(entry.path))
+            elif stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total, files
+
+
+def tail_lines(path: Path, n: int, max_bytes: int = 8 << 20) -> list[str]:
+    """The last `n` lines of a log (reading at most its last `max_bytes`)."""
+    if n <= 0:
+        return []
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except FileNotFoundError:
+        return []
+    lines = data.decode(errors="replace").splitlines()
+    if size > max_bytes and lines:
+        lines = lines[1:]  # the first line read is probably cut
+    return lines[-n:]
+
+
+def collect_artifact(outputs: Path, artifact: Path, privileged: bool) -> tuple[int, int]:
+    """Move a finished job's outputs to `artifact` and make them inert: symlinks, fifos, sockets
+    and devices are removed (never followed), folders 0755 and files 0644, owned by us.
+
+    Run only after every process of the job is gone, so nothing changes under it. Returns
+    (files kept, entries dropped). An `outputs` that is not a real folder gives an empty artifact.
+    """
+    kept = dropped = 0
+    try:
+        st = os.lstat(outputs)
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        os.rename(outputs, artifact)
+    else:
+        if st is not None:
+            os.unlink(outputs)
+            dropped += 1
+        artifact.mkdir()
+    os.chmod(artifact, 0o755)  # before walking: a job may have left its folder unreadable
+    for folder, dirs, names in os.walk(artifact):  # os.walk never descends into a link
+        for name in [*dirs, *names]:
+            path = os.path.join(folder, name)
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode):
+                os.chmod(path, 0o755)
+            elif stat.S_ISREG(st.st_mode):
+                os.chmod(path, 0o644)
+                kept += 1
+            else:
+                os.unlink(path)
+                dropped += 1
+                continue
+            if privileged:
+                os.lchown(path, 0, 0)
+        dirs[:] = [d for d in dirs if os.path.isdir(os.path.join(folder, d))]
+    if privileged:
+        os.lchown(artifact, 0, 0)
+    return kept, dropped
