@@ -1,0 +1,126 @@
+"""Inputs checked without the broker's token: datasets an agent names, and the task's base model.
+
+Every lookup goes through an `HfApi(token=False)`, so it sees exactly what the public sees: a
+private dataset is indistinguishable from a missing one, and neither is allowed. Repo ids are
+validated before any call is made. A dataset must exist, be public, ungated, not disabled and not
+on the task's denylist; its revision is resolved to the commit it points at now, and that commit
+is what the job mounts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from huggingface_hub import DatasetInfo, HfApi
+from huggingface_hub.errors import (
+    DisabledRepoError,
+    GatedRepoError,
+    HFValidationError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils import validate_repo_id
+
+from activities.hf.errors import hub_call
+from posttrain_env.models import ErrorType, ToolError
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def repo_id_problem(repo_id: object) -> str | None:
+    """Why `repo_id` is not a repo id the Hub would accept, or None."""
+    if not isinstance(repo_id, str) or not repo_id:
+        return "a repo id is a non-empty string such as 'owner/name'"
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        return str(err)
+    return None
+
+
+def _refuse(repo_id: str, why: str) -> ToolError:
+    return ToolError(
+        ErrorType.dataset_not_allowed, f"dataset {repo_id!r} {why}", dataset=repo_id, reason=why
+    )
+
+
+def _denied(repo_id: str, denylist: Sequence[str]) -> bool:
+    denied = {entry.casefold() for entry in denylist}
+    return repo_id.casefold() in denied
+
+
+def dataset_refusal(info: DatasetInfo) -> str | None:
+    """Why a dataset the Hub describes cannot be mounted, or None."""
+    if info.private:
+        return "is private; only public datasets are allowed"
+    if info.gated:  # False, or "auto" / "manual"
+        return f"is gated ({info.gated}); only ungated datasets are allowed"
+    if info.disabled:
+        return "is disabled on Hugging Face"
+    if not isinstance(info.sha, str) or not _COMMIT.fullmatch(info.sha):
+        return "has no resolvable commit"
+    return None
+
+
+async def resolve_dataset(public: HfApi, repo_id: str, denylist: Sequence[str]) -> str:
+    """The dataset's current commit. Raises ToolError(dataset_not_allowed) with the reason."""
+    problem = repo_id_problem(repo_id)
+    if problem:
+        raise _refuse(str(repo_id), f"is not a valid repo id: {problem}")
+    if _denied(repo_id, denylist):
+        raise _refuse(repo_id, "is on this task's denylist")
+    try:
+        info = await hub_call(
+            f"looking up dataset {repo_id!r}",
+            public.dataset_info,
+            repo_id,
+            keep=(RepositoryNotFoundError, DisabledRepoError),
+        )
+    except GatedRepoError:
+        raise _refuse(repo_id, "is gated; only ungated datasets are allowed") from None
+    except DisabledRepoError:
+        raise _refuse(repo_id, "is disabled on Hugging Face") from None
+    except RepositoryNotFoundError:
+        # Without a token the Hub answers the same for a private dataset and a missing one.
+        raise _refuse(repo_id, "does not exist or is not public") from None
+    # A renamed dataset redirects: the denylist applies to its current name too.
+    if isinstance(info.id, str) and _denied(info.id, denylist):
+        raise _refuse(repo_id, f"is on this task's denylist (as {info.id!r})")
+    refusal = dataset_refusal(info)
+    if refusal:
+        raise _refuse(repo_id, refusal)
+    assert info.sha is not None
+    return info.sha
+
+
+async def resolve_model(public: HfApi, repo_id: str, revision: str) -> str:
+    """The commit `revision` of the public model `repo_id` points at (once per episode)."""
+    problem = repo_id_problem(repo_id)
+    if problem:
+        raise ToolError(
+            ErrorType.hf_error, f"the task's base model {repo_id!r} is invalid: {problem}"
+        )
+    try:
+        info = await hub_call(
+            f"looking up model {repo_id!r}",
+            public.model_info,
+            repo_id,
+            revision=revision,
+            keep=(RepositoryNotFoundError, RevisionNotFoundError),
+        )
+    except RevisionNotFoundError:
+        raise ToolError(
+            ErrorType.hf_error,
+            f"the task's base model {repo_id!r} has no revision {revision!r}; fix the task spec",
+        ) from None
+    except RepositoryNotFoundError:
+        raise ToolError(
+            ErrorType.hf_error,
+            f"the task's base model {repo_id!r} does not exist or is not public; fix the task spec",
+        ) from None
+    if not isinstance(info.sha, str) or not _COMMIT.fullmatch(info.sha):
+        raise ToolError(
+            ErrorType.hf_error, f"the base model {repo_id!r}@{revision} has no resolvable commit"
+        )
+    return info.sha

@@ -1,0 +1,112 @@
+"""The labels every Hugging Face job of ours carries, and the backend ref that names a job.
+
+Labels are how the backend finds its own jobs again: by idempotency key (a retried submit), by
+deployment (the watcher's one listing call, the orphan reaper). Hub label keys and values hold at
+most 100 characters of `[A-Za-z0-9_-]`, so anything else (a workflow id has `/` in it) is hashed.
+
+The ref is opaque to everyone but this backend, and crosses workflow history: it holds the Hub's
+job id and the job's folder in the namespace's `jobs-artifacts` bucket (`run_uv_job` uploads the
+script to `<folder>/` and mounts that folder at `/data`, so `/data/outputs` is `<folder>/outputs`),
+never anything secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from huggingface_hub import JobInfo, constants
+
+from activities.backend import JobRequest
+from activities.keys import ServerKey
+
+LABEL_DEPLOYMENT = "posttrain-deployment"
+LABEL_KEY = "posttrain-key"
+LABEL_EPISODE = "posttrain-episode"
+LABEL_TASK = "posttrain-task"
+LABEL_ROLE = "posttrain-role"
+LABEL_JOB = "posttrain-job"
+LABEL_TIMEOUT = "posttrain-timeout-s"
+
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9_-]{1,100}")
+_JOB_ID = re.compile(r"[A-Za-z0-9]{1,64}")
+_FOLDER = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def _digest(purpose: str, value: str, length: int = 40) -> str:
+    return hashlib.sha256(f"{purpose}\0{value}".encode()).hexdigest()[:length]
+
+
+def key_label(key: str) -> str:
+    """The idempotency label of the job whose workflow id is `key` (always hashed: fixed shape)."""
+    return "k" + _digest("posttrain-key", key)
+
+
+def label_value(value: str) -> str:
+    """`value` itself when the Hub accepts it as a label value, otherwise a hash of it."""
+    return value if _LABEL_VALUE.fullmatch(value) else "h" + _digest("posttrain-label", value)
+
+
+def deployment_id(key_path: Path) -> str:
+    """This deployment's label value: derived from the server key that every worker of one
+    deployment shares (their job nonces must agree), so two deployments sharing a Hugging Face
+    namespace never watch, adopt or reap each other's jobs. A hash: the key itself never leaves."""
+    ServerKey.load_or_create(key_path)  # creates it on first use, exactly as the worker does
+    return "d" + hashlib.sha256(b"posttrain-deployment\0" + key_path.read_bytes()).hexdigest()[:24]
+
+
+def job_labels(request: JobRequest, deployment: str) -> dict[str, str]:
+    return {
+        LABEL_DEPLOYMENT: deployment,
+        LABEL_KEY: key_label(request.key),
+        LABEL_EPISODE: label_value(request.episode_id),
+        LABEL_TASK: label_value(request.task_id),
+        LABEL_ROLE: request.role.value,
+        LABEL_JOB: label_value(request.job_id),
+        LABEL_TIMEOUT: str(int(request.timeout_s)),
+    }
+
+
+@dataclass(frozen=True)
+class HfRef:
+    """A job as this backend names it: `<hub job id>` or `<hub job id>:<artifacts folder>`."""
+
+    job_id: str
+    folder: str | None = None
+
+    def encode(self) -> str:
+        return self.job_id if self.folder is None else f"{self.job_id}:{self.folder}"
+
+    @classmethod
+    def decode(cls, ref: str) -> HfRef:
+        """Raises ValueError for a ref this backend did not make."""
+        job_id, _, folder = ref.partition(":")
+        if not _JOB_ID.fullmatch(job_id) or (folder and not _FOLDER.fullmatch(folder)):
+            raise ValueError(f"not a Hugging Face job ref: {ref!r}")
+        return cls(job_id, folder or None)
+
+    @classmethod
+    def of(cls, info: JobInfo) -> HfRef:
+        return cls(info.id, artifacts_folder(info))
+
+
+def artifacts_folder(info: JobInfo) -> str | None:
+    """The job's folder in the `jobs-artifacts` bucket: the path of its `/data` bucket volume."""
+    for volume in info.volumes or []:
+        if (
+            volume.type == "bucket"
+            and volume.mount_path == constants.HF_JOBS_ARTIFACTS_MOUNT_PATH
+            and volume.source.endswith("/" + constants.HF_JOBS_ARTIFACTS_BUCKET_NAME)
+            and volume.path
+            and _FOLDER.fullmatch(volume.path.strip("/"))
+        ):
+            return volume.path.strip("/")
+    return None
+
+
+def timeout_of(info: JobInfo) -> int | None:
+    """The timeout we gave the job, from its label (JobInfo itself does not carry it)."""
+    value = (info.labels or {}).get(LABEL_TIMEOUT, "")
+    return int(value) if value.isdigit() else None
