@@ -38,6 +38,7 @@ from huggingface_hub._jobs_api import DEFAULT_UV_IMAGE, _create_job_spec
 from huggingface_hub.utils import hf_raise_for_status
 
 ENDPOINT = "https://huggingface.co"
+REPO_NOT_FOUND = {"X-Error-Code": "RepoNotFound"}
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
 HARDWARE_JSON: list[dict[str, Any]] = [
@@ -209,9 +210,7 @@ class FakeHub:
     def fail(self, method: str, status: int, times: int = 1, *, after: bool = False) -> None:
         """The next `times` calls of `method` fail with `status` (after taking effect if
         `after`: a connection that drops once the Hub has done the work)."""
-        self._failures.setdefault(method, []).extend(
-            Failure(status, after) for _ in range(times)
-        )
+        self._failures.setdefault(method, []).extend(Failure(status, after) for _ in range(times))
 
     def calls_to(self, method: str) -> list[Call]:
         return [call for call in self.calls if call.method == method]
@@ -279,7 +278,9 @@ class FakeHub:
             name = Path(script).name
             self.buckets.setdefault(bucket, {})[f"{folder}/{name}"] = Path(script).stat().st_size
             volumes.append(
-                Volume(type="bucket", source=bucket, mount_path="/data", path=folder, read_only=False)
+                Volume(
+                    type="bucket", source=bucket, mount_path="/data", path=folder, read_only=False
+                )
             )
             target = f"/data/{name}"
         spec = _create_job_spec(
@@ -346,21 +347,15 @@ class FakeHub:
     def _dataset_info(self, api: FakeHfApi, repo_id: str, **kw: Any) -> DatasetInfo:
         known = self.datasets.get(repo_id, 404)
         if isinstance(known, int):
-            raise http_error(
-                known, "GET", f"{ENDPOINT}/api/datasets/{repo_id}", **{"X-Error-Code": "RepoNotFound"}
-            )
+            raise http_error(known, "GET", f"{ENDPOINT}/api/datasets/{repo_id}", **REPO_NOT_FOUND)
         if known.get("private") and api.token is False:
-            raise http_error(
-                401, "GET", f"{ENDPOINT}/api/datasets/{repo_id}", **{"X-Error-Code": "RepoNotFound"}
-            )
+            raise http_error(401, "GET", f"{ENDPOINT}/api/datasets/{repo_id}", **REPO_NOT_FOUND)
         return DatasetInfo(**known)
 
     def _model_info(self, api: FakeHfApi, repo_id: str, **kw: Any) -> ModelInfo:
         revision = kw.get("revision")
         if repo_id not in self.models:
-            raise http_error(
-                404, "GET", f"{ENDPOINT}/api/models/{repo_id}", **{"X-Error-Code": "RepoNotFound"}
-            )
+            raise http_error(404, "GET", f"{ENDPOINT}/api/models/{repo_id}", **REPO_NOT_FOUND)
         data = self.models[repo_id]
         if revision not in (None, "main", data["sha"]):
             url = f"{ENDPOINT}/api/models/{repo_id}/revision/{revision}"

@@ -64,7 +64,9 @@ async def test_inputs_are_looked_up_without_the_token(hub: FakeHub, backend: HfB
         assert all(call.token == TOKEN for call in hub.calls_to(method)), method
 
 
-async def test_an_agent_job_is_explicit_and_gets_no_secret(hub: FakeHub, backend: HfBackend) -> None:
+async def test_an_agent_job_is_explicit_and_gets_no_secret(
+    hub: FakeHub, backend: HfBackend
+) -> None:
     job = await backend.submit(request(JobRole.agent))
     (call,) = hub.calls_to("run_uv_job")
     args = call.args
