@@ -77,11 +77,9 @@ ARTIFACT_ERRNOS = frozenset(
         errno.ELOOP,
         errno.EISDIR,
         errno.ENOTDIR,
-        errno.ENOENT,
         errno.ENXIO,
         errno.EFBIG,
         errno.EOVERFLOW,
-        errno.EINVAL,
     }
 )
 

@@ -392,3 +392,29 @@ def test_the_reference_solution_and_evaluator_work_at_the_job_paths_in_a_sandbox
         assert done.returncode == 0, done.stderr
         assert reading.valid and reading.score == 1.0
         assert reading.details["split"] == ("hidden" if seed else "dev")
+
+
+def test_the_evaluator_reads_the_variables_the_broker_sets() -> None:
+    from activities.jobs import HIDDEN_SEED_SECRET
+    from job_launcher.trusted_lines import MAX_TRUSTED_LINE_CHARS, NONCE_ENV, SCORE_TAG
+    from tasks import evaluator_kit
+
+    evaluator = load_evaluator()
+    # A renamed secret would silently grade every submission on the dev split.
+    assert evaluator.HIDDEN_SEED_ENV == HIDDEN_SEED_SECRET
+    assert evaluator.NONCE_ENV == NONCE_ENV
+    assert evaluator_kit.SCORE_TAG == SCORE_TAG
+    assert evaluator_kit.MAX_SCORE_LINE_CHARS == MAX_TRUSTED_LINE_CHARS
+
+
+def test_an_unreadable_artifact_is_invalid_but_an_io_error_of_the_mount_is_a_grader_fault() -> None:
+    import errno
+
+    evaluator = load_evaluator()
+    denied = evaluator._os_error(PermissionError(errno.EACCES, "Permission denied"))
+    assert denied == {
+        "score": 0.0,
+        "artifact_valid": False,
+        "reason": "cannot read the artifact: Permission denied",
+    }
+    assert "grader_fault" in evaluator._os_error(OSError(errno.EIO, "Input/output error"))

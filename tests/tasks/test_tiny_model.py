@@ -93,21 +93,17 @@ def test_the_shards_load_with_safetensors_and_match_the_config_and_index(tiny_mo
     assert 0 < index["metadata"]["total_size"] < total
 
 
-def test_bf16_weights_are_the_rounded_float32_values(tiny_model: Path, tmp_path: Path) -> None:
+def test_bf16_weights_are_the_float32_weights_rounded(tiny_model: Path, tmp_path: Path) -> None:
     write_tiny_model(tmp_path, dtype="F32")
-    shard = SHARD_NAMES[1]
-    with safe_open(str(tmp_path / shard), framework="numpy") as weights:
+    with safe_open(str(tmp_path / SHARD_NAMES[1]), framework="numpy") as weights:
         exact = weights.get_tensor("model.norm.weight")
-    raw = bytearray()
-    with safe_open(str(tiny_model / shard), framework="numpy") as weights:
-        assert weights.get_slice("model.norm.weight").get_dtype() == "BF16"
-    # Read the BF16 bytes through the header ourselves (numpy has no bfloat16).
-    data = (tiny_model / shard).read_bytes()
+    # numpy has no bfloat16: read the BF16 bytes through the header.
+    data = (tiny_model / SHARD_NAMES[1]).read_bytes()
     header_len = int.from_bytes(data[:8], "little")
-    begin, end = json.loads(data[8 : 8 + header_len])["model.norm.weight"]["data_offsets"]
-    raw += data[8 + header_len + begin : 8 + header_len + end]
-    rounded = bf16_to_float32(bytes(raw))
-    np.testing.assert_allclose(rounded, exact, rtol=2**-8)
+    entry = json.loads(data[8 : 8 + header_len])["model.norm.weight"]
+    assert entry["dtype"] == "BF16"
+    begin, end = (8 + header_len + offset for offset in entry["data_offsets"])
+    np.testing.assert_allclose(bf16_to_float32(data[begin:end]), exact, rtol=2**-8)
     assert not np.all(exact == 1.0)  # a trained-looking norm, so doubling is not a constant
 
 
