@@ -59,9 +59,9 @@ _REF = re.compile(r"local-[0-9a-f]{24}")
 
 @dataclass(frozen=True)
 class LocalLimits:
-    """Per-job limits. The artifact cap is the DESIGN §9 local default (tasks carry none yet)."""
+    """Per-job limits of this machine."""
 
-    artifact_cap_bytes: int = 2 * GIB  # /data/outputs
+    artifact_cap_bytes: int = 2 * GIB  # /data/outputs, unless the request carries a cap
     disk_cap_bytes: int = 8 * GIB  # /data, /tmp, /dev/shm and the log together
     max_files: int = 100_000  # entries under each watched folder
     nproc: int = 1024  # processes of the job's uid (RLIMIT_NPROC)
@@ -209,6 +209,7 @@ class LocalBackend:
             path.write_bytes(content)
             os.chmod(path, mode)
         limits = self.limits
+        artifact_cap = request.artifact_cap_bytes or limits.artifact_cap_bytes
         jf.write_json(
             staging / jf.JOB,
             {
@@ -231,8 +232,8 @@ class LocalBackend:
                     "file_bytes": limits.file_bytes or limits.disk_cap_bytes,
                 },
                 "watch": {
-                    "artifact_cap_bytes": limits.artifact_cap_bytes,
-                    "disk_cap_bytes": limits.disk_cap_bytes,
+                    "artifact_cap_bytes": artifact_cap,
+                    "disk_cap_bytes": max(limits.disk_cap_bytes, artifact_cap),
                     "max_files": limits.max_files,
                     "scratch": ["data", "tmp", "shm"],
                 },

@@ -154,15 +154,16 @@ class Supervisor:
         while proc.poll() is None:
             stop = self.check()
             if stop is not None:
-                jf.kill(sandbox)
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 self.say(stop[1])
                 break
             time.sleep(float(self.spec.get("poll_s", 0.1)))
+        if stop is not None:
+            _stop(proc, sandbox)
         code = proc.wait()
+        # The phase has ended only once its pid namespace is empty (its init reaps last).
+        deadline = time.monotonic() + 10
+        while jf.is_alive(sandbox) and time.monotonic() < deadline:
+            time.sleep(0.01)
         return stop, code
 
     def check(self) -> tuple[str, str] | None:
@@ -194,6 +195,22 @@ class Supervisor:
                 f"disk cap of {watch['disk_cap_bytes']} bytes; stopped"
             )
         return None
+
+
+def _stop(proc: subprocess.Popen[bytes], sandbox: dict[str, int] | None) -> None:
+    """Kill the phase's pid-namespace init: the kernel then kills everything inside, and the
+    outer bwrap exits once the namespace is empty. Killing the outer bwrap first would let it
+    report the end while processes inside are still being torn down."""
+    if jf.kill(sandbox):
+        try:
+            proc.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # no init known (bwrap never reported it)
+    except ProcessLookupError:
+        pass
 
 
 def _read_child_pid(fd: int, proc: subprocess.Popen[bytes]) -> int | None:

@@ -116,13 +116,29 @@ class Sandbox:
         etc = list(self.etc) + ([] if not self.network else list(_INSTALL_ETC))
         for name in dict.fromkeys(etc):
             args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-        for path in self.host_paths:
-            args += ["--ro-bind", path, path]
         args += ["--proc", "/proc", "--dev", "/dev"]
-        for mount in self.mounts:
-            args += ["--bind" if mount.writable else "--ro-bind", mount.source, mount.target]
+        made = {"/", "/usr", "/etc", "/proc", "/dev"}
+        binds = [(m.source, m.target, m.writable) for m in self.mounts]
+        binds += [(path, path, False) for path in self.host_paths]
+        for source, target, writable in binds:
+            args += _parents(target, made)
+            args += ["--bind" if writable else "--ro-bind", source, target]
         args += ["--chdir", self.chdir, "--", *self.command]
         return args
+
+
+def _parents(target: str, made: set[str]) -> list[str]:
+    """`--dir` for each missing parent of a mount point: bwrap would create them 0700, which
+    hides e.g. /datasets/<org>/<name> from the job's uid."""
+    args: list[str] = []
+    parts = target.strip("/").split("/")[:-1]
+    for depth in range(1, len(parts) + 1):
+        folder = "/" + "/".join(parts[:depth])
+        if folder not in made:
+            made.add(folder)
+            args += ["--dir", folder]
+    made.add(target)
+    return args
 
 
 def outside_usr(path: str) -> str | None:

@@ -1,0 +1,149 @@
+"""Fixtures for the local backend: real jobs in bubblewrap on this machine, driven through the
+backend API (no Temporal). Agent scripts have no dependencies; packages come only from a wheel
+the tests build (tests/launcher/conftest.py), never from live PyPI."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import textwrap
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from activities.backend import BackendJob, JobRequest, JobRole, RepoRef
+from activities.local_backend import LocalBackend, LocalLimits
+from job_launcher.trusted_lines import NONCE_ENV
+
+JOB_PYTHON = "/usr/bin/python3"
+SMALL = LocalLimits(
+    artifact_cap_bytes=4 << 20,
+    disk_cap_bytes=16 << 20,
+    nproc=64,
+    memory_bytes=1 << 30,
+    file_bytes=8 << 20,
+    poll_s=0.05,
+    size_every_s=0.1,
+)
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
+    """Poll `check` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+class Jobs:
+    """A backend with a small base model in its hub, and shortcuts to run jobs on it."""
+
+    def __init__(self, backend: LocalBackend, model_dir: Path) -> None:
+        self.backend = backend
+        self.model = RepoRef(
+            repo_id="test/base", revision=backend.hub.add_model("test/base", model_dir)
+        )
+        self.nonces: dict[str, str] = {}
+
+    def request(self, script: str, **fields: Any) -> JobRequest:
+        key = fields.pop("key", None) or f"test/job/{secrets.token_hex(6)}"
+        nonce = secrets.token_hex(16)
+        values: dict[str, Any] = {
+            "role": JobRole.agent,
+            "episode_id": "ep-test",
+            "task_id": "t0_artifact",
+            "job_id": "job-" + secrets.token_hex(6),
+            "flavor": "cpu-basic",
+            "timeout_s": 60,
+            "script": textwrap.dedent(script),
+            "base_model": self.model,
+            "key": key,
+            "env": {NONCE_ENV: nonce},
+            "now": now(),
+        }
+        values.update(fields)
+        return JobRequest(**values)
+
+    def submit(self, script: str, **fields: Any) -> BackendJob:
+        request = self.request(script, **fields)
+        job = asyncio.run(self.backend.submit(request))
+        self.nonces[job.ref] = request.env.get(NONCE_ENV, "")
+        return job
+
+    def view(self, ref: str) -> BackendJob:
+        return asyncio.run(self.backend.observe([ref], now()))[ref]
+
+    def wait_end(self, ref: str, timeout: float = 30.0) -> BackendJob:
+        return wait_for(lambda: (v := self.view(ref)).state.terminal and v, timeout)
+
+    def logs(self, ref: str, tail: int = 200) -> list[str]:
+        return asyncio.run(self.backend.logs(ref, tail, now()))
+
+    def run(self, script: str, timeout: float = 30.0, **fields: Any) -> BackendJob:
+        return self.wait_end(self.submit(script, **fields).ref, timeout)
+
+    def report(self, ref: str) -> dict[str, Any]:
+        """The JSON the job printed on its `REPORT ` line."""
+        import json
+
+        for line in self.logs(ref, 2000):
+            if line.startswith("REPORT "):
+                return json.loads(line[len("REPORT ") :])
+        raise AssertionError("no REPORT line in the log:\n" + "\n".join(self.logs(ref)))
+
+    def folder(self, ref: str) -> Path:
+        return self.backend.jobs_dir / ref
+
+
+def write_model(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text('{"model_type": "test"}')
+    (folder / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    return folder
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    if os.geteuid() != 0:
+        raise RuntimeError("the local backend tests run as root (CI does); see test_unprivileged")
+    return tmp_path / "state" / "local"
+
+
+@pytest.fixture
+def jobs(state_dir: Path, tmp_path: Path) -> Jobs:
+    backend = LocalBackend(state_dir, job_python=JOB_PYTHON, limits=SMALL)
+    return Jobs(backend, write_model(tmp_path / "model-src"))
+
+
+def live_pids_of_uid(uid: int) -> list[int]:
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{name}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        uids = [int(x) for x in fields.get("Uid", "").split()]
+        if uid in uids and fields.get("State", "").split()[:1] not in (["Z"], ["X"]):
+            pids.append(int(name))
+    return pids
+
+
+def job_uid(jobs: Jobs, ref: str) -> int:
+    import json
+
+    return int(json.loads((jobs.folder(ref) / "job.json").read_text())["uid"])

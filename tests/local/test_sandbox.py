@@ -1,0 +1,264 @@
+"""What a local job can and cannot do inside its sandbox."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from tests.local.conftest import Jobs, job_uid, live_pids_of_uid
+
+REPORT = "import json\ndef report(**v):\n    print('REPORT ' + json.dumps(v), flush=True)\n"
+
+
+@pytest.fixture
+def host_server() -> Iterator[tuple[int, list[str]]]:
+    """A TCP server on the host's 127.0.0.1 that records every connection it accepts."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.1)
+    accepted: list[str] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, peer = server.accept()
+            except TimeoutError:
+                continue
+            accepted.append(str(peer))
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    stop.set()
+    thread.join()
+    server.close()
+
+
+NETWORK_PROBE = (
+    REPORT
+    + """
+import socket
+port = {port}
+try:
+    socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    outcome = "connected"
+except OSError as exc:
+    outcome = exc.errno
+interfaces = sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:])
+report(outcome=outcome, interfaces=interfaces)
+"""
+)
+
+
+def test_an_agent_job_cannot_reach_a_server_on_the_hosts_loopback(jobs: Jobs, host_server) -> None:
+    port, accepted = host_server
+    job = jobs.run(NETWORK_PROBE.format(port=port))
+    assert job.state.value == "succeeded", jobs.logs(job.ref)
+    report = jobs.report(job.ref)
+    assert report["interfaces"] == ["lo"]
+    assert report["outcome"] == 1  # EPERM: the launcher's filter refuses AF_INET sockets
+    assert accepted == []
+
+
+def test_the_network_namespace_alone_keeps_an_evaluator_from_the_hosts_loopback(
+    jobs: Jobs, host_server
+) -> None:
+    # An evaluator runs without the launcher's seccomp filter: only the namespace stands here.
+    port, accepted = host_server
+    agent = jobs.run("print('ok')")
+    job = jobs.run(NETWORK_PROBE.format(port=port), role="dev", artifact_ref=agent.ref)
+    assert job.state.value == "succeeded", jobs.logs(job.ref)
+    report = jobs.report(job.ref)
+    assert report["interfaces"] == ["lo"]
+    assert report["outcome"] == 111  # ECONNREFUSED: its own loopback has no such server
+    assert accepted == []
+
+
+def test_inputs_venv_and_job_files_are_read_only_and_outputs_and_tmp_are_writable(
+    jobs: Jobs, tmp_path
+) -> None:
+    dataset = tmp_path / "ds"
+    dataset.mkdir()
+    (dataset / "train.jsonl").write_text('{"x": 1}\n')
+    revision = jobs.backend.hub.add_dataset("test/data", dataset)
+    script = (
+        REPORT
+        + """
+import errno, os, sys
+def try_write(path):
+    try:
+        with open(path, "w") as fh:
+            fh.write("x")
+        return "written"
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+report(
+    uid=os.getuid(),
+    base=sorted(os.listdir("/base_model")),
+    dataset=open("/datasets/test/data/train.jsonl").read(),
+    writes={p: try_write(p) for p in [
+        "/base_model/config.json", "/base_model/new", "/datasets/test/data/new",
+        os.path.join(sys.prefix, "new"), "/job/new", "/data/new", "/usr/new", "/etc/new",
+        "/data/outputs/new", "/tmp/new", "/dev/shm/new",
+    ]},
+)
+"""
+    )
+    job = jobs.run(script, datasets=[{"repo_id": "test/data", "revision": revision}])
+    assert job.state.value == "succeeded", jobs.logs(job.ref)
+    report = jobs.report(job.ref)
+    assert report["uid"] == job_uid(jobs, job.ref)
+    assert report["base"] == ["config.json", "model.safetensors"]
+    assert report["dataset"] == '{"x": 1}\n'
+    writes = report["writes"]
+    for path in ("/base_model/config.json", "/base_model/new", "/datasets/test/data/new"):
+        assert writes[path] == "EROFS", (path, writes)
+    for path in ("/job/new", "/usr/new"):
+        assert writes[path] in ("EROFS", "EACCES"), (path, writes)
+    assert writes["/data/new"] == "EACCES"  # /data is root's; outputs is the job's
+    assert writes["/env/venv/new"] == "EROFS"  # sys.prefix: the job's venv
+    written = {path for path, outcome in writes.items() if outcome == "written"}
+    assert written == {"/data/outputs/new", "/tmp/new", "/dev/shm/new"}
+
+
+def test_outputs_become_the_artifact_and_links_in_them_are_dropped_not_followed(
+    jobs: Jobs,
+) -> None:
+    secret = jobs.folder("x").parent.parent / "outside-secret"
+    secret.write_text("host secret")
+    script = f"""
+    import os
+    os.makedirs("/data/outputs/sub")
+    with open("/data/outputs/model.safetensors", "wb") as fh:
+        fh.write(b"weights")
+    open("/data/outputs/sub/notes.txt", "w").write("notes")
+    os.symlink("{secret}", "/data/outputs/host-link")
+    os.symlink("/etc/passwd", "/data/outputs/etc-link")
+    os.symlink("/", "/data/outputs/sub/root-link")
+    os.mkfifo("/data/outputs/fifo")
+    os.chmod("/data/outputs/sub", 0)
+    """
+    job = jobs.run(script)
+    assert job.state.value == "succeeded", jobs.logs(job.ref)
+    artifact = jobs.folder(job.ref) / "artifact"
+    found = sorted(str(p.relative_to(artifact)) for p in artifact.rglob("*"))
+    assert found == ["model.safetensors", "sub", "sub/notes.txt"]
+    assert all(not p.is_symlink() and p.stat().st_uid == 0 for p in artifact.rglob("*"))
+    assert (artifact / "model.safetensors").read_bytes() == b"weights"
+    assert "2 files, 4 links or special files dropped" in "\n".join(jobs.logs(job.ref))
+    # Mounted at /model for an evaluation, nothing points outside either.
+    probe = (
+        REPORT
+        + """
+import os
+entries = []
+for folder, dirs, names in os.walk("/model"):
+    for name in dirs + names:
+        path = os.path.join(folder, name)
+        entries.append([path, os.path.islink(path)])
+report(entries=sorted(entries))
+"""
+    )
+    evaluation = jobs.run(probe, role="dev", artifact_ref=job.ref)
+    assert evaluation.state.value == "succeeded", jobs.logs(evaluation.ref)
+    assert jobs.report(evaluation.ref)["entries"] == [
+        ["/model/model.safetensors", False],
+        ["/model/sub", False],
+        ["/model/sub/notes.txt", False],
+    ]
+
+
+def test_a_fork_bomb_is_held_by_the_process_limit_and_ended_with_the_job(jobs: Jobs) -> None:
+    script = (
+        REPORT
+        + """
+import os, time
+first = os.getpid()
+refused = 0
+while refused < 50:  # every process keeps forking until the kernel refuses
+    try:
+        os.fork()
+    except BlockingIOError:
+        refused += 1
+        time.sleep(0.01)
+if os.getpid() == first:
+    time.sleep(0.5)
+    report(processes=len([p for p in os.listdir("/proc") if p.isdigit()]))
+time.sleep(600)
+"""
+    )
+    job = jobs.submit(script, timeout_s=5)
+    uid = job_uid(jobs, job.ref)
+    ended = jobs.wait_end(job.ref, timeout=30)
+    assert ended.state.value == "timed_out"
+    # The sandbox's init, the launcher's supervisor and at most nproc processes of the job's uid.
+    assert jobs.report(job.ref)["processes"] <= jobs.backend.limits.nproc + 3
+    assert live_pids_of_uid(uid) == []
+
+
+def test_a_job_filling_its_outputs_is_stopped_at_the_artifact_cap(jobs: Jobs) -> None:
+    script = """
+    import itertools
+    chunk = b"x" * (1 << 20)
+    for n in itertools.count():  # many files: the per-file size limit alone would not stop it
+        with open(f"/data/outputs/part-{n}", "wb") as fh:
+            fh.write(chunk)
+    """
+    job = jobs.run(script)
+    assert job.state.value == "failed"
+    assert "over this job's cap of 4194304 bytes" in job.message
+    assert list((jobs.folder(job.ref) / "artifact").iterdir()) == []
+
+
+def test_a_job_filling_tmp_is_stopped_at_the_disk_cap(jobs: Jobs) -> None:
+    script = """
+    import itertools
+    chunk = b"x" * (1 << 20)
+    for n in itertools.count():
+        with open(f"/tmp/part-{n}", "wb") as fh:
+            fh.write(chunk)
+    """
+    job = jobs.run(script)
+    assert job.state.value == "failed"
+    assert "over the disk cap" in job.message
+    assert not (jobs.folder(job.ref) / "tmp").exists()  # scratch is freed at the end
+
+
+def test_no_file_can_grow_past_the_file_size_limit(jobs: Jobs) -> None:
+    script = (
+        REPORT
+        + """
+import errno, os
+try:
+    with open("/tmp/big", "wb") as fh:
+        fh.write(b"x" * (32 << 20))
+    outcome = "written"
+except OSError as exc:
+    outcome = errno.errorcode[exc.errno]
+report(outcome=outcome, size=os.stat("/tmp/big").st_size)
+"""
+    )
+    job = jobs.run(script)
+    assert job.state.value == "succeeded", jobs.logs(job.ref)
+    # Python ignores SIGXFSZ, so the write fails instead of killing the writer.
+    assert jobs.report(job.ref) == {"outcome": "EFBIG", "size": 8 << 20}
+
+
+def test_memory_beyond_the_limit_cannot_be_allocated(jobs: Jobs) -> None:
+    script = (
+        REPORT
+        + """
+try:
+    block = bytearray(2 << 30)
+    report(allocated=True)
+except MemoryError:
+    report(allocated=False)
+"""
+    )
+    job = jobs.run(script)
+    assert job.state.value == "succeeded", jobs.logs(job.ref)
+    assert jobs.report(job.ref) == {"allocated": False}
