@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -87,18 +88,34 @@ def build_worker(
             continue_as_new_events=settings.continue_as_new_events,
         ),
     )
-    return Worker(
-        client,
-        task_queue=queue,
-        workflows=list(WORKFLOWS),
-        activities=[
-            jobs.submit_job,
-            jobs.observe_jobs,
-            jobs.cancel_job,
-            jobs.job_logs,
-            jobs.read_score,
-            jobs.resolve_datasets,
-            episodes.prepare_episode,
-            episodes.reserve_server_spend,
-        ],
-    )
+    workflows = list(WORKFLOWS)
+    activities: list[Callable[..., Any]] = [
+        jobs.submit_job,
+        jobs.observe_jobs,
+        jobs.cancel_job,
+        jobs.job_logs,
+        jobs.read_score,
+        jobs.resolve_datasets,
+        episodes.prepare_episode,
+        episodes.reserve_server_spend,
+    ]
+    if backend.name == "hf":
+        workflows_hf, activities_hf = _orphan_reaper(client, backend, queue)
+        workflows += workflows_hf
+        activities += activities_hf
+    return Worker(client, task_queue=queue, workflows=workflows, activities=activities)
+
+
+def _orphan_reaper(
+    client: Client, backend: JobsBackend, queue: str
+) -> tuple[list[type], list[Callable[..., Any]]]:
+    """The hf backend's orphan reaper: its workflow, its activities, and its Schedule (created
+    in the background of the running loop; see ReaperActivities.ensure_schedule_soon)."""
+    from activities.hf.reaper import ReaperActivities
+    from activities.hf_backend import HfBackend
+    from workflows.reaper import ReaperWorkflow
+
+    assert isinstance(backend, HfBackend)
+    reaper = ReaperActivities(backend, client)
+    reaper.ensure_schedule_soon(queue)
+    return [ReaperWorkflow], [reaper.find_orphan_jobs, reaper.cancel_orphan_job]
