@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import shutil
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
-from temporalio.client import Client, ScheduleActionExecutionStartWorkflow
+from temporalio.client import Client, ScheduleActionExecutionStartWorkflow, ScheduleHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
@@ -29,6 +31,7 @@ from tests.hf.stand_in import StandInEpisode
 from workflows.ids import episode_workflow_id
 from workflows.reaper import ReaperInput, ReaperReport, ReaperWorkflow
 
+T = TypeVar("T")
 LIVE, CLOSED, NEVER = "ep-1111111111111111", "ep-2222222222222222", "ep-3333333333333333"
 
 
@@ -144,7 +147,7 @@ async def test_the_hf_worker_schedules_the_reaper(
         await env.shutdown()
 
 
-async def _eventually(probe, timeout_s: float = 20.0):  # noqa: ANN001, ANN202
+async def _eventually(probe: Callable[[], Awaitable[T]], timeout_s: float = 20.0) -> T:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         try:
@@ -155,7 +158,7 @@ async def _eventually(probe, timeout_s: float = 20.0):  # noqa: ANN001, ANN202
             await asyncio.sleep(0.2)
 
 
-async def _first_run(client: Client, schedule) -> ReaperReport:  # noqa: ANN001
+async def _first_run(client: Client, schedule: ScheduleHandle) -> ReaperReport:
     deadline = asyncio.get_running_loop().time() + 30
     while asyncio.get_running_loop().time() < deadline:
         actions = (await schedule.describe()).info.recent_actions
