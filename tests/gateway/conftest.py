@@ -1,0 +1,40 @@
+"""One real server per module: most gateway tests share it (each plays its own session)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from activities.backend import JobRole
+from activities.fake_backend import FakeJobScript, FakeScenario
+from tests.gateway.server import ServerProcess
+
+# Quick jobs so that whole episodes take seconds of real time on the dev server.
+QUICK = FakeScenario(
+    jobs=[
+        FakeJobScript(script_contains="RUN_LONG", queue_s=1, run_s=600),
+        FakeJobScript(role=JobRole.grader, queue_s=1, run_s=2, score=0.75),
+        FakeJobScript(queue_s=1, run_s=2),
+    ]
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    proc = ServerProcess(tmp_path_factory.mktemp("server"), scenario=QUICK)
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def train_py(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The specification's flow reads `train.py` from the working directory."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "train.py"
+    path.write_text("print('training')\n")
+    return path
