@@ -721,6 +721,11 @@ def drop_privileges(uid: int | None, gid: int | None) -> None:
         os.setuid(0)
     except PermissionError:
         pass
+    except OSError as exc:
+        # In a user namespace that maps no uid 0 (bwrap run by an ordinary user), the kernel
+        # answers EINVAL: root does not exist there at all.
+        if exc.errno != errno.EINVAL:
+            raise
     else:
         raise StageError("uid", "setuid(0) succeeded after dropping privileges")
 
