@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> None:
     add_server_arguments(
         sub.add_parser("server", help="the gateway, a worker and the embedded Temporal server")
     )
+    from posttrain_env.hub_cli import add_hub_commands
+
+    add_hub_commands(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     status = 0
@@ -53,6 +56,10 @@ def main(argv: list[str] | None = None) -> None:
             from posttrain_env.server import run
 
             status = run(args.host, args.port, with_worker=not args.no_worker)
+        elif args.command == "hub":
+            from posttrain_env.hub_cli import run_hub
+
+            status = run_hub(args)
     except ValidationError as exc:  # a bad setting: say which, without a traceback
         print(f"posttrain-env: invalid settings:\n{exc}", file=sys.stderr)
         status = 2
