@@ -43,6 +43,7 @@ from activities.hf.labels import (
     deployment_id,
     job_labels,
     key_label,
+    label_value,
 )
 from activities.hf.prices import DEFAULT_TTL_S, PriceCache
 from activities.hf.stages import LIVE_STAGES, backend_job, stage_of, vanished_job
@@ -275,6 +276,15 @@ class HfBackend:
             )
             for info in found
         ]
+
+    async def episode_jobs(self, episode_id: str) -> list[JobInfo]:
+        """Every job of this deployment for one episode, as the Hub records them."""
+        labels = {LABEL_DEPLOYMENT: self.deployment, LABEL_EPISODE: label_value(episode_id)}
+        return await self._list(labels)
+
+    async def describe(self, ref: str) -> JobInfo | None:
+        """The Hub's own record of a job (its durations, labels, volumes), or None if gone."""
+        return await self._inspect(HfRef.decode(ref).job_id)
 
     async def namespace(self) -> str:
         """POSTTRAIN_NAMESPACE, or the token's user (asked once)."""

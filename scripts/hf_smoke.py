@@ -1,0 +1,161 @@
+"""Live smoke test of the Hugging Face backend: one `t0_artifact` episode on cpu-basic.
+
+    HF_TOKEN=hf_... uv run python scripts/hf_smoke.py [--namespace NS] [--skip-dev-evaluate]
+
+NEEDS A TOKEN AND SPENDS REAL MONEY, under $0.01: an agent job (the task's reference solution,
+about a minute of cpu-basic at $0.000167/min), one dev evaluation (charged the same way) and the
+grader job (not charged to the episode, but billed to the namespace: also about a minute). The
+token's user, or `--namespace`, must have Jobs enabled and credits.
+
+It starts an embedded in-memory Temporal dev server and a worker with the `hf` backend, plays the
+episode through the same workflow updates the gateway sends (task_info, jobs_submit, jobs_wait,
+dev_evaluate, submit), and prints the settled spend beside the Hub's own durations for every
+job, so a person can check that what we billed is `price × ceil(running_secs / 60)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from activities.hf_backend import HfBackend
+
+TASK_ID = "t0_artifact"
+FLAVOR = "cpu-basic"
+SPEND_LIMIT_USD = 0.01
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTION = ROOT / "tasks" / TASK_ID / "reference_solution.py"
+
+
+async def smoke(namespace: str | None, dev_evaluate: bool, workdir: Path) -> int:
+    from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.testing import WorkflowEnvironment
+
+    from activities.hf_backend import HfBackend
+    from posttrain_env.settings import Settings
+    from posttrain_env.worker import build_worker
+    from workflows.episode import EpisodeWorkflow
+    from workflows.episode_state import ToolCall, ToolResult
+    from workflows.session import ResetRequest, SessionState, SessionWorkflow
+
+    settings = Settings(backend="hf", state_dir=workdir / "state", namespace=namespace)
+    backend = HfBackend.from_settings(settings)
+    print(f"namespace {await backend.namespace()}, deployment label {backend.deployment}")
+    temporal = shutil.which("temporal")
+    if temporal is None:
+        raise SystemExit("the temporal CLI is not on PATH; run with `uv run`")
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal, data_converter=pydantic_data_converter
+    )
+    try:
+        client, queue = env.client, f"smoke-{uuid.uuid4().hex[:8]}"
+        async with build_worker(client, settings, backend, task_queue=queue):
+            session = await client.start_workflow(
+                SessionWorkflow.run,
+                SessionState(),
+                id=f"session-{uuid.uuid4().hex}",
+                task_queue=queue,
+            )
+            reset = await session.execute_update(
+                SessionWorkflow.reset, ResetRequest(task_id=TASK_ID)
+            )
+            episode = client.get_workflow_handle_for(EpisodeWorkflow.run, reset.workflow_id)
+            print(f"episode {reset.episode_id}: base model {reset.setup.base_model}")
+
+            async def call(tool: str, **arguments: Any) -> ToolResult:
+                rid = uuid.uuid4().hex
+                result = await episode.execute_update(
+                    EpisodeWorkflow.call_tool,
+                    ToolCall(request_id=rid, tool=tool, arguments=arguments),
+                    id=f"{reset.episode_id}:{rid}",
+                )
+                print(f"  {tool}: {_short(result.data)}")
+                return result
+
+            submitted = await call(
+                "jobs_submit", script=SOLUTION.read_text(), flavor=FLAVOR, timeout_minutes=10
+            )
+            if "error" in submitted.data:
+                return 1
+            job_id = submitted.data["job_id"]
+            view = submitted.data
+            while view.get("state") in ("queued", "running", "cancelling"):
+                view = (await call("jobs_wait", job_id=job_id, timeout_s=300)).data
+            if dev_evaluate:
+                await call("dev_evaluate", job_id=job_id)
+            final = await call("submit", job_id=job_id)
+            print(f"reward {final.reward}, end {final.metadata.get('episode_end')}")
+            spend = final.metadata.get("service_spend", {})
+            print(f"settled spend: ${spend.get('settled', {}).get('usd', 0):.6f} {spend}")
+            await _hub_durations(backend, reset.episode_id)
+            settled = float(spend.get("settled", {}).get("usd", 0))
+            return 0 if final.reward is not None and settled < SPEND_LIMIT_USD else 1
+    finally:
+        await env.shutdown()
+
+
+async def _hub_durations(backend: HfBackend, episode_id: str) -> None:
+    """Every job of the episode as the Hub itself reports it, with what it should cost."""
+    from activities.hf.stages import running_seconds
+    from workflows.ledger import billed_minutes
+
+    prices = {p.name: p.micro_usd_per_minute for p in await backend.hardware()}
+    jobs = await backend.episode_jobs(episode_id)
+    print("Hub's own durations (running_secs -> billed minutes x price):")
+    for info in sorted(jobs, key=lambda j: str(j.created_at)):
+        d = info.durations
+        running = running_seconds(info, info.finished_at or datetime.now(UTC))
+        minutes = billed_minutes(running)
+        price = prices.get(str(info.flavor), 0)
+        print(
+            f"  {(info.labels or {}).get('posttrain-role')} {info.id} {info.status.stage}: "
+            f"scheduling {d.scheduling_secs if d else '?'} s, "
+            f"running {d.running_secs if d else '?'} s, total {d.total_secs if d else '?'} s "
+            f"-> {minutes} min x {price} micro-USD = "
+            f"${minutes * price / 1e6:.6f}"
+        )
+
+
+def _short(data: dict[str, Any]) -> str:
+    keep = ("error", "job_id", "state", "running_s", "cost_usd", "score", "message")
+    return str({k: data[k] for k in keep if k in data} or data)[:300]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=(
+            "Live smoke test of the hf backend: one t0_artifact episode on cpu-basic. "
+            "Needs HF_TOKEN (the broker's token) and spends real money, under $0.01."
+        )
+    )
+    parser.add_argument("--namespace", help="HF namespace for the jobs (default: the token's user)")
+    parser.add_argument(
+        "--skip-dev-evaluate", action="store_true", help="no dev evaluation (one job fewer)"
+    )
+    args = parser.parse_args()
+    if not os.environ.get("HF_TOKEN", "").strip():
+        print("hf_smoke: set HF_TOKEN to the broker's Hugging Face token", file=sys.stderr)
+        sys.exit(2)
+    status = 1
+    with tempfile.TemporaryDirectory(prefix="hf-smoke-") as tmp:
+        try:
+            status = asyncio.run(smoke(args.namespace, not args.skip_dev_evaluate, Path(tmp)))
+        except SystemExit as exc:
+            print(exc.code, file=sys.stderr)
+    # The SDK can abort at interpreter exit (temporalio/sdk-python#300): exit with our status.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    main()
