@@ -13,28 +13,23 @@ installs share one uv cache (`<state>/local/uv-cache`). Prices are simulated (LO
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import os
 import random
-import re
 import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from activities.backend import BackendJob, JobRequest, JobRole
 from activities.local import jobfiles as jf
 from activities.local.hub import HubError, LocalHub
 from activities.local.plan import Machine, plan_job
 from activities.local.sandbox import find_bwrap
-from posttrain_env.models import ErrorType, FlavorPrice, JobState, ToolError
+from activities.local.store import JobStore, job_ref
+from posttrain_env.models import ErrorType, FlavorPrice, ToolError
 
 if TYPE_CHECKING:
     from posttrain_env.settings import Settings
@@ -51,10 +46,6 @@ LOCAL_PRICES: tuple[FlavorPrice, ...] = (
 GIB = 1 << 30
 # Job uids come from this range (above any account's and most containers' subordinate ids).
 UID_BASE, UID_SPAN = 2_100_000_000, 40_000_000
-# A job folder without a supervisor this long after its creation never started.
-START_GRACE_S = 30.0
-CANCEL_WAIT_S = 10.0
-_REF = re.compile(r"local-[0-9a-f]{24}")
 
 
 @dataclass(frozen=True)
@@ -69,11 +60,6 @@ class LocalLimits:
     file_bytes: int | None = None  # RLIMIT_FSIZE; None: the disk cap
     poll_s: float = 0.1
     size_every_s: float = 0.5
-
-
-def job_ref(key: str) -> str:
-    """The job's backend id, derived from its idempotency key (one folder per key)."""
-    return "local-" + hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
 class LocalBackend:
@@ -101,8 +87,7 @@ class LocalBackend:
         self.jobs_dir = state_dir / "jobs"
         self.hub = LocalHub(state_dir / "hub")
         self.limits = limits or LocalLimits()
-        self.supervisor_python = supervisor_python or sys.executable
-        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.store = JobStore(self.jobs_dir, supervisor_python or sys.executable)
         uv_cache = state_dir / "uv-cache"
         uv_cache.mkdir(exist_ok=True)
         os.chmod(uv_cache, 0o700)  # root's (or the server user's) alone; jobs never mount it
@@ -138,21 +123,21 @@ class LocalBackend:
         return await asyncio.to_thread(self._submit, request)
 
     async def find_by_key(self, key: str, now: datetime) -> BackendJob | None:
-        return await asyncio.to_thread(self._view, job_ref(key))
+        return await asyncio.to_thread(self.store.view, job_ref(key))
 
     async def observe(self, refs: Sequence[str], now: datetime) -> dict[str, BackendJob]:
         def views() -> dict[str, BackendJob]:
-            found = {ref: self._view(ref) for ref in refs}
+            found = {ref: self.store.view(ref) for ref in refs}
             return {ref: view for ref, view in found.items() if view is not None}
 
         return await asyncio.to_thread(views)
 
     async def cancel(self, ref: str, now: datetime) -> BackendJob:
-        return await asyncio.to_thread(self._cancel, ref)
+        return await asyncio.to_thread(self.store.cancel, ref)
 
     async def logs(self, ref: str, tail: int, now: datetime) -> list[str]:
-        self._known(ref)
-        return await asyncio.to_thread(jf.tail_lines, self.jobs_dir / ref / jf.LOG, tail)
+        folder = self.store.known(ref)
+        return await asyncio.to_thread(jf.tail_lines, folder / jf.LOG, tail)
 
     async def hardware(self) -> list[FlavorPrice]:
         return list(LOCAL_PRICES)
@@ -186,72 +171,42 @@ class LocalBackend:
 
     def _submit(self, request: JobRequest) -> BackendJob:
         ref = job_ref(request.key)
-        existing = self._view(ref)
+        existing = self.store.view(ref)
         if existing is not None:
             return existing  # the same key again: the job it started, never a second one
         if request.role is JobRole.agent and request.secrets:
             raise ValueError("agent jobs get no secrets (DESIGN §6)")
         base_model, datasets, artifact = self._inputs(request)
-        folder = self.jobs_dir / ref
         uid = self._allocate_uid()
+        folder = self.jobs_dir / ref
         plan = plan_job(request, folder, self.machine, uid, base_model, datasets, artifact)
-        staging = Path(tempfile.mkdtemp(prefix=".new-", dir=self.jobs_dir))
-        os.chmod(staging, 0o700)
-        for name, mode in (("job", 0o755), ("data", 0o755), ("env", 0o755)):
-            (staging / name).mkdir(mode=mode)
-        for name in ("tmp", "shm"):
-            (staging / name).mkdir()
-            os.chmod(staging / name, 0o1777)
-        if plan.data_owner is not None:
-            os.chown(staging / "data", plan.data_owner, plan.data_owner)
-        for name, (content, mode) in plan.files.items():
-            path = staging / name
-            path.write_bytes(content)
-            os.chmod(path, mode)
         limits = self.limits
         artifact_cap = request.artifact_cap_bytes or limits.artifact_cap_bytes
-        jf.write_json(
-            staging / jf.JOB,
-            {
-                "ref": ref,
-                "key": request.key,
-                "role": request.role.value,
-                "job_id": request.job_id,
-                "created_at": time.time(),
-                "timeout_s": request.timeout_s,
-                "uid": uid,
-                "privileged": self.machine.privileged,
-                "phases": plan.phases,
-                "collect": plan.collect,
-                "cleanup": ["env", "tmp", "shm", "data"],
-                "poll_s": limits.poll_s,
-                "size_every_s": limits.size_every_s,
-                "limits": {
-                    "nproc": limits.nproc,
-                    "memory_bytes": limits.memory_bytes or _physical_memory(),
-                    "file_bytes": limits.file_bytes or limits.disk_cap_bytes,
-                },
-                "watch": {
-                    "artifact_cap_bytes": artifact_cap,
-                    "disk_cap_bytes": max(limits.disk_cap_bytes, artifact_cap),
-                    "max_files": limits.max_files,
-                    "scratch": ["data", "tmp", "shm"],
-                },
+        spec = {
+            "key": request.key,
+            "role": request.role.value,
+            "job_id": request.job_id,
+            "timeout_s": request.timeout_s,
+            "uid": uid,
+            "privileged": self.machine.privileged,
+            "phases": plan.phases,
+            "collect": plan.collect,
+            "cleanup": ["env", "tmp", "shm", "data"],
+            "poll_s": limits.poll_s,
+            "size_every_s": limits.size_every_s,
+            "limits": {
+                "nproc": limits.nproc,
+                "memory_bytes": limits.memory_bytes or _physical_memory(),
+                "file_bytes": limits.file_bytes or limits.disk_cap_bytes,
             },
-        )
-        try:
-            os.rename(staging, folder)
-        except OSError:  # a concurrent submit of the same key won
-            shutil.rmtree(staging, ignore_errors=True)
-            view = self._view(ref)
-            if view is None:
-                raise
-            return view
-        os.chmod(folder, 0o755)
-        self._start_supervisor(folder, plan.secret_env)
-        view = self._view(ref)
-        assert view is not None
-        return view
+            "watch": {
+                "artifact_cap_bytes": artifact_cap,
+                "disk_cap_bytes": max(limits.disk_cap_bytes, artifact_cap),
+                "max_files": limits.max_files,
+                "scratch": ["data", "tmp", "shm"],
+            },
+        }
+        return self.store.create(ref, plan, spec)
 
     def _inputs(self, request: JobRequest) -> tuple[Path, list[tuple[str, Path]], Path | None]:
         try:
@@ -264,9 +219,8 @@ class LocalBackend:
             raise ToolError(ErrorType.hf_error, str(exc)) from None
         artifact = None
         if request.role is not JobRole.agent:
-            ref = request.artifact_ref or ""
-            artifact = self.jobs_dir / ref / jf.ARTIFACT
-            if not _REF.fullmatch(ref) or not artifact.is_dir():
+            artifact = self.store.artifact(request.artifact_ref)
+            if artifact is None:
                 raise ToolError(
                     ErrorType.not_ready, "the job to evaluate has no artifact (it has not ended)"
                 )
@@ -278,135 +232,12 @@ class LocalBackend:
         Drawn at random from a 40-million-id range and checked against /proc and our live
         jobs, so concurrent jobs (also of other state dirs) practically never share one.
         """
-        used = _uids_in_use()
-        for folder in self.jobs_dir.iterdir():
-            spec = jf.read_json(folder / jf.JOB)
-            if spec and not (folder / jf.RESULT).exists():
-                used.add(int(spec.get("uid", 0)))
+        used = _uids_in_use() | self.store.live_uids()
         rng = random.SystemRandom()
         while True:
             uid = UID_BASE + rng.randrange(UID_SPAN)
             if uid not in used:
                 return uid
-
-    def _start_supervisor(self, folder: Path, secret_env: dict[str, dict[str, str]]) -> None:
-        project = str(Path(__file__).resolve().parent.parent)
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": project}
-        env.update({k: os.environ[k] for k in ("TZ",) if k in os.environ})
-        proc = subprocess.Popen(
-            [self.supervisor_python, "-P", "-m", "activities.local.job_runner", str(folder)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            cwd="/",
-            env=env,
-            start_new_session=True,  # no terminal signal or process-group kill reaches it
-        )
-        _, err = proc.communicate(json.dumps(secret_env).encode(), timeout=60)
-        if proc.returncode != 0:
-            now = time.time()
-            jf.create_json(
-                folder / jf.RESULT,
-                {
-                    "state": "failed",
-                    "exit_code": proc.returncode,
-                    "started_at": now,
-                    "finished_at": now,
-                    "running_s": 0.0,
-                    "message": "the job's supervisor did not start: "
-                    + err.decode(errors="replace")[-500:],
-                },
-            )
-
-    # -- reading and cancelling ------------------------------------------------------------------
-
-    def _known(self, ref: str) -> Path:
-        folder = self.jobs_dir / ref
-        if not _REF.fullmatch(ref) or not (folder / jf.JOB).exists():
-            raise ToolError(ErrorType.hf_error, f"the local backend knows no job {ref!r}")
-        return folder
-
-    def _view(self, ref: str) -> BackendJob | None:
-        folder = self.jobs_dir / ref
-        spec = jf.read_json(folder / jf.JOB) if _REF.fullmatch(ref) else None
-        if spec is None:
-            return None
-        job = BackendJob(
-            ref=ref, key=spec["key"], state=JobState.queued, created_at=_time(spec["created_at"])
-        )
-        result = jf.read_json(folder / jf.RESULT) or self._reconcile(folder, spec)
-        if result is not None:
-            return job.model_copy(
-                update={
-                    "state": JobState(result["state"]),
-                    "started_at": _time(result["started_at"]),
-                    "finished_at": _time(result["finished_at"]),
-                    "running_s": float(result["running_s"]),
-                    "message": result["message"],
-                }
-            )
-        status = jf.read_json(folder / jf.STATUS)
-        if status is None:
-            return job
-        started = float(status["started_at"])
-        return job.model_copy(
-            update={
-                "state": JobState.running,
-                "started_at": _time(started),
-                "running_s": max(0.0, time.time() - started),
-            }
-        )
-
-    def _reconcile(self, folder: Path, spec: dict[str, Any]) -> dict[str, Any] | None:
-        """A job whose supervisor is gone without a result (killed, or the machine rebooted)
-        ends here: its sandbox is killed and it is recorded as failed (or cancelled)."""
-        supervisor = jf.read_json(folder / jf.SUPERVISOR)
-        if jf.is_alive(supervisor):
-            return None
-        if supervisor is None and time.time() - spec["created_at"] < START_GRACE_S:
-            return None  # still starting
-        result = jf.read_json(folder / jf.RESULT)  # it may have finished since we looked
-        if result is not None:
-            return result
-        jf.kill(jf.read_json(folder / jf.SANDBOX))
-        status = jf.read_json(folder / jf.STATUS) or {}
-        now = time.time()
-        started = float(status.get("started_at", now))
-        cancelled = (folder / jf.CANCEL).exists()
-        jf.create_json(
-            folder / jf.RESULT,
-            {
-                "state": "cancelled" if cancelled else "failed",
-                "exit_code": -1,
-                "started_at": started,
-                "finished_at": now,
-                "running_s": now - started,
-                "message": "cancelled" if cancelled else "the job's supervisor stopped",
-            },
-        )
-        return jf.read_json(folder / jf.RESULT)
-
-    def _cancel(self, ref: str) -> BackendJob:
-        folder = self._known(ref)
-        view = self._view(ref)
-        assert view is not None
-        if view.state.terminal:
-            return view
-        (folder / jf.CANCEL).touch()
-        # Kill the sandbox here too, so a cancellation does not wait for the supervisor's poll.
-        jf.kill(jf.read_json(folder / jf.SANDBOX))
-        deadline = time.monotonic() + CANCEL_WAIT_S
-        while time.monotonic() < deadline:
-            view = self._view(ref)
-            assert view is not None
-            if view.state.terminal:
-                return view
-            time.sleep(0.02)
-        return view
-
-
-def _time(value: float) -> datetime:
-    return datetime.fromtimestamp(value, UTC)
 
 
 def _find_uv() -> str:

@@ -1,0 +1,204 @@
+"""The local backend's jobs on disk: create a job folder and start its supervisor, read a job's
+state from its files, cancel it. Everything here works from files alone, so any number of
+backend objects (a restarted worker, a second process) see the same jobs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from activities.backend import BackendJob
+from activities.local import jobfiles as jf
+from activities.local.plan import JobPlan
+from posttrain_env.models import ErrorType, JobState, ToolError
+
+REF = re.compile(r"local-[0-9a-f]{24}")
+# A job folder without a supervisor this long after its creation never started.
+START_GRACE_S = 30.0
+CANCEL_WAIT_S = 10.0
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def job_ref(key: str) -> str:
+    """The job's backend id, derived from its idempotency key (one folder per key)."""
+    return "local-" + hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+class JobStore:
+    def __init__(self, jobs_dir: Path, supervisor_python: str) -> None:
+        self.jobs_dir = jobs_dir
+        self.supervisor_python = supervisor_python
+        jobs_dir.mkdir(parents=True, exist_ok=True)
+
+    def known(self, ref: str) -> Path:
+        """The job's folder; ToolError(hf_error) for a ref this backend never made."""
+        folder = self.jobs_dir / ref
+        if not REF.fullmatch(ref) or not (folder / jf.JOB).exists():
+            raise ToolError(ErrorType.hf_error, f"the local backend knows no job {ref!r}")
+        return folder
+
+    def artifact(self, ref: str | None) -> Path | None:
+        """The artifact folder of a job that has ended, else None."""
+        if ref is None or not REF.fullmatch(ref):
+            return None
+        folder = self.jobs_dir / ref / jf.ARTIFACT
+        return folder if folder.is_dir() else None
+
+    def live_uids(self) -> set[int]:
+        """Uids of our jobs that have not ended (or not started yet)."""
+        uids = set()
+        for folder in self.jobs_dir.iterdir():
+            spec = jf.read_json(folder / jf.JOB)
+            if spec and not (folder / jf.RESULT).exists():
+                uids.add(int(spec.get("uid", 0)))
+        return uids
+
+    # -- create ----------------------------------------------------------------------------------
+
+    def create(self, ref: str, plan: JobPlan, spec: dict[str, Any]) -> BackendJob:
+        """Write the job's folder and start its supervisor; a concurrent create of the same ref
+        loses to the first and returns its job."""
+        staging = Path(tempfile.mkdtemp(prefix=".new-", dir=self.jobs_dir))
+        for name in ("job", "data", "env"):
+            (staging / name).mkdir(mode=0o755)
+        for name in ("tmp", "shm"):
+            (staging / name).mkdir()
+            os.chmod(staging / name, 0o1777)
+        if plan.data_owner is not None:
+            os.chown(staging / "data", plan.data_owner, plan.data_owner)
+        for name, (content, mode) in plan.files.items():
+            (staging / name).write_bytes(content)
+            os.chmod(staging / name, mode)
+        jf.write_json(staging / jf.JOB, {**spec, "ref": ref, "created_at": time.time()})
+        try:
+            os.rename(staging, self.jobs_dir / ref)  # atomic: a job folder is whole or absent
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+            view = self.view(ref)
+            if view is None:
+                raise
+            return view
+        os.chmod(self.jobs_dir / ref, 0o755)
+        self._start_supervisor(self.jobs_dir / ref, plan.secret_env)
+        view = self.view(ref)
+        assert view is not None
+        return view
+
+    def _start_supervisor(self, folder: Path, secret_env: dict[str, dict[str, str]]) -> None:
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": str(PROJECT_ROOT)}
+        if "TZ" in os.environ:
+            env["TZ"] = os.environ["TZ"]
+        proc = subprocess.Popen(
+            [self.supervisor_python, "-P", "-m", "activities.local.job_runner", str(folder)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd="/",
+            env=env,
+            start_new_session=True,  # no terminal signal or process-group kill reaches it
+        )
+        # Secrets travel on stdin: never on a command line (world-readable) or on disk.
+        _, err = proc.communicate(json.dumps(secret_env).encode(), timeout=60)
+        if proc.returncode != 0:
+            now = time.time()
+            message = "the job's supervisor did not start: " + err.decode(errors="replace")
+            jf.create_json(folder / jf.RESULT, _result("failed", now, now, message[:2000]))
+
+    # -- read ------------------------------------------------------------------------------------
+
+    def view(self, ref: str) -> BackendJob | None:
+        folder = self.jobs_dir / ref
+        spec = jf.read_json(folder / jf.JOB) if REF.fullmatch(ref) else None
+        if spec is None:
+            return None
+        job = BackendJob(
+            ref=ref, key=spec["key"], state=JobState.queued, created_at=_time(spec["created_at"])
+        )
+        result = jf.read_json(folder / jf.RESULT) or self._reconcile(folder, spec)
+        if result is not None:
+            return job.model_copy(
+                update={
+                    "state": JobState(result["state"]),
+                    "started_at": _time(result["started_at"]),
+                    "finished_at": _time(result["finished_at"]),
+                    "running_s": float(result["running_s"]),
+                    "message": result["message"],
+                }
+            )
+        status = jf.read_json(folder / jf.STATUS)
+        if status is None:
+            return job
+        started = float(status["started_at"])
+        return job.model_copy(
+            update={
+                "state": JobState.running,
+                "started_at": _time(started),
+                "running_s": max(0.0, time.time() - started),
+            }
+        )
+
+    def _reconcile(self, folder: Path, spec: dict[str, Any]) -> dict[str, Any] | None:
+        """A job whose supervisor is gone without a result (killed, or the machine rebooted)
+        ends here: its sandbox is killed and it is recorded as failed (or cancelled)."""
+        supervisor = jf.read_json(folder / jf.SUPERVISOR)
+        if jf.is_alive(supervisor):
+            return None
+        if supervisor is None and time.time() - spec["created_at"] < START_GRACE_S:
+            return None  # still starting
+        result = jf.read_json(folder / jf.RESULT)  # it may have finished since we looked
+        if result is not None:
+            return result
+        jf.kill(jf.read_json(folder / jf.SANDBOX))
+        now = time.time()
+        started = float((jf.read_json(folder / jf.STATUS) or {}).get("started_at", now))
+        if (folder / jf.CANCEL).exists():
+            ended = _result("cancelled", started, now, "cancelled")
+        else:
+            ended = _result("failed", started, now, "the job's supervisor stopped")
+        jf.create_json(folder / jf.RESULT, ended)
+        return jf.read_json(folder / jf.RESULT)
+
+    # -- cancel ----------------------------------------------------------------------------------
+
+    def cancel(self, ref: str) -> BackendJob:
+        """Ask for the job's end and wait (up to CANCEL_WAIT_S) until it is recorded."""
+        folder = self.known(ref)
+        view = self.view(ref)
+        assert view is not None
+        if view.state.terminal:
+            return view
+        (folder / jf.CANCEL).touch()
+        # Kill the sandbox here too, so a cancellation does not wait for the supervisor's poll.
+        jf.kill(jf.read_json(folder / jf.SANDBOX))
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while time.monotonic() < deadline:
+            view = self.view(ref)
+            assert view is not None
+            if view.state.terminal:
+                break
+            time.sleep(0.02)
+        return view
+
+
+def _result(state: str, started: float, finished: float, message: str) -> dict[str, Any]:
+    return {
+        "state": state,
+        "exit_code": -1,
+        "started_at": started,
+        "finished_at": finished,
+        "running_s": finished - started,
+        "message": message,
+    }
+
+
+def _time(value: float) -> datetime:
+    return datetime.fromtimestamp(value, UTC)
