@@ -337,7 +337,10 @@ class FakeHub:
     def _fetch_job_logs(self, api: FakeHfApi, job_id: str, **kw: Any) -> Iterator[str]:
         self._ns(api, kw.get("namespace"))
         job = self.jobs[job_id]
-        lines = list(job.plan.logs) if self._stage(job)[0] != "SCHEDULING" else []
+        # "{nonce}" in a planned line stands for the job's own nonce (evaluators print it).
+        nonce = (job.spec.get("environment") or {}).get("POSTTRAIN_NONCE", "")
+        lines = [line.replace("{nonce}", nonce) for line in job.plan.logs]
+        lines = lines if self._stage(job)[0] != "SCHEDULING" else []
         tail = kw.get("tail")
         yield from lines[-tail:] if tail else lines
 
