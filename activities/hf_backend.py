@@ -182,7 +182,12 @@ class HfBackend:
         return backend_job(first, ref=HfRef.of(first).encode(), key=key, now=self._clock())
 
     async def observe(self, refs: Sequence[str], now: datetime) -> dict[str, BackendJob]:
-        wanted = {ref: HfRef.decode(ref) for ref in refs}
+        wanted: dict[str, HfRef] = {}
+        for ref in refs:
+            try:
+                wanted[ref] = HfRef.decode(ref)
+            except ValueError:
+                log.error("not a Hugging Face job ref, left out: %r", ref)
         if not wanted:
             return {}
         live = {
@@ -201,7 +206,7 @@ class HfBackend:
         return seen
 
     async def cancel(self, ref: str, now: datetime) -> BackendJob:
-        hf = HfRef.decode(ref)
+        hf = _decode(ref)
         namespace = await self.namespace()
         _heartbeat(hf.job_id, namespace, "cancelling")
         try:
@@ -240,7 +245,7 @@ class HfBackend:
     async def logs(self, ref: str, tail: int, now: datetime) -> list[str]:
         if tail <= 0:
             return []
-        hf = HfRef.decode(ref)
+        hf = _decode(ref)
         lines = await hub_list(
             f"reading the logs of job {hf.job_id}",
             self._api.fetch_job_logs,
@@ -284,7 +289,7 @@ class HfBackend:
 
     async def describe(self, ref: str) -> JobInfo | None:
         """The Hub's own record of a job (its durations, labels, volumes), or None if gone."""
-        return await self._inspect(HfRef.decode(ref).job_id)
+        return await self._inspect(_decode(ref).job_id)
 
     async def namespace(self) -> str:
         """POSTTRAIN_NAMESPACE, or the token's user (asked once)."""
@@ -371,6 +376,15 @@ class HfBackend:
                 add=[(b"", f"{prefix}/.keep")],
             )
         return artifact_volume(namespace, folder)
+
+
+def _decode(ref: str) -> HfRef:
+    try:
+        return HfRef.decode(ref)
+    except ValueError:
+        raise ToolError(
+            ErrorType.hf_error, f"{ref!r} names no Hugging Face job of this backend"
+        ) from None
 
 
 def _heartbeat(job_id: str, namespace: str, doing: str) -> None:

@@ -444,3 +444,13 @@ async def test_the_namespace_defaults_to_the_tokens_user(hub: FakeHub) -> None:
     await backend.submit(request(n=2))
     assert len(hub.calls_to("whoami")) == 1
     assert hub.calls_to("run_uv_job")[0].args["namespace"] == "alice"
+
+
+async def test_a_ref_of_another_backend_is_left_out_or_refused(
+    hub: FakeHub, backend: HfBackend
+) -> None:
+    job = await backend.submit(request())
+    assert set(await backend.observe([job.ref, "fake-0123"], hub.now)) == {job.ref}
+    with pytest.raises(ToolError) as refused:
+        await backend.cancel("fake-0123/../x", hub.now)
+    assert refused.value.type is ErrorType.hf_error
