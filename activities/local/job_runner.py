@@ -95,6 +95,12 @@ class Supervisor:
         if state != "cancelled" and (self.folder / jf.CANCEL).exists():
             state, message = "cancelled", "cancelled"  # asked while the last phase was ending
         kept_note = ""
+        if not self.spec["privileged"]:
+            # Without root the job shares our uid, and may have locked us out of /data.
+            try:
+                os.chmod(self.folder / "data", 0o755)
+            except OSError:
+                pass
         if self.spec.get("collect"):
             if state == "failed" and message.startswith("outputs"):
                 shutil.rmtree(self.folder / "data" / "outputs", ignore_errors=True)

@@ -116,6 +116,11 @@ def usage(root: Path, limit_files: int) -> tuple[int, int]:
     it would. Stops counting past `limit_files` entries (the caller treats that as over a cap).
     """
     total = files = 0
+    try:
+        if not stat.S_ISDIR(os.lstat(root).st_mode):
+            return 0, 0  # a link where a folder should be is never followed
+    except OSError:
+        return 0, 0
     todo = [root]
     while todo and files <= limit_files:
         folder = todo.pop()

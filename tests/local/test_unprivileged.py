@@ -73,6 +73,11 @@ grader, lines = run("grader", evaluator, role=JobRole.grader, artifact_ref=agent
                     secrets={"POSTTRAIN_HIDDEN_SPLIT_SEED": "seed"})
 reading = read_score(lines, "nonce-grader")
 out["grader"] = [grader.state.value, reading.details if reading.valid else lines]
+swap = "import os\nos.rename('/data/outputs', '/data/old')\nos.symlink('/', '/data/outputs')\n"
+swapped, lines = run("swap", swap)
+artifact = backend.jobs_dir / swapped.ref / "artifact"
+kept = sorted(p.name for p in artifact.iterdir())
+out["swap"] = [swapped.state.value, artifact.is_symlink(), kept]
 sleeper = asyncio.run(backend.submit(request("sleeper", "import time\ntime.sleep(600)\n")))
 time.sleep(0.5)
 cancelled = asyncio.run(backend.cancel(sleeper.ref, datetime.now(UTC)))
@@ -199,6 +204,8 @@ def test_as_an_ordinary_user_jobs_run_under_a_mapped_uid_without_capabilities(
     assert grader["weights"] == "weights" and grader["seed"] == "seed"
     assert grader["uid"] != agent["uid"]
     assert result["cancel"][0] == "cancelled" and result["cancel"][1] > 0.3
+    # A job sharing our uid may replace its outputs folder by a link: nothing is followed.
+    assert result["swap"] == ["succeeded", False, []]
     # Every file the backend wrote belongs to the server's user, none to root.
     owners = {p.stat().st_uid for p in (state / "local").rglob("*") if not p.is_symlink()}
     assert owners == {NOBODY}
