@@ -25,12 +25,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from huggingface_hub import HfApi, JobHardwareInfo, JobInfo, Volume
-from huggingface_hub.errors import BucketNotFoundError, HfHubHTTPError, JobNotFoundError
+from huggingface_hub.errors import HfHubHTTPError, JobNotFoundError
 from pydantic import BaseModel
 from temporalio import activity
 
 from activities.backend import BackendJob, JobRequest, JobRole, TransientBackendError
 from activities.hf import inputs
+from activities.hf.artifacts import GIB, evaluated_outputs
 from activities.hf.errors import hub_call, hub_list, status_of, translate
 from activities.hf.labels import (
     LABEL_DEPLOYMENT,
@@ -39,7 +40,6 @@ from activities.hf.labels import (
     LABEL_KEY,
     LABEL_ROLE,
     HfRef,
-    artifacts_folder,
     deployment_id,
     job_labels,
     key_label,
@@ -48,21 +48,16 @@ from activities.hf.labels import (
 from activities.hf.prices import DEFAULT_TTL_S, PriceCache
 from activities.hf.stages import LIVE_STAGES, backend_job, stage_of, vanished_job
 from activities.hf.submission import (
-    artifact_volume,
-    artifacts_bucket,
     check_request,
     input_volumes,
     job_file,
     job_name,
-    outputs_prefix,
 )
 from job_launcher.builder import LauncherConfig
 from posttrain_env.models import ErrorType, FlavorPrice, ToolError
 from posttrain_env.settings import Settings
 
 log = logging.getLogger(__name__)
-
-GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -147,7 +142,7 @@ class HfBackend:
         namespace = await self.namespace()
         volumes = input_volumes(request)
         if request.role is not JobRole.agent:
-            volumes.append(await self._artifact_volume(request, namespace))
+            volumes.append(await self._model_volume(request, namespace))
         filename, text = job_file(request, self._config.launcher)
         with tempfile.TemporaryDirectory(prefix="posttrain-hf-") as folder:
             path = Path(folder) / filename
@@ -314,6 +309,17 @@ class HfBackend:
             namespace=await self.namespace(),
         )
 
+    async def _model_volume(self, request: JobRequest, namespace: str) -> Volume:
+        try:
+            evaluated: HfRef | None = HfRef.decode(request.artifact_ref or "")
+        except ValueError:
+            evaluated = None
+        if evaluated is not None and evaluated.folder is None:  # the Hub's record has it
+            info = await self._inspect(evaluated.job_id)
+            evaluated = HfRef.of(info) if info is not None else evaluated
+        cap = request.artifact_cap_bytes or self._config.artifact_cap_bytes
+        return await evaluated_outputs(self._api, namespace, evaluated, cap)
+
     async def _inspect(self, job_id: str) -> JobInfo | None:
         """The job, or None when the Hub no longer knows it."""
         try:
@@ -326,56 +332,6 @@ class HfBackend:
             )
         except JobNotFoundError:
             return None
-
-    async def _artifact_volume(self, request: JobRequest, namespace: str) -> Volume:
-        """/model for an evaluation: the evaluated job's outputs folder, read-only. An empty
-        folder gets a placeholder (mounting a missing folder fails the job, which would be an
-        infrastructure fault; an empty artifact is the agent's and scores 0)."""
-        try:
-            hf = HfRef.decode(request.artifact_ref or "")
-        except ValueError:
-            raise ToolError(
-                ErrorType.hf_error, "the evaluation names no job of this backend to evaluate"
-            ) from None
-        folder = hf.folder
-        if folder is None:
-            info = await self._inspect(hf.job_id)
-            folder = artifacts_folder(info) if info is not None else None
-        if folder is None:
-            raise ToolError(
-                ErrorType.hf_error, f"the outputs of Hugging Face job {hf.job_id} cannot be found"
-            )
-        bucket, prefix = artifacts_bucket(namespace), outputs_prefix(folder)
-        try:
-            entries = await hub_list(
-                f"listing the outputs of job {hf.job_id}",
-                self._api.list_bucket_tree,
-                bucket,
-                prefix=prefix,
-                recursive=True,
-                keep=(BucketNotFoundError,),
-            )
-        except BucketNotFoundError:
-            entries = []
-        files = [entry for entry in entries if getattr(entry, "type", "") == "file"]
-        size = sum(int(getattr(entry, "size", 0) or 0) for entry in files)
-        cap = request.artifact_cap_bytes or self._config.artifact_cap_bytes
-        if size > cap:
-            raise ToolError(
-                ErrorType.not_allowed,
-                f"the job's outputs hold {size / GIB:.2f} GiB, over this task's cap of "
-                f"{cap / GIB:.2f} GiB; write a smaller checkpoint to /data/outputs",
-                artifact_bytes=size,
-                cap_bytes=cap,
-            )
-        if not files:
-            await hub_call(
-                f"preparing the empty outputs of job {hf.job_id}",
-                self._api.batch_bucket_files,
-                bucket,
-                add=[(b"", f"{prefix}/.keep")],
-            )
-        return artifact_volume(namespace, folder)
 
 
 def _decode(ref: str) -> HfRef:

@@ -6,5 +6,6 @@ prices      `list_jobs_hardware` prices with a TTL cache
 inputs      repo id checks and dataset/model resolution without the broker's token
 errors      Hub errors as `TransientBackendError` (retried) or `ToolError(hf_error)` (not)
 submission  what `run_uv_job` is called with, and the security checks on it
+artifacts   `/model` for an evaluation: the evaluated job's outputs, capped, read-only
 reaper      activities of the orphan reaper and its Temporal Schedule
 """
