@@ -100,6 +100,7 @@ INSTALLER_ENV = (
     "HOME",
     "TMPDIR",
     "UV_CACHE_DIR",
+    "UV_LINK_MODE",  # the local backend copies from its shared cache (another mount)
     "SSL_CERT_FILE",
     "SSL_CERT_DIR",
     "HTTP_PROXY",

@@ -167,6 +167,9 @@ def _install_phase(machine: Machine, uid: int, folder: Path, host: list[str]) ->
     """`launcher.py --phase install` with network: the venv at /env/venv, wheels only."""
     host_paths = [*host, *machine.find_links]
     env = {"PATH": _PATH, "HOME": "/tmp", "TMPDIR": "/tmp", "UV_CACHE_DIR": "/uv-cache"}
+    # The cache is another mount than the venv: uv copies (so a job's venv shares no file with
+    # the cache) and, told so, does not warn about it in the job's log.
+    env["UV_LINK_MODE"] = "copy"
     for name in _INSTALLER_PASS:
         value = machine.host_env.get(name)
         if value is None:

@@ -248,6 +248,7 @@ def test_an_agent_jobs_packages_come_from_wheels_in_the_install_phase(
     )
     assert job.state.value == "succeeded", jobs.logs(job.ref)
     assert jobs.report(job.ref) == {"v": "probe-1.0"}
+    assert not any("hardlink" in line for line in jobs.logs(job.ref))
     missing = jobs.run("print('never')", dependencies=["pt-absent==1.0"])
     assert missing.state.value == "failed"
     assert missing.message.startswith("installing the job's packages failed")
