@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
 
 from pydantic import ValidationError
@@ -70,6 +71,10 @@ async def serve(host: str, port: int, *, with_worker: bool) -> None:
             app, host=host, port=port, access_log=False, log_level="warning", lifespan="on"
         )
         server = uvicorn.Server(config)
+        # uvicorn re-raises the signal that stopped it once it has shut down; with the default
+        # handlers that would kill us before the worker and Temporal stop. Ours ignore it.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda _sig, _frame: None)
         log.info("gateway on http://%s:%d (OpenEnv /ws, /mcp)", host, port)
         await server.serve()  # returns on SIGINT/SIGTERM (uvicorn handles both)
         if not server.started:

@@ -64,6 +64,7 @@ class ServerProcess:
         return self.state_dir / "server.log"
 
     def env(self) -> dict[str, str]:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
         scenario = self.state_dir / "scenario.json"
         scenario.write_text(self.scenario.model_dump_json())
         env = {k: v for k, v in os.environ.items() if not k.startswith(("POSTTRAIN_", "TEMPORAL_"))}

@@ -1,0 +1,174 @@
+"""Durability over real HTTP: long tool calls, and SIGKILL of the whole server (gateway, worker,
+embedded Temporal) in the middle of an episode, restarted on the same state dir while the same
+`PostTrainEnv` object keeps going. Each test runs its own server."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openenv.core.env_server.mcp_types import CallToolAction
+from openenv.core.mcp_client import MCPToolClient
+
+from activities.backend import JobRole
+from activities.fake_backend import FakeJobScript, FakeScenario
+from posttrain_env import PostTrainEnv
+from tests.gateway.server import ServerProcess
+
+SUBMIT = {"script": "print('training')\n", "flavor": "cpu-basic", "timeout_minutes": 5}
+
+
+@pytest.fixture
+def make_server(tmp_path: Path) -> Iterator[Callable[[FakeScenario], ServerProcess]]:
+    started: list[ServerProcess] = []
+
+    def make(scenario: FakeScenario) -> ServerProcess:
+        proc = ServerProcess(tmp_path / "state", scenario=scenario)
+        started.append(proc)
+        return proc
+
+    yield make
+    for proc in started:
+        if proc.proc is not None:
+            proc.stop()
+
+
+class Episode(threading.Thread):
+    """Plays submit -> wait -> submit with one PostTrainEnv in a thread, recording results."""
+
+    def __init__(self, base_url: str) -> None:
+        super().__init__(daemon=True)
+        self.env = PostTrainEnv(base_url=base_url, message_timeout_s=600).sync()
+        self.states: list[str] = []
+        self.final: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with self.env as env:
+                env.reset(task_id="t0_artifact")
+                job = env.step(CallToolAction(tool_name="jobs_submit", arguments=SUBMIT))
+                job_id = job.observation.result["data"]["job_id"]
+                state = "queued"
+                while state in {"queued", "running"}:
+                    waited = env.step(
+                        CallToolAction(
+                            tool_name="jobs_wait", arguments={"job_id": job_id, "timeout_s": 300}
+                        )
+                    )
+                    state = waited.observation.result["data"]["state"]
+                    self.states.append(state)
+                self.final = env.step(
+                    CallToolAction(tool_name="submit", arguments={"job_id": job_id})
+                )
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def finish(episode: Episode, timeout_s: float) -> Any:
+    episode.join(timeout_s)
+    assert not episode.is_alive(), "the episode did not finish"
+    if episode.error is not None:
+        raise episode.error
+    return episode.final
+
+
+def test_a_40_s_jobs_wait_and_a_60_s_grading_complete_without_any_timeout(
+    make_server: Callable[[FakeScenario], ServerProcess],
+) -> None:
+    """Past openenv-core's 30 s cut-off and the 15 s stream ping: one call may take minutes."""
+    server = make_server(
+        FakeScenario(
+            jobs=[
+                FakeJobScript(role=JobRole.grader, queue_s=0, run_s=60, score=0.9),
+                FakeJobScript(queue_s=0, run_s=40),
+            ]
+        )
+    )
+    server.start()
+    with MCPToolClient(base_url=server.base_url, message_timeout_s=3600).sync() as env:
+        env.reset(task_id="t0_artifact")
+        job = env.step(CallToolAction(tool_name="jobs_submit", arguments=SUBMIT))
+        job_id = job.observation.result["data"]["job_id"]
+        started = time.monotonic()
+        state = "queued"
+        while state in {"queued", "running"}:
+            waited = env.step(
+                CallToolAction(
+                    tool_name="jobs_wait", arguments={"job_id": job_id, "timeout_s": 300}
+                )
+            )
+            state = waited.observation.result["data"]["state"]
+        assert state == "succeeded" and time.monotonic() - started >= 38
+        started = time.monotonic()
+        final = env.step(CallToolAction(tool_name="submit", arguments={"job_id": job_id}))
+        assert time.monotonic() - started >= 55
+    assert final.done is True and final.reward == 0.9
+
+
+def test_a_whole_server_killed_mid_job_comes_back_and_the_same_client_finishes(
+    make_server: Callable[[FakeScenario], ServerProcess],
+) -> None:
+    server = make_server(
+        FakeScenario(
+            jobs=[
+                FakeJobScript(role=JobRole.grader, queue_s=0, run_s=1, score=0.6),
+                FakeJobScript(queue_s=0, run_s=20),
+            ]
+        )
+    )
+    server.start()
+    episode = Episode(server.base_url)
+    episode.start()
+    wait_for(lambda: len(server.requests(JobRole.agent)) == 1, 60, "the agent job to start")
+    time.sleep(2)  # the client is now inside jobs_wait
+    server.kill()
+    time.sleep(1)
+    server.start()
+    final = finish(episode, 180)
+    assert final.done is True and final.reward == 0.6
+    spend = final.observation.metadata["service_spend"]
+    assert spend["final"] is True and spend["settled"]["jobs"] == 1
+    assert spend["settled"]["usd"] == pytest.approx(167 / 1e6)  # 20 s of cpu-basic: 1 minute
+    assert len(server.requests(JobRole.agent)) == 1
+    assert len(server.requests(JobRole.grader)) == 1
+    assert episode.states[-1] == "succeeded"
+
+
+def test_a_whole_server_killed_while_submit_grades_gives_the_reward_once(
+    make_server: Callable[[FakeScenario], ServerProcess],
+) -> None:
+    server = make_server(
+        FakeScenario(
+            jobs=[
+                FakeJobScript(role=JobRole.grader, queue_s=0, run_s=15, score=0.8),
+                FakeJobScript(queue_s=0, run_s=2),
+            ]
+        )
+    )
+    server.start()
+    episode = Episode(server.base_url)
+    episode.start()
+    wait_for(lambda: len(server.requests(JobRole.grader)) == 1, 90, "the grader to start")
+    server.kill()
+    time.sleep(1)
+    server.start()
+    final = finish(episode, 180)
+    assert final.done is True and final.reward == 0.8
+    assert final.observation.metadata["episode_end"]["reason"] == "submitted"
+    assert len(server.requests(JobRole.grader)) == 1
+    assert len(server.requests(JobRole.agent)) == 1
+    status = server.wait_status(episode.env.episode_id)
+    assert status.end is not None and status.end.reward == 0.8
