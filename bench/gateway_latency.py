@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))  # for tests.gateway.server: the server process a 
 import httpx  # noqa: E402
 from temporalio.client import Client  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
+from tool_latency import TASK, TASK_ID  # noqa: E402 - bench/ is sys.path[0]
 from websockets.asyncio.client import ClientConnection, connect  # noqa: E402
 
 from activities.fake_backend import FakeJobScript, FakeScenario  # noqa: E402
@@ -60,7 +61,7 @@ class Session:
         created = await self.http.post(f"{self.base_url}/mcp", json=_rpc("openenv/session/create"))
         self.session_id = created.json()["result"]["session_id"]
         self.ws = await connect(f"{self.ws_base}/ws?session_id={self.session_id}", max_size=None)
-        reset = await self._frame({"type": "reset", "data": {"task_id": "t0_artifact"}})
+        reset = await self._frame({"type": "reset", "data": {"task_id": TASK_ID}})
         self.episode_id = reset["data"]["metadata"]["episode_id"]
         await self._frame(_step("jobs_submit", SUBMIT))
 
@@ -132,7 +133,13 @@ async def bench(server: ServerProcess, calls: int, levels: list[int]) -> None:
         print(f"{'level':>6} {'path':>5} {'p50 ms':>9} {'p99 ms':>9} {'calls/s':>10} vs bare")
         for level in levels:
             sessions = [Session(server.base_url, ws_base, http) for _ in range(level)]
-            await asyncio.gather(*(s.open() for s in sessions))
+            opening = asyncio.Semaphore(5)  # 50 job starts at once would swamp a 2-core worker
+
+            async def open_one(s: Session) -> None:
+                async with opening:
+                    await s.open()
+
+            await asyncio.gather(*(open_one(s) for s in sessions))
 
             def bare_caller(s: Session) -> Callable[[], Awaitable[None]]:
                 handle = temporal.get_workflow_handle_for(
@@ -171,11 +178,19 @@ def main() -> None:
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     with tempfile.TemporaryDirectory() as state:
+        tasks = Path(state) / "tasks"
+        (tasks / TASK_ID).mkdir(parents=True)
+        (tasks / TASK_ID / "task.toml").write_text(TASK)
         scenario = FakeScenario(jobs=[FakeJobScript(queue_s=0, run_s=3600)])
-        server = ServerProcess(Path(state), scenario=scenario)
+        server = ServerProcess(
+            Path(state) / "server", scenario=scenario, extra_env={"POSTTRAIN_TASKS_DIR": str(tasks)}
+        )
         server.start()
         try:
             asyncio.run(bench(server, args.calls, levels))
+        except BaseException:
+            print(server.log(), file=sys.stderr)
+            raise
         finally:
             server.stop()
 

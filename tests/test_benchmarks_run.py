@@ -27,3 +27,12 @@ def test_the_tool_latency_benchmark_runs_and_prints_its_table() -> None:
 def test_the_launcher_overhead_benchmark_runs_and_prints_its_figures() -> None:
     out = run("bench/launcher_overhead.py", "--runs", "2")
     assert "median" in out and "target" in out, out
+
+
+def test_the_gateway_latency_benchmark_runs_and_prints_its_table() -> None:
+    out = run("bench/gateway_latency.py", "--calls", "6", "--levels", "1,2")
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith(("1 ", "2 "))]
+    assert [(r[0], r[1]) for r in rows] == [
+        (level, path) for level in ("1", "2") for path in ("bare", "ws", "mcp")
+    ], out
+    assert "target" in out
