@@ -46,7 +46,9 @@ class Settings(BaseSettings):
     job_python: str = "/usr/bin/python3"
     max_live_episodes: int | None = Field(default=None, gt=0)
     spend_cap_usd: float | None = Field(default=None, gt=0)
-    watch_interval_s: float = Field(default=30.0, gt=0)
+    # How often the job watcher looks at running jobs. None: 30 s on Hugging Face (one listing
+    # per look), 2 s for the local and fake backends (reading files costs nothing).
+    watch_interval_s: float | None = Field(default=None, gt=0)
     # Where task specs live (default: the `tasks` package shipped with the server).
     tasks_dir: Path | None = None
     # Continue an episode as new past this many history events (default: when Temporal
@@ -54,7 +56,12 @@ class Settings(BaseSettings):
     continue_as_new_events: int | None = Field(default=None, ge=100)
 
     @field_validator(
-        "max_live_episodes", "spend_cap_usd", "tasks_dir", "continue_as_new_events", mode="before"
+        "max_live_episodes",
+        "spend_cap_usd",
+        "tasks_dir",
+        "continue_as_new_events",
+        "watch_interval_s",
+        mode="before",
     )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:

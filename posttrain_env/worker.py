@@ -23,6 +23,10 @@ from workflows.job import JobWorkflow
 from workflows.session import SessionWorkflow
 from workflows.watcher import WatcherWorkflow
 
+# One Hub listing per look on Hugging Face; reading job files locally costs nothing.
+HF_WATCH_INTERVAL_S = 30.0
+LOCAL_WATCH_INTERVAL_S = 2.0
+
 WORKFLOWS: Sequence[type] = (
     SessionWorkflow,
     EpisodeWorkflow,
@@ -72,7 +76,9 @@ def build_worker(
     key = ServerKey.load_or_create(settings.state_dir / "server.key")
     watcher = WatcherSettings(
         workflow_id=watcher_workflow_id(namespace, queue),
-        interval_s=watch_interval_s or settings.watch_interval_s,
+        interval_s=watch_interval_s
+        or settings.watch_interval_s
+        or (HF_WATCH_INTERVAL_S if backend.name == "hf" else LOCAL_WATCH_INTERVAL_S),
     )
     jobs = JobsActivities(backend, key, client, tasks_dir, watcher)
     episodes = EpisodeActivities(

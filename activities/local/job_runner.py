@@ -82,8 +82,11 @@ class Supervisor:
 
     def run(self) -> None:
         state, exit_code, message = "succeeded", 0, ""
+        phases: list[dict[str, Any]] = []  # wall times per phase (bench/episode_wall.py)
         for phase in self.spec["phases"]:
+            phase_started = time.time()
             stop, exit_code = self.run_phase(phase)
+            phases.append({"name": phase["name"], "started": phase_started, "ended": time.time()})
             if stop is not None:
                 state, message = stop
                 break
@@ -124,6 +127,7 @@ class Supervisor:
                 "finished_at": finished,
                 "running_s": finished - self.started,
                 "message": message or state,
+                "phases": phases,
             },
         )
 
