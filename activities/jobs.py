@@ -76,6 +76,7 @@ class WatchRequest(BaseModel):
 class WatcherSettings(BaseModel):
     workflow_id: str
     interval_s: float = 30.0
+    min_interval_s: float | None = None  # see WatcherInput
     # An idle watcher exits after this long with nothing to watch.
     idle_exit_s: float = 60.0
 
@@ -189,7 +190,9 @@ class JobsActivities:
         await self._client.start_workflow(
             WatcherWorkflow.run,
             WatcherInput(
-                interval_s=self._watcher.interval_s, idle_exit_s=self._watcher.idle_exit_s
+                interval_s=self._watcher.interval_s,
+                min_interval_s=self._watcher.min_interval_s,
+                idle_exit_s=self._watcher.idle_exit_s,
             ),
             id=self._watcher.workflow_id,
             task_queue=info.task_queue,

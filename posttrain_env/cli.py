@@ -1,4 +1,4 @@
-"""`posttrain-env` command line: `worker`, `server` (more subcommands arrive with their issues)."""
+"""`posttrain-env` command line: `demo`, `server`, `worker`, `hub`."""
 
 from __future__ import annotations
 
@@ -46,8 +46,14 @@ def main(argv: list[str] | None = None) -> None:
     from posttrain_env.hub_cli import add_hub_commands
 
     add_hub_commands(sub)
+    sub.add_parser(
+        "demo",
+        help="play one whole t0_artifact episode on this machine (local backend, no token)",
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # The demo prints its own story; the services' INFO lines would drown it.
+    level = logging.WARNING if args.command == "demo" else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s")
     status = 0
     try:
         if args.command == "worker":
@@ -60,6 +66,10 @@ def main(argv: list[str] | None = None) -> None:
             from posttrain_env.hub_cli import run_hub
 
             status = run_hub(args)
+        elif args.command == "demo":
+            from posttrain_env.demo import main as run_demo
+
+            status = run_demo()
     except ValidationError as exc:  # a bad setting: say which, without a traceback
         print(f"posttrain-env: invalid settings:\n{exc}", file=sys.stderr)
         status = 2

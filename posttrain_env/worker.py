@@ -26,6 +26,7 @@ from workflows.watcher import WatcherWorkflow
 # One Hub listing per look on Hugging Face; reading job files locally costs nothing.
 HF_WATCH_INTERVAL_S = 30.0
 LOCAL_WATCH_INTERVAL_S = 2.0
+LOCAL_BRISK_LOOK_S = 0.1
 
 WORKFLOWS: Sequence[type] = (
     SessionWorkflow,
@@ -79,6 +80,8 @@ def build_worker(
         interval_s=watch_interval_s
         or settings.watch_interval_s
         or (HF_WATCH_INTERVAL_S if backend.name == "hf" else LOCAL_WATCH_INTERVAL_S),
+        # Local jobs are files: look again briskly after a change (short jobs end at once).
+        min_interval_s=LOCAL_BRISK_LOOK_S if backend.name == "local" else None,
     )
     jobs = JobsActivities(backend, key, client, tasks_dir, watcher)
     episodes = EpisodeActivities(

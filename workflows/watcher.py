@@ -24,6 +24,10 @@ with workflow.unsafe.imports_passed_through():
 
 class WatcherInput(BaseModel):
     interval_s: float = 30.0
+    # Set: after a change (or a new job, or a pending jobs_wait) look again this soon, doubling
+    # the gap on each quiet look up to interval_s, so short jobs are seen to end at once.
+    # None: always interval_s (Hugging Face: one Hub listing per look).
+    min_interval_s: float | None = None
     idle_exit_s: float = 60.0
     watched: dict[str, WatchRequest] = Field(default_factory=dict)
 
@@ -33,11 +37,13 @@ class WatcherWorkflow:
     def __init__(self) -> None:
         self._watched: dict[str, WatchRequest] = {}
         self._look_now = False
+        self._changed = False
         self._alarm = Alarm()
 
     @workflow.run
     async def run(self, inp: WatcherInput) -> None:
         self._watched.update(inp.watched)
+        gap = inp.min_interval_s or inp.interval_s
         while True:
             if not self._watched:
                 await wait_until(lambda: bool(self._watched), timedelta(seconds=inp.idle_exit_s))
@@ -46,11 +52,16 @@ class WatcherWorkflow:
                     if not self._watched:
                         return
             await self._observe_once()
-            self._look_now = False
+            if inp.min_interval_s is not None:
+                brisk = self._changed or self._look_now
+                gap = inp.min_interval_s if brisk else min(gap * 2, inp.interval_s)
+            else:
+                gap = inp.interval_s
+            self._look_now = self._changed = False
             if workflow.info().is_continue_as_new_suggested():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(inp.model_copy(update={"watched": dict(self._watched)}))
-            await self._alarm.wait(lambda: self._look_now, inp.interval_s)
+            await self._alarm.wait(lambda: self._look_now, gap)
 
     @workflow.signal
     def watch(self, request: WatchRequest) -> None:
@@ -80,6 +91,7 @@ class WatcherWorkflow:
             if request is None or job.state.value == request.state:
                 continue
             request.state = job.state.value
+            self._changed = True
             await self._notify(request, job)
             if job.state.terminal:
                 self._watched.pop(ref, None)

@@ -1,0 +1,187 @@
+"""`posttrain-env demo`: one whole `t0_artifact` episode on this machine, no token needed.
+
+It starts the embedded Temporal dev server, a worker on the **local** backend (forced, whatever
+`POSTTRAIN_BACKEND` says, so the demo can never spend money) and the gateway, all on free ports
+of 127.0.0.1, then plays the specification's client flow with `PostTrainEnv`, submitting the
+task's reference solution: it prints the prompt, the job's states as they change, the dev score,
+the reward and the spend. State lives in `<POSTTRAIN_STATE_DIR>/demo`, so later runs reuse the
+generated base model and the uv cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from openenv.core.env_server.mcp_types import CallToolAction
+
+from posttrain_env.client import PostTrainEnv
+from posttrain_env.settings import Settings
+from tasks.registry import TASKS_DIR
+
+TASK_ID = "t0_artifact"
+REFERENCE_SOLUTION = TASKS_DIR / TASK_ID / "reference_solution.py"
+
+
+@dataclass
+class DemoRun:
+    """What the demo saw; `marks` are wall-clock times (`time.time()`) of its steps, which
+    bench/episode_wall.py lays beside the local jobs' own phase times."""
+
+    reward: float | None = None
+    dev_score: float | None = None
+    spend: dict[str, Any] = field(default_factory=dict)
+    states: list[str] = field(default_factory=list)
+    episode_id: str = ""
+    job_id: str = ""
+    marks: dict[str, float] = field(default_factory=dict)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.asynccontextmanager
+async def running_stack(settings: Settings) -> AsyncIterator[str]:
+    """Embedded Temporal, a local-backend worker and the gateway; yields the gateway's URL."""
+    import uvicorn
+
+    from mcp_gateway.app import create_app
+    from posttrain_env.temporal_dev import EmbeddedTemporal, EmbeddedTemporalConfig
+    from posttrain_env.worker import build_worker, connect, make_backend
+
+    backend = make_backend(settings)
+    temporal = EmbeddedTemporal(
+        EmbeddedTemporalConfig(
+            state_dir=settings.state_dir, port=free_port(), ui_port=free_port(), headless=True
+        )
+    )
+    await temporal.start()
+    try:
+        settings = settings.model_copy(update={"temporal_address": temporal.config.address})
+        client = await connect(settings)
+        async with build_worker(client, settings, backend):
+            port = free_port()
+            server = uvicorn.Server(
+                uvicorn.Config(
+                    create_app(settings, client),
+                    host="127.0.0.1",
+                    port=port,
+                    access_log=False,
+                    log_level="warning",
+                )
+            )
+            serving = asyncio.create_task(server.serve())
+            while not server.started:
+                if serving.done():
+                    serving.result()  # raises what stopped it
+                    raise RuntimeError("the gateway stopped while starting")
+                await asyncio.sleep(0.02)
+            try:
+                yield f"http://127.0.0.1:{port}"
+            finally:
+                server.should_exit = True
+                await serving
+    finally:
+        temporal.stop()
+
+
+async def play(base_url: str, out: TextIO, mark: Callable[[str], None]) -> DemoRun:
+    """The specification's client flow, with the reference solution as the training script."""
+    run = DemoRun()
+    async with PostTrainEnv(base_url=base_url, message_timeout_s=3600) as env:
+        result = await env.reset(task_id=TASK_ID)
+        meta = result.observation.metadata
+        run.episode_id = meta["episode_id"]
+        print(f"episode {run.episode_id} of task {TASK_ID}; the prompt:\n", file=out)
+        print(meta["prompt"].strip(), "\n", file=out)
+        mark("reset")
+        result = await env.step(
+            CallToolAction(
+                tool_name="jobs_submit",
+                arguments={
+                    "script": REFERENCE_SOLUTION.read_text(),
+                    "flavor": "cpu-basic",
+                    "timeout_minutes": 5,
+                },
+            )
+        )
+        job = result.observation.result["data"]
+        assert "error" not in job, job
+        run.job_id = job["job_id"]
+        mark("submitted")
+        print(f"job {run.job_id}: {job['state']} (reserved ${job['reserved_usd']:.6f})", file=out)
+        status = job["state"]
+        while status in {"queued", "running"}:
+            result = await env.step(
+                CallToolAction(
+                    tool_name="jobs_wait", arguments={"job_id": run.job_id, "timeout_s": 300}
+                )
+            )
+            view = result.observation.result["data"]
+            if view["state"] != status:
+                mark(view["state"])
+                print(f"job {run.job_id}: {view['state']}", file=out)
+            status = view["state"]
+            run.states.append(status)
+        assert status == "succeeded", result.observation.result
+        evaluation = await env.step(
+            CallToolAction(tool_name="dev_evaluate", arguments={"job_id": run.job_id})
+        )
+        mark("dev_evaluated")
+        dev = evaluation.observation.result["data"]
+        assert "error" not in dev, dev
+        run.dev_score = dev["score"]
+        print(f"dev score: {run.dev_score} (evaluation cost ${dev['cost_usd']:.6f})", file=out)
+        final = await env.step(CallToolAction(tool_name="submit", arguments={"job_id": run.job_id}))
+        mark("graded")
+        run.reward = final.reward
+        run.spend = final.observation.metadata["service_spend"]
+        print(f"done: {final.done}, reward: {final.reward}", file=out)
+        settled = run.spend["settled"]
+        print(
+            f"spend: ${settled['usd']:.6f} settled for {settled['jobs']} job(s) and "
+            f"{settled['calls']} dev evaluation(s); final: {run.spend['final']} "
+            "(local prices, simulated)",
+            file=out,
+        )
+    return run
+
+
+async def demo(settings: Settings, out: TextIO = sys.stdout) -> DemoRun:
+    marks: dict[str, float] = {"start": time.time()}
+
+    def mark(name: str) -> None:
+        marks[name] = time.time()
+
+    async with running_stack(settings) as base_url:
+        mark("stack_ready")
+        print(f"Temporal, a worker (local backend) and the gateway are up at {base_url}", file=out)
+        run = await play(base_url, out, mark)
+    run.marks = marks
+    return run
+
+
+def demo_settings() -> Settings:
+    """The environment's settings, with the local backend forced and a state dir of its own."""
+    settings = Settings()
+    return settings.model_copy(
+        update={
+            "backend": "local",
+            "state_dir": settings.state_dir / "demo",
+            "temporal_address": "",  # always the demo's own embedded server
+        }
+    )
+
+
+def main() -> int:
+    run = asyncio.run(demo(demo_settings()))
+    return 0 if run.reward is not None else 1
