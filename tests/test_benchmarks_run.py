@@ -36,3 +36,8 @@ def test_the_gateway_latency_benchmark_runs_and_prints_its_table() -> None:
         (level, path) for level in ("1", "2") for path in ("bare", "ws", "mcp")
     ], out
     assert "target" in out
+
+
+def test_the_episode_wall_benchmark_runs_and_prints_its_phases() -> None:
+    out = run("bench/episode_wall.py", "--runs", "1")
+    assert "training script (run phase)" in out and "machinery" in out and "target" in out, out
