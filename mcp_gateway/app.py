@@ -20,11 +20,15 @@ from openenv.core.env_server.types import (
     SchemaResponse,
     State,
 )
+from starlette.routing import Route
 from temporalio.client import Client
 from temporalio.service import RPCError
 
 from activities.keys import ServerKey
 from mcp_gateway import jsonrpc
+from mcp_gateway.auth import ApiKeyGuard
+from mcp_gateway.episode_mcp import EpisodeMcp
+from mcp_gateway.episodes_route import router as episodes_router
 from mcp_gateway.guard import HostOriginGuard
 from mcp_gateway.openenv_ws import serve_openenv_ws
 from mcp_gateway.protocol import OpenEnvProtocol
@@ -51,9 +55,14 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         temporal = client or await connect(settings)
         key = ServerKey.load_or_create(settings.state_dir / "server.key")
         app.state.protocol = OpenEnvProtocol(Sessions(temporal, settings.task_queue), key)
-        yield
+        async with episode_mcp.serving(temporal, key):
+            yield
 
     app = FastAPI(title="posttrain_env", version="0.1.0", lifespan=lifespan)
+    # The standard MCP endpoint of each episode, behind its episode token (not the API keys).
+    episode_mcp = EpisodeMcp()
+    app.router.routes.append(Route("/episodes/{episode_id}/mcp", endpoint=episode_mcp))
+    app.include_router(episodes_router)
 
     def protocol(request: Request) -> OpenEnvProtocol:
         return request.app.state.protocol
@@ -123,6 +132,7 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         detail = {"code": "UNAVAILABLE", "message": "the episode service is unavailable; retry"}
         return JSONResponse({"detail": detail}, 503)
 
+    app.add_middleware(ApiKeyGuard, api_keys=settings.api_key_list)
     # Outermost: refuses a foreign Host or Origin before any route runs (DESIGN §9).
     app.add_middleware(HostOriginGuard, allowed_hosts=settings.allowed_host_list)
     return app

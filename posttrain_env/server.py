@@ -35,12 +35,17 @@ async def serve(host: str, port: int, *, with_worker: bool) -> None:
     import uvicorn
 
     from mcp_gateway.app import create_app
+    from mcp_gateway.auth import start_refusal
     from posttrain_env.settings import Settings
     from posttrain_env.temporal_dev import EmbeddedTemporal, EmbeddedTemporalConfig
     from posttrain_env.worker import build_worker, connect, make_backend
 
     settings = Settings()
     backend = make_backend(settings) if with_worker else None
+    refusal = start_refusal(host, settings.backend, settings.api_key_list)
+    if refusal is not None:  # DESIGN §6 item 6: checked before anything starts
+        print(f"posttrain-env: {refusal}", file=sys.stderr)
+        raise SystemExit(2)
     embedded: EmbeddedTemporal | None = None
     async with contextlib.AsyncExitStack() as stack:
         if "temporal_address" not in settings.model_fields_set:
@@ -75,7 +80,7 @@ async def serve(host: str, port: int, *, with_worker: bool) -> None:
         # handlers that would kill us before the worker and Temporal stop. Ours ignore it.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda _sig, _frame: None)
-        log.info("gateway on http://%s:%d (OpenEnv /ws, /mcp)", host, port)
+        log.info("gateway on http://%s:%d (OpenEnv /ws, /mcp; MCP /episodes/<id>/mcp)", host, port)
         await server.serve()  # returns on SIGINT/SIGTERM (uvicorn handles both)
         if not server.started:
             raise SystemExit(f"the gateway could not listen on {host}:{port}")

@@ -1,0 +1,169 @@
+"""The standard MCP endpoint of an episode: `/episodes/<episode_id>/mcp` (DESIGN §2, §9).
+
+One MCP server for every episode, mounted once: the route carries the episode id, the bearer
+token (`auth.episode_token_ok`) proves the caller holds that episode, and the tool handler reads
+the id back from the HTTP request of the call. Streamable HTTP, stateless (any replica, or this
+one after a restart, serves any call), SSE replies so that progress notifications can flow.
+
+It is the SDK's low-level `Server` (what FastMCP wraps), not FastMCP: FastMCP derives schemas
+from function signatures and validates arguments itself, which would answer a bad argument as
+an untyped error that is not a step. Here the tools, schemas and descriptions are the one
+catalogue (`posttrain_env.tools`), arguments go to the episode unchanged, and the episode answers
+them exactly as on the OpenEnv path: the tool's data as structured content, errors as the typed
+envelope `{"error": {"type", "message", ...}}` with `isError: true`. Every call is a step.
+
+Long calls (`jobs_wait`, `dev_evaluate`, `submit`, or anything slow) send a progress
+notification every `PROGRESS_EVERY_S` while the workflow update runs. The update lives in
+Temporal: a client that disconnects cancels only our waiting, and may simply call again.
+
+Request ids: MCP has none of ours, and JSON-RPC ids restart at 0 in every client session, so
+each call gets a fresh one (`mcp-<uuid>`) and a resent call is a new call (a new step). A client
+that wants a retry answered once sends its own id as `_meta.request_id` (1-200 printable ASCII
+characters); the update id is then `<episode_id>:<request_id>`, as on every path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from mcp import types
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from activities.keys import ServerKey
+from mcp_gateway.auth import EPISODE_ID, bearer, episode_token_ok, headers_of, refuse
+from mcp_gateway.episode_calls import UnknownEpisode, call_tool
+from mcp_gateway.sessions import SessionError, request_id_of
+from posttrain_env.models import ErrorType, ToolError, is_error
+from posttrain_env.tools import tool_catalog
+from workflows.episode_state import ToolCall, ToolResult
+
+log = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 5.0  # the contract is "at least every 10 s"
+INSTRUCTIONS = (
+    "You post-train a language model with training jobs you submit through these tools; "
+    "call task_info first. Every tool call is a step of the episode (max_steps); submit ends it."
+)
+
+
+class EpisodeMcp:
+    """The per-episode MCP endpoint as an ASGI app; `serving(client, key)` runs it."""
+
+    def __init__(self) -> None:
+        self.server: Server[Any, Request] = Server("posttrain_env", instructions=INSTRUCTIONS)
+        self.server.list_tools()(self._list_tools)
+        self.server.call_tool(validate_input=False)(self._call_tool)
+        # The gateway's HostOriginGuard, outermost, already checks Host and Origin on this
+        # route; the SDK's own check (exact, case-sensitive strings) would only disagree with it.
+        self._manager = StreamableHTTPSessionManager(
+            self.server,
+            json_response=False,
+            stateless=True,
+            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        )
+        self._client: Client | None = None
+        self._key: ServerKey | None = None
+        # The SDK logs every request at INFO.
+        logging.getLogger("mcp.server").setLevel(logging.WARNING)
+
+    @asynccontextmanager
+    async def serving(self, client: Client, key: ServerKey) -> AsyncIterator[None]:
+        """Run inside the app's lifespan (the SDK's session manager needs its task group)."""
+        self._client, self._key = client, key
+        async with self._manager.run():
+            yield
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The route `/episodes/{episode_id}/mcp`: a well-formed id, then its token."""
+        episode_id = scope.get("path_params", {}).get("episode_id", "")
+        if not EPISODE_ID.fullmatch(episode_id):
+            await refuse(scope, receive, send, 404, "no such episode")
+            return
+        assert self._key is not None, "serving() was not entered"
+        if not episode_token_ok(self._key, episode_id, bearer(headers_of(scope))):
+            await refuse(
+                scope,
+                receive,
+                send,
+                401,
+                "send `Authorization: Bearer <episode_token>` with this episode's token "
+                "(from POST /episodes or the reset metadata)",
+            )
+            return
+        await self._manager.handle_request(scope, receive, send)
+
+    async def _list_tools(self) -> list[types.Tool]:
+        return [
+            types.Tool(name=t["name"], description=t["description"], inputSchema=t["input_schema"])
+            for t in tool_catalog()
+        ]
+
+    async def _call_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        context = self.server.request_context
+        assert context.request is not None and self._client is not None
+        episode_id: str = context.request.path_params["episode_id"]  # checked by __call__
+        meta = context.meta.model_dump() if context.meta else {}
+        try:
+            request_id = request_id_of(meta.get("request_id"))
+        except SessionError as err:
+            return _result(ToolError(ErrorType.invalid_argument, err.message).envelope())
+        call = ToolCall(request_id=request_id, tool=name, arguments=arguments, path="mcp")
+        work = asyncio.ensure_future(call_tool(self._client, episode_id, call))
+        try:
+            answer = await self._wait_reporting_progress(work, name, meta.get("progressToken"))
+        except UnknownEpisode:
+            gone = ToolError(ErrorType.episode_over, "this episode no longer exists")
+            return _result(gone.envelope())
+        except RPCError as err:
+            log.warning("Temporal call failed for MCP %s: %s", name, err.status)
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=UNAVAILABLE)], isError=True
+            )
+        finally:
+            if not work.done():  # a dropped client: our waiting ends, the update goes on
+                work.cancel()
+                # Temporal's client reports the cancelled RPC as an error: retrieve it.
+                work.add_done_callback(lambda w: w.cancelled() or w.exception())
+        return _result(answer.data, {**answer.metadata, "done": answer.done})
+
+    async def _wait_reporting_progress(
+        self, work: asyncio.Future[ToolResult], name: str, token: str | int | None
+    ) -> ToolResult:
+        started = time.monotonic()
+        while True:
+            done, _ = await asyncio.wait({work}, timeout=PROGRESS_EVERY_S)
+            if done:
+                return work.result()
+            if token is None:
+                continue
+            elapsed = round(time.monotonic() - started, 1)
+            context = self.server.request_context
+            await context.session.send_progress_notification(
+                token,
+                elapsed,
+                message=f"{name} is running ({elapsed:.0f} s); it goes on if you disconnect",
+                related_request_id=str(context.request_id),
+            )
+
+
+UNAVAILABLE = "the episode service is temporarily unavailable; call again"
+
+
+def _result(data: dict[str, Any], meta: dict[str, Any] | None = None) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=json.dumps(data, separators=(",", ":")))],
+        structuredContent=data,
+        isError=is_error(data),
+        _meta=meta,
+    )

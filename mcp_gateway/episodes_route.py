@@ -1,0 +1,28 @@
+"""`POST /episodes`: an episode for a client that speaks only MCP (DESIGN §9 "MCP-only clients").
+
+It starts the episode in a fresh session that nobody else holds and answers the episode's MCP
+endpoint and bearer token; the session id is not returned (the token is the capability). Behind
+the API keys when they are configured, like every route but the open ones.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Request
+
+from mcp_gateway.protocol import OpenEnvProtocol
+from mcp_gateway.sessions import new_session_id
+
+router = APIRouter()
+ANSWERED = ("episode_id", "mcp_url", "episode_token", "prompt", "task")
+
+
+@router.post("/episodes")
+async def create_episode(request: Request, body: Annotated[dict[str, Any], Body()]) -> Any:
+    """Start an episode of `task_id`. Answers `episode_id`, `mcp_url`, `episode_token` (send it
+    as `Authorization: Bearer <episode_token>` to `mcp_url`), `prompt` and the `task` limits."""
+    protocol: OpenEnvProtocol = request.app.state.protocol
+    base = str(request.base_url).rstrip("/")
+    reset = await protocol.reset(new_session_id(), body, base, reveal_session=False)
+    return {key: reset["metadata"][key] for key in ANSWERED}
