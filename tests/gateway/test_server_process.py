@@ -85,3 +85,11 @@ def test_a_missing_backend_setting_is_a_clear_start_up_error(tmp_path: Path) -> 
     )
     assert done.returncode == 1 and "HF_TOKEN" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_uv_run_server_is_the_same_command_with_its_options() -> None:
+    done = subprocess.run(
+        [*command("server"), "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--host" in done.stdout and "--port" in done.stdout and "--no-worker" in done.stdout
