@@ -172,3 +172,42 @@ def test_a_whole_server_killed_while_submit_grades_gives_the_reward_once(
     assert len(server.requests(JobRole.agent)) == 1
     status = server.wait_status(episode.env.episode_id)
     assert status.end is not None and status.end.reward == 0.8
+
+
+def test_a_local_job_outlives_a_killed_server_and_is_neither_lost_nor_run_twice(
+    make_server: Callable[[FakeScenario], ServerProcess],
+) -> None:
+    """The local backend's jobs are detached: SIGKILL of the whole server (gateway, worker,
+    embedded Temporal) leaves the running job alone, and the restarted server adopts it."""
+    server = make_server(FakeScenario())
+    server.extra_env["POSTTRAIN_BACKEND"] = "local"
+    server.start()
+    script = (
+        "import pathlib, time\n"
+        "time.sleep(8)\n"
+        "pathlib.Path('/data/outputs/done.txt').write_text('trained once')\n"
+        "print('TRAINED', flush=True)\n"
+    )
+    jobs_dir = server.state_dir / "local" / "jobs"
+    with PostTrainEnv(base_url=server.base_url, message_timeout_s=600).sync() as env:
+        env.reset(task_id="t0_artifact")
+        job = env.step(
+            CallToolAction(tool_name="jobs_submit", arguments={**SUBMIT, "script": script})
+        )
+        job_id = job.observation.result["data"]["job_id"]
+        wait_for(lambda: any(jobs_dir.glob("*/status.json")), 60, "the local job to start")
+        server.kill()
+        server.start()
+        state = "queued"
+        while state in {"queued", "running"}:
+            waited = env.step(
+                CallToolAction(tool_name="jobs_wait", arguments={"job_id": job_id, "timeout_s": 60})
+            )
+            state = waited.observation.result["data"]["state"]
+        assert state == "succeeded", waited.observation.result
+        logs = env.step(CallToolAction(tool_name="jobs_logs", arguments={"job_id": job_id}))
+        lines = logs.observation.result["data"]["lines"]
+        assert sum("TRAINED" in line for line in lines) == 1, lines
+    folders = list(jobs_dir.iterdir())
+    assert len(folders) == 1
+    assert (folders[0] / "artifact" / "done.txt").read_text() == "trained once"
