@@ -32,9 +32,6 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def serve(host: str, port: int, *, with_worker: bool) -> None:
-    import uvicorn
-
-    from mcp_gateway.app import create_app
     from mcp_gateway.auth import start_refusal
     from posttrain_env.settings import Settings
     from posttrain_env.temporal_dev import EmbeddedTemporal, EmbeddedTemporalConfig
@@ -46,6 +43,11 @@ async def serve(host: str, port: int, *, with_worker: bool) -> None:
     if refusal is not None:  # DESIGN §6 item 6: checked before anything starts
         print(f"posttrain-env: {refusal}", file=sys.stderr)
         raise SystemExit(2)
+    # Imported once the settings are known to be usable (openenv's server side pulls in gradio).
+    import uvicorn
+
+    from mcp_gateway.app import create_app
+
     embedded: EmbeddedTemporal | None = None
     async with contextlib.AsyncExitStack() as stack:
         if "temporal_address" not in settings.model_fields_set:
