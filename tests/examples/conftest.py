@@ -1,0 +1,30 @@
+"""One real server for the example agent's tests (each test plays its own episode)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from activities.backend import JobRole
+from activities.fake_backend import FakeJobScript, FakeScenario
+from tests.gateway.server import ServerProcess
+
+# Jobs of a few seconds, so a whole episode played by the example takes seconds of real time.
+QUICK = FakeScenario(
+    jobs=[
+        FakeJobScript(role=JobRole.grader, queue_s=1, run_s=1, score=0.75),
+        FakeJobScript(role=JobRole.dev, queue_s=1, run_s=1, score=0.6),
+        FakeJobScript(queue_s=1, run_s=2),
+    ]
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    proc = ServerProcess(tmp_path_factory.mktemp("server"), scenario=QUICK)
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
