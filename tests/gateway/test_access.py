@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,8 @@ def test_every_route_needs_an_api_key_but_the_open_ones(server: ServerProcess) -
     for headers in (bearer(KEY), bearer(OTHER_KEY), {"X-API-Key": KEY}):
         response = httpx.post(f"{base}/mcp", json=tools, headers=headers)
         assert response.status_code == 200 and len(response.json()["result"]["tools"]) == 9
+    unknown = httpx.post(f"{base}/episodes", json={"task_id": "nope"}, headers=bearer(KEY))
+    assert unknown.status_code == 400 and unknown.json()["detail"]["code"] == "invalid_argument"
 
 
 def test_the_websocket_needs_an_api_key_too(server: ServerProcess) -> None:
@@ -178,8 +181,10 @@ def test_neither_keys_nor_tokens_reach_the_log(server: ServerProcess) -> None:
         json=tool_call("task_info"),
         headers={**MCP_ACCEPT, **bearer(episode["episode_token"])},
     )
-    log = server.log_path.read_text()
-    assert f"/episodes/{episode['episode_id']}/mcp" in log
+    deadline = time.monotonic() + 10  # the access line is written once the response is sent
+    while f"/episodes/{episode['episode_id']}/mcp" not in (log := server.log_path.read_text()):
+        assert time.monotonic() < deadline, "the call never reached the access log"
+        time.sleep(0.1)
     assert KEY not in log and OTHER_KEY not in log and episode["episode_token"] not in log
 
 

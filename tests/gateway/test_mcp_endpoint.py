@@ -110,12 +110,13 @@ async def test_an_mcp_client_plays_a_whole_t0_artifact_episode(server: ServerPro
         job = data(await session.call_tool("jobs_submit", SUBMIT))
         assert job["job_id"].startswith("job-") and job["state"] in {"queued", "running"}
         waits = await wait_for_state(session, job["job_id"], {"succeeded"})
-        timings = []
+        timings, states = [], set()
         for _ in range(10):
             started = time.perf_counter()
             status = await session.call_tool("jobs_status", {"job_id": job["job_id"]})
             timings.append((time.perf_counter() - started) * 1000)
-        assert data(status)["state"] == "succeeded"
+            states.add(data(status)["state"])
+        assert states == {"succeeded"}
         dev = data(await session.call_tool("dev_evaluate", {"job_id": job["job_id"]}))
         assert dev["score"] == 0.5, dev
         final = await session.call_tool("submit", {"job_id": job["job_id"]})
@@ -165,7 +166,7 @@ async def test_progress_notifications_arrive_during_a_long_jobs_wait(
     episode = await create_episode(server)
     seen: list[tuple[float, float, str | None]] = []
 
-    async def on_progress(progress: float, _total: float | None, message: str | None) -> None:
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         seen.append((time.monotonic(), progress, message))
 
     async with mcp_session(episode) as session:
@@ -232,8 +233,11 @@ async def test_reaching_max_steps_through_mcp_ends_the_episode_as_step_does(
     def through_step() -> tuple[str, Any, Any]:
         with MCPToolClient(base_url=server.base_url).sync() as env:
             episode_id = env.reset(task_id=SHORT_TASK).observation.metadata["episode_id"]
-            for _ in range(3):
-                last = env.step(CallToolAction(tool_name="task_info", arguments={}))
+            steps = [
+                env.step(CallToolAction(tool_name="task_info", arguments={})) for _ in range(3)
+            ]
+            assert [s.done for s in steps] == [False, False, True]
+            last = steps[-1]
             after = env.step(CallToolAction(tool_name="task_info", arguments={}))
             return episode_id, last, after
 
