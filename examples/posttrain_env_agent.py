@@ -68,6 +68,7 @@ class ChatClient:
     ) -> None:
         self.model = model
         self.attempts = attempts
+        self._api_key = api_key
         self._http = httpx.Client(
             base_url=base_url,
             headers={"Authorization": f"Bearer {api_key}"},
@@ -90,7 +91,9 @@ class ChatClient:
             else:
                 if response.status_code == 200:
                     return _assistant_message(response)
-                problem = f"HTTP {response.status_code}: {response.text[:300]}"
+                # Some endpoints quote the key they refused: never print it.
+                body = response.text[:300].replace(self._api_key, "<key>")
+                problem = f"HTTP {response.status_code}: {body}"
                 if response.status_code not in RETRY_STATUSES:
                     raise LLMError(problem)
                 retry_after = _retry_after_s(response)

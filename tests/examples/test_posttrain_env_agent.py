@@ -14,6 +14,7 @@ import pytest
 
 from tests.examples.conftest import QUICK
 from tests.examples.scripted_llm import (
+    Reply,
     Script,
     ScriptedLLM,
     calls,
@@ -155,7 +156,7 @@ def test_rate_limits_and_server_errors_from_the_llm_are_retried(server: ServerPr
 
 
 def refused() -> Script:
-    yield failure(401)
+    yield Reply(401, {"error": {"message": f"invalid key {AGENT_KEY}"}})
 
 
 def test_a_refused_llm_request_is_not_retried_and_exits_1(server: ServerProcess) -> None:
@@ -163,6 +164,7 @@ def test_a_refused_llm_request_is_not_retried_and_exits_1(server: ServerProcess)
         done = run_example(server, llm)
     assert done.returncode == 1
     assert "the LLM failed: HTTP 401" in done.stderr
+    assert AGENT_KEY not in done.stdout + done.stderr  # not even when the endpoint quotes it
     assert len(llm.seen) == 1
 
 
