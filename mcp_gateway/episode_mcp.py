@@ -74,8 +74,10 @@ class EpisodeMcp:
         )
         self._client: Client | None = None
         self._key: ServerKey | None = None
-        # The SDK logs every request at INFO.
+        # The SDK logs every request at INFO, and warns of each call to a tool it does not list
+        # (an agent's typo, answered as invalid_argument by the episode): noise in our log.
         logging.getLogger("mcp.server").setLevel(logging.WARNING)
+        logging.getLogger("mcp.server.lowlevel.server").setLevel(logging.ERROR)
 
     @asynccontextmanager
     async def serving(self, client: Client, key: ServerKey) -> AsyncIterator[None]:
