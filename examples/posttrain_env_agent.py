@@ -80,20 +80,20 @@ class ChatClient:
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict:
         """The assistant message of one completion. Raises LLMError."""
-        body = {"model": self.model, "messages": messages, "tools": tools, "tool_choice": "auto"}
+        request = {"model": self.model, "messages": messages, "tools": tools, "tool_choice": "auto"}
         delay = 1.0
         for attempt in range(1, self.attempts + 1):
             retry_after: float | None = None
             try:
-                response = self._http.post("chat/completions", json=body)
+                response = self._http.post("chat/completions", json=request)
             except httpx.TransportError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
                 if response.status_code == 200:
                     return _assistant_message(response)
                 # Some endpoints quote the key they refused: never print it.
-                body = response.text[:300].replace(self._api_key, "<key>")
-                problem = f"HTTP {response.status_code}: {body}"
+                detail = response.text[:300].replace(self._api_key, "<key>")
+                problem = f"HTTP {response.status_code}: {detail}"
                 if response.status_code not in RETRY_STATUSES:
                     raise LLMError(problem)
                 retry_after = _retry_after_s(response)

@@ -84,6 +84,15 @@ def tool_results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [json.loads(m["content"]) for m in messages[last + 1 :] if m["role"] == "tool"]
 
 
+def _messages(body: bytes) -> list[dict[str, Any]] | AssertionError:
+    """The request's `messages`, or what is wrong with the request."""
+    try:
+        messages = json.loads(body)["messages"]
+    except (ValueError, KeyError, TypeError):
+        return AssertionError(f"not a chat-completions request: {body[:200]!r}")
+    return messages
+
+
 @dataclass
 class Seen:
     path: str
@@ -128,9 +137,12 @@ class ScriptedLLM:
         if self.error is not None:
             raise self.error
 
-    def answer(self, messages: list[dict[str, Any]]) -> Reply:
+    def answer(self, messages: list[dict[str, Any]] | BaseException) -> Reply:
         with self._lock:
             if self.error is not None:
+                return failure(400)
+            if isinstance(messages, BaseException):
+                self.error = messages
                 return failure(400)
             try:
                 if not self._started:
@@ -156,7 +168,7 @@ class ScriptedLLM:
                 if self.path != "/v1/chat/completions":
                     reply = failure(404)
                 else:
-                    reply = llm.answer(json.loads(body)["messages"])
+                    reply = llm.answer(_messages(body))
                 payload = json.dumps(reply.body).encode()
                 self.send_response(reply.status)
                 for name, value in reply.headers.items():
