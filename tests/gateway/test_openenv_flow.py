@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -326,3 +328,45 @@ def test_the_session_id_never_reaches_the_server_log(server: ServerProcess) -> N
         ws.send(frame("reset", {"task_id": "t0_artifact"}))
         ws.recv()
     assert "/ws" in server.log() and session_id not in server.log()
+
+
+def test_posttrain_env_never_reads_a_late_reply_after_a_timeout(server: ServerProcess) -> None:
+    with PostTrainEnv(base_url=server.base_url, message_timeout_s=4).sync() as env:
+        env.reset(task_id="t0_artifact")
+        job = env.step(
+            CallToolAction(
+                tool_name="jobs_submit", arguments={**SUBMIT_ARGS, "script": "RUN_LONG = 1\n"}
+            )
+        )
+        job_id = job.observation.result["data"]["job_id"]
+        state = job.observation.result["data"]["state"]
+        while state == "queued":  # quick waits: the job starts within a second or two
+            waited = env.step(
+                CallToolAction(tool_name="jobs_wait", arguments={"job_id": job_id, "timeout_s": 1})
+            )
+            state = waited.observation.result["data"]["state"]
+        assert state == "running"
+        wait = CallToolAction(tool_name="jobs_wait", arguments={"job_id": job_id, "timeout_s": 8})
+        with pytest.raises(TimeoutError):
+            env.step(wait)  # the job runs for 10 minutes: this wait lasts 8 s, past the 4 s
+        time.sleep(6)  # the wait's reply has been sent by now, to the socket that was dropped
+        status = env.step(CallToolAction(tool_name="jobs_status", arguments={"job_id": job_id}))
+        assert status.observation.tool_name == "jobs_status"
+        assert status.observation.result["data"]["job_id"] == job_id
+        assert "changed" not in status.observation.result["data"]  # not the wait's answer
+
+
+def test_importing_the_client_loads_no_server_code() -> None:
+    probe = (
+        "import sys\n"
+        "from posttrain_env import PostTrainEnv\n"
+        "server = ('workflows', 'activities', 'mcp_gateway', 'job_launcher', 'tasks',\n"
+        "          'temporalio')\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in server\n"
+        "                or m in ('posttrain_env.settings', 'posttrain_env.worker'))\n"
+        "print(PostTrainEnv.__name__, loaded)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "PostTrainEnv []"
