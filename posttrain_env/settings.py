@@ -46,8 +46,8 @@ class Settings(BaseSettings):
     job_python: str = "/usr/bin/python3"
     max_live_episodes: int | None = Field(default=None, gt=0)
     spend_cap_usd: float | None = Field(default=None, gt=0)
-    # How often the job watcher looks at running jobs. None: 30 s on Hugging Face (one listing
-    # per look), 2 s for the local and fake backends (reading files costs nothing).
+    # How often the job watcher looks at running jobs. None: 2 s for the local backend (reading
+    # files costs nothing), 30 s otherwise (on Hugging Face each look is one Hub listing).
     watch_interval_s: float | None = Field(default=None, gt=0)
     # Where task specs live (default: the `tasks` package shipped with the server).
     tasks_dir: Path | None = None

@@ -23,8 +23,9 @@ from workflows.job import JobWorkflow
 from workflows.session import SessionWorkflow
 from workflows.watcher import WatcherWorkflow
 
-# One Hub listing per look on Hugging Face; reading job files locally costs nothing.
-HF_WATCH_INTERVAL_S = 30.0
+# One Hub listing per look on Hugging Face (and the fake that stands in for it); reading job
+# files locally costs nothing.
+DEFAULT_WATCH_INTERVAL_S = 30.0
 LOCAL_WATCH_INTERVAL_S = 2.0
 LOCAL_BRISK_LOOK_S = 0.1
 
@@ -79,7 +80,7 @@ def build_worker(
         workflow_id=watcher_workflow_id(namespace, queue),
         interval_s=watch_interval_s
         or settings.watch_interval_s
-        or (HF_WATCH_INTERVAL_S if backend.name == "hf" else LOCAL_WATCH_INTERVAL_S),
+        or (LOCAL_WATCH_INTERVAL_S if backend.name == "local" else DEFAULT_WATCH_INTERVAL_S),
         # Local jobs are files: look again briskly after a change (short jobs end at once).
         min_interval_s=LOCAL_BRISK_LOOK_S if backend.name == "local" else None,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -38,3 +38,18 @@ def train_py(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "train.py"
     path.write_text("print('training')\n")
     return path
+
+
+@pytest.fixture
+def make_server(tmp_path: Path) -> Iterator[Callable[[FakeScenario], ServerProcess]]:
+    started: list[ServerProcess] = []
+
+    def make(scenario: FakeScenario) -> ServerProcess:
+        proc = ServerProcess(tmp_path / "state", scenario=scenario)
+        started.append(proc)
+        return proc
+
+    yield make
+    for proc in started:
+        if proc.proc is not None:
+            proc.stop()

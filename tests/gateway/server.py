@@ -41,6 +41,10 @@ def command(name: str = "posttrain-env") -> list[str]:
     return [str(exe)] if exe.exists() else [shutil.which(name) or name]
 
 
+class PortTaken(RuntimeError):
+    """One of the server's ports was taken between choosing it and binding it."""
+
+
 @dataclass
 class ServerProcess:
     state_dir: Path
@@ -83,7 +87,21 @@ class ServerProcess:
         return env
 
     def start(self, *args: str) -> None:
+        """Start and wait for /health. On a first start, a port taken in the meantime (tests
+        run in parallel) is replaced; a restart keeps its ports, as clients expect."""
+        first = self.proc is None
+        for attempt in range(3):
+            try:
+                self._start_once(*args)
+                return
+            except PortTaken:
+                if not first or attempt == 2:
+                    raise
+                self.port, self.temporal_port, self.ui_port = free_port(), free_port(), free_port()
+
+    def _start_once(self, *args: str) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [*command(), "server", "--port", str(self.port), *args],
@@ -95,6 +113,8 @@ class ServerProcess:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if self.proc.poll() is not None:
+                if "already in use" in self.log_path.read_text(errors="replace")[log_start:]:
+                    raise PortTaken(self.log())
                 raise RuntimeError(f"the server exited:\n{self.log()}")
             try:
                 if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
