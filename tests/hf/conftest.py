@@ -13,7 +13,7 @@ from activities.jobs import HIDDEN_SEED_SECRET
 from job_launcher.trusted_lines import NONCE_ENV
 from tests.hf.fake_hub import T0, FakeHub, dataset_json, model_json
 
-TOKEN = "hf_brokerTOKENthatNoJobMaySee0123456789"
+TOKEN = "hf_FAKE-broker-token-that-no-job-may-see"
 MODEL = RepoRef(repo_id="HuggingFaceTB/SmolLM2-135M", revision="a" * 40)
 DATASET = RepoRef(repo_id="org/public-data", revision="d" * 40)
 
