@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from openenv.core.env_server.mcp_types import CallToolAction
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
@@ -187,3 +188,18 @@ def ws_url(server: ServerProcess, query: str = "") -> str:
 
 def frame(kind: str, data: dict[str, Any] | None = None) -> str:
     return json.dumps({"type": kind, **({"data": data} if data is not None else {})})
+
+
+def wait_until_ended(env: Any, job_id: str, timeout_s: int = 300) -> tuple[Any, list[str]]:
+    """`jobs_wait` (OpenEnv `step`) until the job leaves queued/running: the last result and
+    every state the waits returned, in order."""
+    states: list[str] = []
+    while True:
+        waited = env.step(
+            CallToolAction(
+                tool_name="jobs_wait", arguments={"job_id": job_id, "timeout_s": timeout_s}
+            )
+        )
+        states.append(waited.observation.result["data"]["state"])
+        if states[-1] not in {"queued", "running"}:
+            return waited, states

@@ -15,7 +15,7 @@ from openenv.core.env_server.mcp_types import CallToolAction
 from activities.backend import JobRole
 from activities.fake_backend import FakeJobScript, FakeScenario
 from posttrain_env import PostTrainEnv
-from tests.gateway.server import ServerProcess
+from tests.gateway.server import ServerProcess, wait_until_ended
 
 SUBMIT = {"script": "print('training')\n", "flavor": "cpu-basic", "timeout_minutes": 5}
 
@@ -36,15 +36,7 @@ class Episode(threading.Thread):
                 env.reset(task_id="t0_artifact")
                 job = env.step(CallToolAction(tool_name="jobs_submit", arguments=SUBMIT))
                 job_id = job.observation.result["data"]["job_id"]
-                state = "queued"
-                while state in {"queued", "running"}:
-                    waited = env.step(
-                        CallToolAction(
-                            tool_name="jobs_wait", arguments={"job_id": job_id, "timeout_s": 300}
-                        )
-                    )
-                    state = waited.observation.result["data"]["state"]
-                    self.states.append(state)
+                _waited, self.states = wait_until_ended(env, job_id)
                 self.final = env.step(
                     CallToolAction(tool_name="submit", arguments={"job_id": job_id})
                 )
@@ -148,13 +140,8 @@ def test_a_local_job_outlives_a_killed_server_and_is_neither_lost_nor_run_twice(
         wait_for(lambda: any(jobs_dir.glob("*/status.json")), 60, "the local job to start")
         server.kill()
         server.start()
-        state = "queued"
-        while state in {"queued", "running"}:
-            waited = env.step(
-                CallToolAction(tool_name="jobs_wait", arguments={"job_id": job_id, "timeout_s": 60})
-            )
-            state = waited.observation.result["data"]["state"]
-        assert state == "succeeded", waited.observation.result
+        waited, states = wait_until_ended(env, job_id, timeout_s=60)
+        assert states[-1] == "succeeded", waited.observation.result
         logs = env.step(CallToolAction(tool_name="jobs_logs", arguments={"job_id": job_id}))
         lines = logs.observation.result["data"]["lines"]
         assert sum("TRAINED" in line for line in lines) == 1, lines

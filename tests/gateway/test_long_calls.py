@@ -11,7 +11,7 @@ from openenv.core.mcp_client import MCPToolClient
 
 from activities.backend import JobRole
 from activities.fake_backend import FakeJobScript, FakeScenario
-from tests.gateway.server import ServerProcess
+from tests.gateway.server import ServerProcess, wait_until_ended
 
 SUBMIT = {"script": "print('training')\n", "flavor": "cpu-basic", "timeout_minutes": 5}
 
@@ -34,15 +34,8 @@ def test_a_40_s_jobs_wait_and_a_60_s_grading_complete_without_any_timeout(
         job = env.step(CallToolAction(tool_name="jobs_submit", arguments=SUBMIT))
         job_id = job.observation.result["data"]["job_id"]
         started = time.monotonic()
-        state = "queued"
-        while state in {"queued", "running"}:
-            waited = env.step(
-                CallToolAction(
-                    tool_name="jobs_wait", arguments={"job_id": job_id, "timeout_s": 300}
-                )
-            )
-            state = waited.observation.result["data"]["state"]
-        assert state == "succeeded" and time.monotonic() - started >= 38
+        _waited, states = wait_until_ended(env, job_id)
+        assert states[-1] == "succeeded" and time.monotonic() - started >= 38
         started = time.monotonic()
         final = env.step(CallToolAction(tool_name="submit", arguments={"job_id": job_id}))
         assert time.monotonic() - started >= 55

@@ -12,8 +12,9 @@ import pytest
 
 from job_launcher import launcher
 from job_launcher.trusted_lines import read_score
+from tests.processes import live_pids_of_uid
 
-from .conftest import SCRIPT_PRELUDE, assert_ran, live_pids_of_uid
+from .conftest import SCRIPT_PRELUDE, assert_ran
 
 NRS = launcher.SYSCALLS[launcher.native_arch()]
 IS_X86_64 = platform.machine() == "x86_64"

@@ -129,22 +129,6 @@ def jobs(state_dir: Path, tmp_path: Path) -> Jobs:
     return Jobs(backend, write_model(tmp_path / "model-src"))
 
 
-def live_pids_of_uid(uid: int) -> list[int]:
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            status = Path(f"/proc/{name}/status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        uids = [int(x) for x in fields.get("Uid", "").split()]
-        if uid in uids and fields.get("State", "").split()[:1] not in (["Z"], ["X"]):
-            pids.append(int(name))
-    return pids
-
-
 def job_uid(jobs: Jobs, ref: str) -> int:
     import json
 

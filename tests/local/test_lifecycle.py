@@ -21,10 +21,10 @@ from tests.local.conftest import (
     TEST_BWRAP,
     Jobs,
     job_uid,
-    live_pids_of_uid,
     now,
     wait_for,
 )
+from tests.processes import live_pids_of_uid
 
 SLEEPER = """
 import time

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.local.conftest import Jobs, job_uid, live_pids_of_uid
+from tests.local.conftest import Jobs, job_uid
+from tests.processes import live_pids_of_uid
 
 REPORT = "import json\ndef report(**v):\n    print('REPORT ' + json.dumps(v), flush=True)\n"
 
