@@ -13,7 +13,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, Field
 
-from posttrain_env.models import FlavorPrice, JobState
+from posttrain_env.models import BoundedText, FlavorPrice, JobState
 
 
 class JobRole(enum.StrEnum):
@@ -65,7 +65,7 @@ class BackendJob(BaseModel):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     running_s: float = 0.0
-    message: str = ""
+    message: BoundedText = ""  # may quote the job's own output: cut where it enters
 
 
 class TransientBackendError(Exception):

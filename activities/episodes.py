@@ -12,6 +12,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.backend import JobsBackend, RepoRef
 from activities.jobs import agent_errors
+from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES
 from posttrain_env.models import ErrorType, ToolError
 from tasks.registry import TaskSpecError, load_task
 from workflows.episode_state import Caps, EpisodeSetup
@@ -40,6 +41,7 @@ class EpisodeConfig(BaseModel):
     max_live_episodes: int | None = None
     spend_cap_micro_usd: int | None = None
     continue_as_new_events: int | None = None
+    continue_as_new_bytes: int = CONTINUE_AS_NEW_HISTORY_BYTES
 
 
 class EpisodeActivities:
@@ -90,6 +92,7 @@ class EpisodeActivities:
             caps=caps,
             session_workflow_id=request.session_workflow_id,
             continue_as_new_events=config.continue_as_new_events,
+            continue_as_new_bytes=config.continue_as_new_bytes,
         )
 
     @activity.defn

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -55,8 +55,13 @@ class FakeJobScript(BaseModel):
     # The first submit creates the job and then fails as if the connection dropped.
     fail_after_create: bool = False
     logs: list[str] = Field(default_factory=list)
+    # The backend's message once the job ended (as Hugging Face may quote a job's own output);
+    # None: "fake job <state>".
+    message: str | None = None
     eval_output: EvalOutput = "valid"
     score: float = 0.5
+    # More keys of the evaluator's score line (its details).
+    eval_details: dict[str, Any] = Field(default_factory=dict)
 
 
 class FakeDataset(BaseModel):
@@ -279,7 +284,7 @@ def _view(job: _FakeJob, now: datetime) -> BackendJob:
             "started_at": start if ran > 0 else None,
             "finished_at": end,
             "running_s": ran,
-            "message": f"fake job {final.value}",
+            "message": rule.message if rule.message is not None else f"fake job {final.value}",
         }
     )
 
@@ -287,7 +292,8 @@ def _view(job: _FakeJob, now: datetime) -> BackendJob:
 def _evaluator_output(job: _FakeJob) -> list[str]:
     nonce = job.request.env.get(NONCE_ENV, "")
     rule = job.rule
-    score_line = format_trusted_line(SCORE_TAG, nonce, {"score": rule.score, "split": "fake"})
+    payload = {"split": "fake", **rule.eval_details, "score": rule.score}
+    score_line = format_trusted_line(SCORE_TAG, nonce, payload)
     match rule.eval_output:
         case "valid":
             return [score_line]

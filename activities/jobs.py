@@ -6,13 +6,14 @@ activity, and handed to the backend; none is returned to a workflow (DESIGN §9)
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from functools import wraps
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
@@ -20,7 +21,8 @@ from temporalio.exceptions import ApplicationError
 from activities.backend import BackendJob, JobRequest, JobRole, JobsBackend, JobSpec, RepoRef
 from activities.keys import ServerKey
 from job_launcher.trusted_lines import NONCE_ENV, read_score
-from posttrain_env.models import ErrorType, ToolError
+from posttrain_env.limits import MAX_SCORE_DETAILS_BYTES, bound_log_lines
+from posttrain_env.models import BoundedText, ErrorType, ToolError
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -51,11 +53,32 @@ class JobLogs(JobRef):
     tail: int
 
 
+class LogLines(BaseModel):
+    """The end of a job's log, within the `jobs_logs` limits, and what was cut to fit them."""
+
+    lines: list[str]
+    dropped_lines: int = 0
+    cut_bytes: int = 0
+
+
 class ScoreResult(BaseModel):
+    """An evaluator's score line as read; its text is cut where it enters (DESIGN §10)."""
+
     score: float
     valid: bool
-    reason: str = ""
+    reason: BoundedText = ""
     details: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("details")
+    @classmethod
+    def _bounded_details(cls, details: dict[str, Any]) -> dict[str, Any]:
+        size = len(json.dumps(details, default=str))
+        if size <= MAX_SCORE_DETAILS_BYTES:
+            return details
+        return {
+            "details_cut": f"the evaluator's details took {size} bytes as JSON; the limit is "
+            f"{MAX_SCORE_DETAILS_BYTES}"
+        }
 
 
 class ResolveDatasets(BaseModel):
@@ -131,11 +154,15 @@ class JobsActivities:
 
     @activity.defn
     @agent_errors
-    async def job_logs(self, job: JobLogs) -> list[str]:
+    async def job_logs(self, job: JobLogs) -> LogLines:
         lines = await self._backend.logs(job.ref, job.tail, job.now)
         # The launcher's own lines carry the job's nonce; the agent never needs to see it.
         nonce = self._key.job_nonce(job.key)
-        return [line.replace(nonce, "<nonce>") for line in lines]
+        # Cut here, before the answer crosses Temporal: a job controls its own log.
+        tail = bound_log_lines([line.replace(nonce, "<nonce>") for line in lines], job.tail)
+        return LogLines(
+            lines=tail.lines, dropped_lines=tail.dropped_lines, cut_bytes=tail.cut_bytes
+        )
 
     @activity.defn
     @agent_errors

@@ -42,6 +42,10 @@ class ServerKey:
         """The grader's only secret: which examples form the episode's hidden split."""
         return self._derive("hidden-split-seed", episode_id)[:32]
 
+    def session_tag(self, nonce: str) -> str:
+        """The tag that makes `nonce` a session id this deployment minted (128 bits)."""
+        return self._derive("session-id", nonce)[:32]
+
     def episode_token(self, episode_id: str) -> str:
         """The bearer capability of an episode's MCP endpoint (128+ bits, recomputable)."""
         return self._derive("episode-token", episode_id)

@@ -19,7 +19,8 @@ Public API:
         `exclude-newer`, …) is ignored. Raises ToolError(invalid_script) for a malformed block.
 
     validate_script(script) -> None
-        UTF-8 encodable, at most MAX_SCRIPT_BYTES, compiles. Raises ToolError(invalid_script).
+        UTF-8 encodable, at most MAX_SCRIPT_BYTES, not blank, no control characters but tab,
+        newline, carriage return and form feed, compiles. Raises ToolError(invalid_script).
 
     merged_dependencies(script, dependencies) -> list[str]
         The validated union of `dependencies` and the script's header dependencies, duplicates
@@ -38,10 +39,13 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from posttrain_env.models import MAX_DEPENDENCIES, MAX_SCRIPT_BYTES, ErrorType, ToolError
+from posttrain_env.limits import MAX_DEPENDENCIES, MAX_REQUIREMENT_CHARS, MAX_SCRIPT_BYTES
+from posttrain_env.models import ErrorType, ToolError
 
-# A requirement string longer than this is not a plain requirement.
-MAX_REQUIREMENT_CHARS = 256
+# Control characters a script may not contain: all but tab, newline, form feed and carriage
+# return. Each one takes six bytes as JSON, so a legal-sized script of them would otherwise be
+# a payload of 1.5 MB; no Python source needs them.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f]")
 
 # The strict form every normalized requirement takes. The launcher (standard library only) keeps
 # an identical copy and re-checks the package list with it before installing anything; a test
@@ -158,8 +162,17 @@ def validate_script(script: str) -> None:
             f"the script is {len(data)} bytes; the limit is {MAX_SCRIPT_BYTES}. Put large data "
             "in a dataset instead of the script.",
         )
-    if "\0" in script:
-        raise ToolError(ErrorType.invalid_script, "the script contains a NUL character")
+    if not script.strip():
+        raise ToolError(ErrorType.invalid_script, "the script is empty")
+    control = _CONTROL.search(script)
+    if control is not None:
+        line = script.count("\n", 0, control.start()) + 1
+        name = "NUL" if control.group() == "\0" else repr(control.group())
+        raise ToolError(
+            ErrorType.invalid_script,
+            f"the script contains the control character {name} (line {line}); only tab, "
+            "newline, carriage return and form feed are allowed",
+        )
     try:
         compile(script, "script.py", "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import Body, FastAPI, Header, Request, WebSocket
+import uvicorn
+from fastapi import FastAPI, Header, Request, WebSocket
 from fastapi.responses import JSONResponse
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 from openenv.core.env_server.types import (
@@ -27,12 +28,15 @@ from temporalio.service import RPCError
 from activities.keys import ServerKey
 from mcp_gateway import jsonrpc
 from mcp_gateway.auth import ApiKeyGuard
+from mcp_gateway.bounds import JSON_OBJECT_BODY, read_json_object
 from mcp_gateway.episode_mcp import EpisodeMcp
 from mcp_gateway.episodes_route import router as episodes_router
+from mcp_gateway.errors import GatewayCode, SessionError
 from mcp_gateway.guard import HostOriginGuard
 from mcp_gateway.openenv_ws import serve_openenv_ws
 from mcp_gateway.protocol import OpenEnvProtocol
-from mcp_gateway.sessions import SessionError, Sessions, check_session_id, new_session_id
+from mcp_gateway.sessions import Sessions
+from posttrain_env.limits import MAX_BODY_BYTES
 from posttrain_env.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -42,6 +46,21 @@ DESCRIPTION = (
     "hidden-split score of its submitted checkpoint is the reward. Budgets in micro-USD, "
     "durable episodes on Temporal."
 )
+
+
+def uvicorn_config(app: FastAPI, host: str, port: int) -> uvicorn.Config:
+    """How the gateway is served: WebSocket messages bounded like HTTP bodies (larger ones are
+    closed with 1009 before they are read), no access log of uvicorn's own (ours has no query
+    strings, which may hold a session id)."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        access_log=False,
+        log_level="warning",
+        lifespan="on",
+        ws_max_size=MAX_BODY_BYTES,
+    )
 
 
 def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
@@ -58,7 +77,10 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
         async with episode_mcp.serving(temporal, key):
             yield
 
-    app = FastAPI(title="posttrain_env", version="0.1.0", lifespan=lifespan)
+    # Every request body over the limit is refused with 413 before it is read whole.
+    app = FastAPI(
+        title="posttrain_env", version="0.1.0", lifespan=lifespan, max_body_size=MAX_BODY_BYTES
+    )
     # The standard MCP endpoint of each episode, behind its episode token (not the API keys).
     episode_mcp = EpisodeMcp()
     app.router.routes.append(Route("/episodes/{episode_id}/mcp", endpoint=episode_mcp))
@@ -84,31 +106,41 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
             state=State.model_json_schema(),
         )
 
-    @app.post("/reset")
-    async def reset(request: Request, body: Annotated[dict[str, Any], Body()]) -> Any:
+    @app.post("/reset", openapi_extra=JSON_OBJECT_BODY)
+    async def reset(request: Request) -> Any:
         """Start an episode (`task_id`). Without `session_id` a new session is made; its id is
-        in the observation's metadata, for `/step` and `/state` (header `X-Session-Id`)."""
+        in the observation's metadata, for `/step` and `/state` (header `X-Session-Id`). Only
+        ids the server issued are accepted."""
+        body = await read_json_object(request)
+        openenv = protocol(request)
         given = body.get("session_id") or request.headers.get(SESSION_HEADER)
-        session_id = new_session_id() if given is None else check_session_id(given)
+        session_id = (
+            openenv.session_ids.mint() if given is None else openenv.session_ids.check(given)
+        )
         base = str(request.base_url).rstrip("/")
-        return await protocol(request).reset(session_id, body, base, reveal_session=True)
+        return await openenv.reset(session_id, body, base, reveal_session=True)
 
-    @app.post("/step")
-    async def step(request: Request, body: Annotated[dict[str, Any], Body()]) -> Any:
+    @app.post("/step", openapi_extra=JSON_OBJECT_BODY)
+    async def step(request: Request) -> Any:
         """One action of the session named by `session_id` (body) or `X-Session-Id`."""
-        session_id = check_session_id(body.get("session_id") or request.headers.get(SESSION_HEADER))
+        body = await read_json_object(request)
+        openenv = protocol(request)
+        session_id = openenv.session_ids.check(
+            body.get("session_id") or request.headers.get(SESSION_HEADER)
+        )
         action = body.get("action")
         if not isinstance(action, dict):
-            raise SessionError("VALIDATION_ERROR", "step needs an `action` object")
+            raise SessionError(GatewayCode.validation_error, "step needs an `action` object")
         if body.get("request_id") is not None:
             action = {**action, "request_id": body["request_id"]}
-        return await protocol(request).step(session_id, action)
+        return await openenv.step(session_id, action)
 
     @app.get("/state")
     async def state(
         request: Request, session: str | None = Header(default=None, alias=SESSION_HEADER)
     ) -> dict[str, Any]:
-        return await protocol(request).state(check_session_id(session))
+        openenv = protocol(request)
+        return await openenv.state(openenv.session_ids.check(session))
 
     @app.post("/mcp")
     async def mcp(request: Request) -> dict[str, Any]:
@@ -123,7 +155,8 @@ def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
 
     @app.exception_handler(SessionError)
     async def session_error(_request: Request, err: SessionError) -> JSONResponse:
-        status = 409 if err.code == "NO_EPISODE" else 400
+        statuses = {GatewayCode.no_episode.value: 409, GatewayCode.payload_too_large.value: 413}
+        status = statuses.get(err.code, 400)
         return JSONResponse({"detail": {"code": err.code, "message": err.message}}, status)
 
     @app.exception_handler(RPCError)

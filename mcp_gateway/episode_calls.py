@@ -9,13 +9,17 @@ found" (test server) or an accepted update whose workflow completed first.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
+import pydantic_core
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from mcp_gateway.errors import GatewayCode, SessionError
+from posttrain_env.limits import MAX_ARGUMENTS_BYTES, MAX_TOOL_NAME_CHARS, MAX_UPDATE_BYTES
 from posttrain_env.models import ErrorType, ToolError
 from workflows.episode import EpisodeStatus, EpisodeWorkflow
-from workflows.episode_state import ToolCall, ToolResult
+from workflows.episode_state import Oversized, ToolCall, ToolPath, ToolResult
 from workflows.ids import episode_workflow_id
 
 
@@ -27,10 +31,46 @@ def update_id(episode_id: str, request_id: str) -> str:
     return f"{episode_id}:{request_id}"
 
 
+def tool_call(request_id: str, tool: str, arguments: dict[str, Any], path: ToolPath) -> ToolCall:
+    """The call as the episode receives it. Arguments over MAX_ARGUMENTS_BYTES (measured as the
+    data converter encodes them: JSON) are replaced by a small stand-in, so the episode counts
+    the step and answers a typed error while nothing large ever reaches Temporal."""
+    name_bytes = len(tool.encode("utf-8", "replace"))
+    if len(tool) > MAX_TOOL_NAME_CHARS:
+        return ToolCall(
+            request_id=request_id,
+            tool=tool[:MAX_TOOL_NAME_CHARS],
+            path=path,
+            oversized=Oversized(field="tool_name", bytes=name_bytes, total_bytes=name_bytes),
+        )
+    total = len(pydantic_core.to_json(arguments))
+    if total <= MAX_ARGUMENTS_BYTES:
+        return ToolCall(request_id=request_id, tool=tool, arguments=arguments, path=path)
+    sizes = {key: len(pydantic_core.to_json(value)) for key, value in arguments.items()}
+    largest = max(sizes, key=lambda key: sizes[key])
+    return ToolCall(
+        request_id=request_id,
+        tool=tool,
+        path=path,
+        oversized=Oversized(
+            field=largest[:MAX_TOOL_NAME_CHARS], bytes=sizes[largest], total_bytes=total
+        ),
+    )
+
+
 async def call_tool(
     client: Client, episode_id: str, call: ToolCall, rpc_timeout: timedelta | None = None
 ) -> ToolResult:
-    """Run one tool call; raises UnknownEpisode for an episode that never existed."""
+    """Run one tool call; raises UnknownEpisode for an episode that never existed, and
+    SessionError PAYLOAD_TOO_LARGE (permanent) for a call too large to send, which `tool_call`
+    never builds: a payload over Temporal's limit would wedge the episode instead of failing."""
+    encoded = await client.data_converter.encode([call])
+    size = sum(payload.ByteSize() for payload in encoded)
+    if size > MAX_UPDATE_BYTES:
+        raise SessionError(
+            GatewayCode.payload_too_large,
+            f"the tool call is {size} bytes encoded; at most {MAX_UPDATE_BYTES} can be sent",
+        )
     handle = client.get_workflow_handle_for(EpisodeWorkflow.run, episode_workflow_id(episode_id))
     try:
         return await handle.execute_update(
@@ -60,6 +100,12 @@ async def _answer_after_the_end(client: Client, episode_id: str, call: ToolCall)
     if answered is not None:  # the call was made before the end: the same answer again
         return answered
     error = ToolError(ErrorType.episode_over, "the episode is over; call reset to start another")
+    if await handle.query(EpisodeWorkflow.answered, call.request_id):
+        error = ToolError(
+            ErrorType.already_answered,
+            f"request {call.request_id!r} was already answered and its answer is no longer kept",
+            request_id=call.request_id,
+        )
     metadata = {
         "episode_id": episode_id,
         "steps_used": status.steps_used,

@@ -37,17 +37,21 @@ from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.requests import Request
-from starlette.types import Receive, Scope, Send
+from starlette.responses import JSONResponse
+from starlette.types import Message, Receive, Scope, Send
 from temporalio.client import Client
 from temporalio.service import RPCError
 
 from activities.keys import ServerKey
 from mcp_gateway.auth import EPISODE_ID, bearer, episode_token_ok, headers_of, refuse
-from mcp_gateway.episode_calls import UnknownEpisode, call_tool
-from mcp_gateway.sessions import SessionError, request_id_of
+from mcp_gateway.bounds import MalformedJson, parse_json
+from mcp_gateway.episode_calls import UnknownEpisode, call_tool, tool_call
+from mcp_gateway.errors import SessionError
+from mcp_gateway.sessions import request_id_of
+from posttrain_env.limits import MAX_BODY_BYTES
 from posttrain_env.models import ErrorType, ToolError, is_error
 from posttrain_env.tools import tool_catalog
-from workflows.episode_state import ToolCall, ToolResult
+from workflows.episode_state import ToolResult
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 5.0  # the contract is "at least every 10 s"
@@ -71,6 +75,9 @@ class EpisodeMcp:
             json_response=False,
             stateless=True,
             security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            # The same body limit as every route; the arguments' own limit (1 MiB) is answered
+            # by the episode as a typed error.
+            max_request_body_size=MAX_BODY_BYTES,
         )
         self._client: Client | None = None
         self._key: ServerKey | None = None
@@ -103,6 +110,22 @@ class EpisodeMcp:
                 "(from POST /episodes or the reset metadata)",
             )
             return
+        if scope.get("method") == "POST":
+            # The SDK's own parser fails with a 500 on deeply nested JSON: check it first, and
+            # hand the SDK the body we read (bounded by the gateway's BodyLimit).
+            request = Request(scope, receive)
+            body = await request.body()
+            try:
+                parse_json(body)
+            except MalformedJson as exc:
+                error = {
+                    "jsonrpc": "2.0",
+                    "id": None,
+                    "error": {"code": -32700, "message": str(exc)},
+                }
+                await JSONResponse(error, 400)(scope, receive, send)
+                return
+            receive = replay(body, receive)
         await self._manager.handle_request(scope, receive, send)
 
     async def _list_tools(self) -> list[types.Tool]:
@@ -120,13 +143,15 @@ class EpisodeMcp:
             request_id = request_id_of(meta.get("request_id"))
         except SessionError as err:
             return _result(ToolError(ErrorType.invalid_argument, err.message).envelope())
-        call = ToolCall(request_id=request_id, tool=name, arguments=arguments, path="mcp")
+        call = tool_call(request_id, name, arguments, "mcp")
         work = asyncio.ensure_future(call_tool(self._client, episode_id, call))
         try:
             answer = await self._wait_reporting_progress(work, name, meta.get("progressToken"))
         except UnknownEpisode:
             gone = ToolError(ErrorType.episode_over, "this episode no longer exists")
             return _result(gone.envelope())
+        except SessionError as err:  # permanent (e.g. too large to send): say so, typed
+            return _result(ToolError(ErrorType.invalid_argument, err.message).envelope())
         except RPCError as err:
             log.warning("Temporal call failed for MCP %s: %s", name, err.status)
             return types.CallToolResult(
@@ -160,6 +185,21 @@ class EpisodeMcp:
 
 
 UNAVAILABLE = "the episode service is temporarily unavailable; call again"
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """An ASGI `receive` that hands over the already read `body` once, then passes on what the
+    connection says next (a disconnect, which the SDK listens for while it streams a reply)."""
+    sent = False
+
+    async def replaying() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replaying
 
 
 def _result(data: dict[str, Any], meta: dict[str, Any] | None = None) -> types.CallToolResult:

@@ -7,22 +7,28 @@ the API keys when they are configured, like every route but the open ones.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Request
 
+from mcp_gateway.bounds import read_json_object
 from mcp_gateway.protocol import OpenEnvProtocol
-from mcp_gateway.sessions import new_session_id
 
 router = APIRouter()
 ANSWERED = ("episode_id", "mcp_url", "episode_token", "prompt", "task")
 
 
-@router.post("/episodes")
-async def create_episode(request: Request, body: Annotated[dict[str, Any], Body()]) -> Any:
+@router.post(
+    "/episodes",
+    openapi_extra={
+        "requestBody": {"content": {"application/json": {"schema": {"type": "object"}}}}
+    },
+)
+async def create_episode(request: Request) -> Any:
     """Start an episode of `task_id`. Answers `episode_id`, `mcp_url`, `episode_token` (send it
     as `Authorization: Bearer <episode_token>` to `mcp_url`), `prompt` and the `task` limits."""
+    body = await read_json_object(request)
     protocol: OpenEnvProtocol = request.app.state.protocol
     base = str(request.base_url).rstrip("/")
-    reset = await protocol.reset(new_session_id(), body, base, reveal_session=False)
+    reset = await protocol.reset(protocol.session_ids.mint(), body, base, reveal_session=False)
     return {key: reset["metadata"][key] for key in ANSWERED}

@@ -8,25 +8,26 @@ obeys the time limit like any call, but returns no reward (DESIGN §9).
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse
 from pydantic import ValidationError
 
+from mcp_gateway.bounds import MalformedJson, parse_json
+from mcp_gateway.errors import SessionError
 from mcp_gateway.protocol import OpenEnvProtocol
-from mcp_gateway.sessions import SessionError, check_session_id, new_session_id
 
 log = logging.getLogger(__name__)
 
 
 def parse_request(body: bytes | str) -> JsonRpcRequest | JsonRpcResponse:
-    """The request, or the JSON-RPC error response for a body that is not one."""
+    """The request, or the JSON-RPC error response for a body that is not one (a parse error
+    for JSON nested deeper than MAX_JSON_DEPTH, too)."""
     try:
-        return JsonRpcRequest.model_validate(json.loads(body))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return JsonRpcResponse.error_response(JsonRpcErrorCode.PARSE_ERROR)
+        return JsonRpcRequest.model_validate(parse_json(body))
+    except MalformedJson as exc:
+        return JsonRpcResponse.error_response(JsonRpcErrorCode.PARSE_ERROR, str(exc))
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         return JsonRpcResponse.error_response(
@@ -44,10 +45,10 @@ async def handle(
         match request.method:
             case "openenv/session/create":
                 return JsonRpcResponse.success(
-                    {"session_id": attached_session or new_session_id()}, rid
+                    {"session_id": attached_session or protocol.session_ids.mint()}, rid
                 )
             case "openenv/session/close":
-                session_id = check_session_id(params.get("session_id"))
+                session_id = protocol.session_ids.check(params.get("session_id"))
                 confirmed = await protocol.sessions.close(session_id)
                 return JsonRpcResponse.success(
                     {"session_id": session_id, "closed": confirmed, "closing": not confirmed}, rid
@@ -55,7 +56,9 @@ async def handle(
             case "tools/list":
                 return JsonRpcResponse.success({"tools": protocol.tools()}, rid)
             case "tools/call":
-                session_id = check_session_id(params.get("session_id") or attached_session)
+                session_id = protocol.session_ids.check(
+                    params.get("session_id") or attached_session
+                )
                 body = await protocol.call_direct(
                     session_id,
                     params.get("name"),

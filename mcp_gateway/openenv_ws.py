@@ -20,12 +20,13 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from temporalio.service import RPCError
 
 from mcp_gateway import jsonrpc
+from mcp_gateway.bounds import MalformedJson, parse_json
+from mcp_gateway.errors import GatewayCode, SessionError
 from mcp_gateway.protocol import OpenEnvProtocol
-from mcp_gateway.sessions import SessionError, check_session_id, new_session_id
 
 log = logging.getLogger(__name__)
 # Sent for failures a retry with the same request id may fix (Temporal restarting, say).
-UNAVAILABLE = "UNAVAILABLE"
+UNAVAILABLE = GatewayCode.unavailable.value
 
 
 def base_url_of(websocket: WebSocket) -> str:
@@ -37,8 +38,9 @@ async def serve_openenv_ws(websocket: WebSocket, protocol: OpenEnvProtocol) -> N
     await websocket.accept()
     requested = websocket.query_params.get("session_id")
     owns_session = requested is None
+    ids = protocol.session_ids
     try:
-        session_id = new_session_id() if owns_session else check_session_id(requested)
+        session_id = ids.mint() if owns_session else ids.check(requested)
     except SessionError as err:
         await _send_error(websocket, err.message, err.code)
         await websocket.close(code=1008)
@@ -65,9 +67,9 @@ async def _answer(
 ) -> tuple[dict[str, Any] | None, bool]:
     """The reply to one frame, and whether the socket should close after it."""
     try:
-        message = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        return _error(f"invalid JSON: {exc}", WSErrorCode.INVALID_JSON), False
+        message = parse_json(raw)
+    except MalformedJson as exc:
+        return _error(str(exc), WSErrorCode.INVALID_JSON), False
     if not isinstance(message, dict):
         return _error("a frame must be a JSON object", WSErrorCode.INVALID_JSON), False
     kind = message.get("type")

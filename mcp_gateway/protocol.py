@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from activities.keys import ServerKey
+from mcp_gateway.episode_calls import tool_call
+from mcp_gateway.errors import GatewayCode, SessionError
 from mcp_gateway.observations import (
     reset_metadata,
     reset_observation,
@@ -18,14 +20,15 @@ from mcp_gateway.observations import (
     tool_result_body,
     tools_observation,
 )
-from mcp_gateway.sessions import SessionError, Sessions, request_id_of
+from mcp_gateway.sessions import SessionIds, Sessions, request_id_of
 from posttrain_env.tools import tool_catalog
-from workflows.episode_state import ToolCall, ToolPath
+from workflows.episode_state import ToolPath
 
 
 class OpenEnvProtocol:
     def __init__(self, sessions: Sessions, key: ServerKey) -> None:
         self.sessions = sessions
+        self.session_ids = SessionIds(key)
         self._key = key
 
     async def reset(
@@ -47,7 +50,7 @@ class OpenEnvProtocol:
         if kind == "list_tools":
             return tools_observation()
         if kind != "call_tool":
-            raise SessionError("VALIDATION_ERROR", f"unknown action type {kind!r}")
+            raise SessionError(GatewayCode.validation_error, f"unknown action type {kind!r}")
         result = await self._call(session_id, action, path="step")
         return tool_observation(result)
 
@@ -74,14 +77,14 @@ class OpenEnvProtocol:
         name = action.get("tool_name")
         arguments = action.get("arguments") or {}
         if not isinstance(name, str) or not name:
-            raise SessionError("VALIDATION_ERROR", "a tool call needs tool_name")
+            raise SessionError(GatewayCode.validation_error, "a tool call needs tool_name")
         if not isinstance(arguments, dict):
-            raise SessionError("VALIDATION_ERROR", "a tool call's arguments must be an object")
+            raise SessionError(
+                GatewayCode.validation_error, "a tool call's arguments must be an object"
+            )
         metadata = action.get("metadata")
         request_id = action.get("request_id")
         if request_id is None and isinstance(metadata, dict):
             request_id = metadata.get("request_id")
-        call = ToolCall(
-            request_id=request_id_of(request_id), tool=name, arguments=arguments, path=path
-        )
+        call = tool_call(request_id_of(request_id), name, arguments, path)
         return await self.sessions.call(session_id, call)

@@ -10,6 +10,7 @@ the cached episode is unknown.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import re
 import secrets
 import uuid
@@ -26,14 +27,16 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.keys import ServerKey
 from mcp_gateway.episode_calls import UnknownEpisode, call_tool
+from mcp_gateway.errors import GatewayCode, SessionError
 from posttrain_env.models import ErrorType, ToolError, is_error
 from workflows.episode import EpisodeStatus, EpisodeWorkflow
 from workflows.episode_state import ToolCall, ToolResult
 from workflows.ids import episode_workflow_id, session_workflow_id
 from workflows.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
 
-_SESSION_ID = re.compile(r"[A-Za-z0-9_-]{22,128}")
+_SESSION_ID = re.compile(r"[0-9a-f]{64}")
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,200}")
 CACHE_SIZE = 10_000
 # How long `close` waits for the episode's jobs to be confirmed cancelled before answering
@@ -41,23 +44,30 @@ CACHE_SIZE = 10_000
 CLOSE_WAIT = timedelta(seconds=30)
 
 
-class SessionError(Exception):
-    """A request the gateway refuses before it reaches an episode; `code` is stable."""
+class SessionIds:
+    """Session ids that only this deployment can mint: 128 random bits and a 128-bit HMAC tag
+    of them under the server key. Any replica checks one without storing anything, and an id a
+    client made up (or took from another deployment) is refused (DESIGN §10)."""
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+    def __init__(self, key: ServerKey) -> None:
+        self._key = key
 
+    def mint(self) -> str:
+        nonce = secrets.token_hex(16)
+        return nonce + self._key.session_tag(nonce)
 
-def new_session_id() -> str:
-    return secrets.token_urlsafe(24)  # 192 bits
-
-
-def check_session_id(session_id: object) -> str:
-    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
-        raise SessionError("INVALID_SESSION", "malformed session id")
-    return session_id
+    def check(self, session_id: object) -> str:
+        """`session_id` if this deployment minted it. Raises SessionError INVALID_SESSION."""
+        if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
+            raise SessionError(GatewayCode.invalid_session, "malformed session id")
+        nonce, tag = session_id[:32], session_id[32:]
+        if not hmac.compare_digest(tag.encode(), self._key.session_tag(nonce).encode()):
+            raise SessionError(
+                GatewayCode.invalid_session,
+                "unknown session id: sessions are created by the server (reset without a "
+                "session id, or openenv/session/create)",
+            )
+        return session_id
 
 
 def request_id_of(value: object) -> str:
@@ -66,7 +76,7 @@ def request_id_of(value: object) -> str:
         return uuid.uuid4().hex
     if not isinstance(value, str) or not _REQUEST_ID.fullmatch(value):
         raise SessionError(
-            "INVALID_REQUEST_ID", "request_id must be 1-200 printable ASCII characters"
+            GatewayCode.invalid_request_id, "request_id must be 1-200 printable ASCII characters"
         )
     return value
 
@@ -150,7 +160,9 @@ class Sessions:
                 raise
             episode_id = None
         if episode_id is None:
-            raise SessionError("NO_EPISODE", "no episode in this session: call reset(task_id=...)")
+            raise SessionError(
+                GatewayCode.no_episode, "no episode in this session: call reset(task_id=...)"
+            )
         self._remember(session_id, episode_id)
         return episode_id
 
@@ -170,7 +182,9 @@ class Sessions:
         try:
             return await call_tool(self._client, current, call)
         except UnknownEpisode:
-            raise SessionError("NO_EPISODE", "the session's episode no longer exists") from None
+            raise SessionError(
+                GatewayCode.no_episode, "the session's episode no longer exists"
+            ) from None
 
     async def status(self, episode_id: str) -> EpisodeStatus:
         handle = self._client.get_workflow_handle_for(

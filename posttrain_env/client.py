@@ -9,6 +9,8 @@ What it adds to the stock client:
   the same id, for up to `reconnect_timeout_s`;
 - a reply that does not come within `message_timeout_s` raises `TimeoutError` and the socket is
   dropped, so a late reply can never be read as the answer to a later request;
+- a request the server can never take (larger than its limit) raises `RequestTooLarge` at
+  once, and an error the server marks as permanent is never re-sent;
 - `episode_id` names the current episode.
 
 Client code only: importing it pulls in no server module.
@@ -29,10 +31,17 @@ from openenv.core.env_server.types import Observation
 from openenv.core.mcp_client import MCPToolClient
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.frames import CloseCode
+
+from posttrain_env.limits import MAX_ARGUMENTS_BYTES, MAX_BODY_BYTES
 
 log = logging.getLogger(__name__)
 # Error frames with this code are worth re-sending (the gateway could not reach Temporal).
 RETRYABLE_CODES = frozenset({"UNAVAILABLE"})
+
+
+class RequestTooLarge(ValueError):
+    """The request is larger than the server accepts; sending it again cannot succeed."""
 
 
 class PostTrainEnv(MCPToolClient):
@@ -114,6 +123,12 @@ class PostTrainEnv(MCPToolClient):
         Raises TimeoutError when no reply arrives within `message_timeout_s` (the socket is
         dropped first), ConnectionError when the server stays unreachable, RuntimeError for an
         error frame that re-sending cannot fix."""
+        frame = json.dumps(message)
+        if len(frame.encode()) > MAX_BODY_BYTES:
+            raise RequestTooLarge(
+                f"the request is {len(frame.encode())} bytes; the server takes at most "
+                f"{MAX_BODY_BYTES} (a tool call's arguments at most {MAX_ARGUMENTS_BYTES})"
+            )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.reconnect_timeout_s
         delay = 0.2
@@ -122,11 +137,19 @@ class PostTrainEnv(MCPToolClient):
             try:
                 await self._connect_async()
                 assert self._ws is not None
-                await self._ws.send(json.dumps(message))
+                await self._ws.send(frame)
                 response = await self._receive()  # drops the socket on a timeout
             except (TimeoutError, asyncio.CancelledError):
                 raise
-            except (ConnectionClosed, ConnectionError, OSError) as exc:
+            except ConnectionClosed as exc:
+                self._drop_socket()
+                if exc.rcvd is not None and exc.rcvd.code == CloseCode.MESSAGE_TOO_BIG:
+                    # Permanent: the same request would be refused again.
+                    raise RequestTooLarge(
+                        f"the server refused the request as too large: {exc.rcvd.reason}"
+                    ) from None
+                problem = f"connection lost ({type(exc).__name__})"
+            except (ConnectionError, OSError) as exc:
                 self._drop_socket()
                 problem = f"connection lost ({type(exc).__name__})"
             except Exception as exc:  # e.g. httpx errors while creating the session

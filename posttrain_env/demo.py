@@ -54,7 +54,7 @@ async def running_stack(settings: Settings) -> AsyncIterator[str]:
     """Embedded Temporal, a local-backend worker and the gateway; yields the gateway's URL."""
     import uvicorn
 
-    from mcp_gateway.app import create_app
+    from mcp_gateway.app import create_app, uvicorn_config
     from posttrain_env.temporal_dev import EmbeddedTemporal, EmbeddedTemporalConfig
     from posttrain_env.worker import build_worker, connect, make_backend
 
@@ -70,15 +70,7 @@ async def running_stack(settings: Settings) -> AsyncIterator[str]:
         client = await connect(settings)
         async with build_worker(client, settings, backend):
             port = free_port()
-            server = uvicorn.Server(
-                uvicorn.Config(
-                    create_app(settings, client),
-                    host="127.0.0.1",
-                    port=port,
-                    access_log=False,
-                    log_level="warning",
-                )
-            )
+            server = uvicorn.Server(uvicorn_config(create_app(settings, client), "127.0.0.1", port))
             serving = asyncio.create_task(server.serve())
             while not server.started:
                 if serving.done():

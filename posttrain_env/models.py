@@ -7,18 +7,35 @@ is pure (pydantic and the standard library only) so that workflow code may impor
 from __future__ import annotations
 
 import enum
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
-# Limits of DESIGN §9. Each one has a test.
-MAX_SCRIPT_BYTES = 256 * 1024
-MAX_DEPENDENCIES = 64
-MAX_DATASETS = 16
-MAX_WAIT_TIMEOUT_S = 600
-MAX_LOG_TAIL = 2000
-DEFAULT_WAIT_TIMEOUT_S = 300
-DEFAULT_LOG_TAIL = 200
+from posttrain_env.limits import (
+    DEFAULT_LOG_TAIL,
+    DEFAULT_WAIT_TIMEOUT_S,
+    MAX_ARGUMENTS_BYTES,
+    MAX_DATASETS,
+    MAX_DEPENDENCIES,
+    MAX_JOB_ID_CHARS,
+    MAX_LOG_TAIL,
+    MAX_REPO_ID_CHARS,
+    MAX_REQUIREMENT_CHARS,
+    MAX_SCRIPT_BYTES,
+    MAX_STEPS,
+    MAX_WAIT_TIMEOUT_S,
+    cut_text,
+)
+
+# Text that a job, an agent or an artifact controls, cut where it enters the system.
+BoundedText = Annotated[str, AfterValidator(cut_text)]
 
 MICRO = 1_000_000
 
@@ -44,12 +61,17 @@ class ErrorType(enum.StrEnum):
     episode_over = "episode_over"
     hf_error = "hf_error"
     invalid_argument = "invalid_argument"
+    # A request sent again whose answer the episode no longer keeps (DESIGN §9 "Dedup"): it
+    # was run once and is never run again.
+    already_answered = "already_answered"
 
 
 class ToolError(Exception):
     """An error answered to the agent as data: `{"error": {"type", "message", ...}}`."""
 
     def __init__(self, type: ErrorType, message: str, **details: Any) -> None:
+        # Messages may quote what an agent or a job sent: cut, so that no answer grows with it.
+        message = cut_text(message)
         super().__init__(message)
         self.type = ErrorType(type)
         self.message = message
@@ -87,14 +109,14 @@ class NoArgs(ToolArgs):
 
 class JobsSubmitArgs(ToolArgs):
     script: str = Field(description="The Python training script (UTF-8, at most 256 KiB).")
-    flavor: str = Field(description="Hardware flavor, one of task_info's flavors.")
+    flavor: str = Field(max_length=64, description="Hardware flavor, one of task_info's flavors.")
     timeout_minutes: int = Field(gt=0, description="Hard time limit; the budget reserves it.")
-    dependencies: list[str] = Field(
+    dependencies: list[Annotated[str, Field(max_length=MAX_REQUIREMENT_CHARS)]] = Field(
         default_factory=list,
         max_length=MAX_DEPENDENCIES,
         description="PyPI requirement strings (names, extras, versions, markers); wheels only.",
     )
-    datasets: list[str] = Field(
+    datasets: list[Annotated[str, Field(max_length=MAX_REPO_ID_CHARS)]] = Field(
         default_factory=list,
         max_length=MAX_DATASETS,
         description="Public Hugging Face dataset repo ids, mounted at /datasets/<repo_id>.",
@@ -118,7 +140,9 @@ class JobsSubmitArgs(ToolArgs):
 
 
 class JobIdArgs(ToolArgs):
-    job_id: str = Field(description="A job id returned by jobs_submit (job-<12 hex>).")
+    job_id: str = Field(
+        max_length=MAX_JOB_ID_CHARS, description="A job id returned by jobs_submit (job-<12 hex>)."
+    )
 
 
 class JobsWaitArgs(JobIdArgs):
@@ -131,7 +155,9 @@ class JobsWaitArgs(JobIdArgs):
 
 
 class JobsStatusArgs(ToolArgs):
-    job_id: str | None = Field(default=None, description="One job, or every job when omitted.")
+    job_id: str | None = Field(
+        default=None, max_length=MAX_JOB_ID_CHARS, description="One job, or every job when omitted."
+    )
 
 
 class JobsLogsArgs(JobIdArgs):
@@ -175,10 +201,36 @@ def parse_tool_args(tool: str, arguments: dict[str, Any]) -> ToolArgs:
         return model.model_validate(arguments)
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else ""
+        # An unknown key is named in the error: an agent chose it, so it is cut.
+        field = cut_text(str(first["loc"][0]), 100) if first["loc"] else ""
         error_type = model.field_error_types.get(field, ErrorType.invalid_argument)
         where = f"argument {field!r}" if field else "arguments"
         raise ToolError(error_type, f"{tool}: {where}: {first['msg']}", field=field) from None
+
+
+def oversized_error(tool: str, field: str, size: int, total: int) -> ToolError:
+    """The answer to a call whose arguments the edge refused to send for their size."""
+    if field == "tool_name":
+        return ToolError(
+            ErrorType.invalid_argument,
+            f"the tool name is {size} bytes long; no tool has a name that long",
+            field=field,
+        )
+    if tool == "jobs_submit" and field == "script":
+        return ToolError(
+            ErrorType.invalid_script,
+            f"the script is {size} bytes as sent; the limit is {MAX_SCRIPT_BYTES} bytes of "
+            "UTF-8. Put large data in a dataset instead of the script.",
+            field=field,
+            bytes=size,
+        )
+    return ToolError(
+        ErrorType.invalid_argument,
+        f"{tool}: the arguments are {total} bytes as sent (argument {field!r}: {size} bytes); "
+        f"a tool call's arguments may take at most {MAX_ARGUMENTS_BYTES} bytes",
+        field=field,
+        bytes=size,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,7 +356,7 @@ class TaskSpec(BaseModel):
     flavors: list[str] = Field(min_length=1)
     max_timeout_minutes: int = Field(gt=0)
     budget_usd: float = Field(gt=0)
-    max_steps: int = Field(default=100, gt=0)
+    max_steps: int = Field(default=100, gt=0, le=MAX_STEPS)
     time_limit_s: int = Field(gt=0)
     score_timeout_s: int = Field(gt=0)
     max_concurrent_jobs: int = Field(default=2, gt=0)

@@ -46,7 +46,7 @@ async def serve(host: str, port: int, *, with_worker: bool) -> None:
     # Imported once the settings are known to be usable (openenv's server side pulls in gradio).
     import uvicorn
 
-    from mcp_gateway.app import create_app
+    from mcp_gateway.app import create_app, uvicorn_config
 
     embedded: EmbeddedTemporal | None = None
     async with contextlib.AsyncExitStack() as stack:
@@ -73,11 +73,7 @@ async def serve(host: str, port: int, *, with_worker: bool) -> None:
             worker = build_worker(client, settings, backend)
             await stack.enter_async_context(worker)
             log.info("worker on task queue %r (backend %s)", settings.task_queue, backend.name)
-        app = create_app(settings, client)
-        config = uvicorn.Config(
-            app, host=host, port=port, access_log=False, log_level="warning", lifespan="on"
-        )
-        server = uvicorn.Server(config)
+        server = uvicorn.Server(uvicorn_config(create_app(settings, client), host, port))
         # uvicorn re-raises the signal that stopped it once it has shut down; with the default
         # handlers that would kill us before the worker and Temporal stop. Ours ignore it.
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES, KIB
 from posttrain_env.models import MICRO
 
 
@@ -54,6 +55,8 @@ class Settings(BaseSettings):
     # Continue an episode as new past this many history events (default: when Temporal
     # suggests it, ~4,000 events on the dev server). Lower it to exercise the path.
     continue_as_new_events: int | None = Field(default=None, ge=100)
+    # Continue an episode as new past this many bytes of history (Temporal's limit is 50 MB).
+    continue_as_new_bytes: int = Field(default=CONTINUE_AS_NEW_HISTORY_BYTES, ge=64 * KIB)
 
     @field_validator(
         "max_live_episodes",

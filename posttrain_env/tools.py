@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from posttrain_env.models import MAX_LOG_TAIL, MAX_WAIT_TIMEOUT_S, TOOL_ARGS
+from posttrain_env.limits import (
+    MAX_LOG_ANSWER_BYTES,
+    MAX_LOG_LINE_BYTES,
+    MAX_LOG_TAIL,
+    MAX_SCRIPT_BYTES,
+    MAX_WAIT_TIMEOUT_S,
+)
+from posttrain_env.models import TOOL_ARGS
 
 TOOL_DESCRIPTIONS: dict[str, str] = {
     "task_info": (
@@ -26,7 +33,8 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         "whatever the script writes under /data/outputs/ becomes the job's artifact. The price of "
         "flavor x timeout_minutes is reserved from your budget until the job ends; you then pay "
         "for the minutes it really ran. `dependencies` are plain PyPI requirements installed as "
-        "wheels before the script starts. Returns the job (job_id, state, reserved_usd, ...)."
+        "wheels before the script starts. The script is UTF-8 Python of at most "
+        f"{MAX_SCRIPT_BYTES // 1024} KiB. Returns the job (job_id, state, reserved_usd, ...)."
     ),
     "jobs_wait": (
         "Wait until the job's state changes or `timeout_s` seconds pass (at most "
@@ -35,7 +43,11 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
     ),
     "jobs_status": "The current state of one job, or of every job of this episode (no job_id).",
     "jobs_logs": (
-        f"The last `tail` lines (at most {MAX_LOG_TAIL}) of a job's output, installer included."
+        f"The last `tail` lines (at most {MAX_LOG_TAIL}) of a job's output, installer included. "
+        f"Each line is cut to {MAX_LOG_LINE_BYTES // 1024} KiB and the answer to "
+        f"{MAX_LOG_ANSWER_BYTES // 1024} KiB, oldest lines dropped first; `truncated` "
+        "(`lines`, `bytes`) says what was cut. Print less, or write details to a file in "
+        "/data/outputs."
     ),
     "jobs_cancel": (
         "Cancel a job. Returns it once the cancellation is confirmed, settled at the minutes "

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import (
+    LogForwardingConfig,
+    LoggingConfig,
+    Runtime,
+    TelemetryConfig,
+    TelemetryFilter,
+)
 from temporalio.worker import Worker
 
 from activities.backend import JobsBackend
@@ -28,6 +37,7 @@ from workflows.watcher import WatcherWorkflow
 DEFAULT_WATCH_INTERVAL_S = 30.0
 LOCAL_WATCH_INTERVAL_S = 2.0
 LOCAL_BRISK_LOOK_S = 0.1
+CORE_LOGGER = "temporalio.core"
 
 WORKFLOWS: Sequence[type] = (
     SessionWorkflow,
@@ -38,11 +48,30 @@ WORKFLOWS: Sequence[type] = (
 )
 
 
+@functools.cache
+def core_runtime() -> Runtime:
+    """The process's Temporal runtime (one per process), forwarding the SDK core's own log to
+    Python logging as `temporalio.core`. That log is where a payload over Temporal's limit
+    shows (`TMPRL1103` at ERROR: the workflow task then fails in a loop), so the server's log
+    and the tests see it."""
+    return Runtime(
+        telemetry=TelemetryConfig(
+            logging=LoggingConfig(
+                filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
+                forwarding=LogForwardingConfig(
+                    logger=logging.getLogger(CORE_LOGGER), append_target_to_name=False
+                ),
+            )
+        )
+    )
+
+
 async def connect(settings: Settings) -> Client:
     return await Client.connect(
         settings.temporal_address,
         namespace=settings.temporal_namespace,
         data_converter=pydantic_data_converter,
+        runtime=core_runtime(),
     )
 
 
@@ -96,6 +125,7 @@ def build_worker(
             max_live_episodes=settings.max_live_episodes,
             spend_cap_micro_usd=settings.spend_cap_micro_usd,
             continue_as_new_events=settings.continue_as_new_events,
+            continue_as_new_bytes=settings.continue_as_new_bytes,
         ),
     )
     workflows = list(WORKFLOWS)

@@ -8,13 +8,17 @@ so each test gets its own and no test can stall another.
 
 from __future__ import annotations
 
+import logging
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
+
+from posttrain_env.worker import CORE_LOGGER, core_runtime
+from tests.payload_limits import payload_limit_violations
 
 
 def binary(name: str) -> str:
@@ -29,6 +33,7 @@ async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
         data_converter=pydantic_data_converter,
         test_server_existing_path=binary("temporal-test-server"),
+        runtime=core_runtime(),
     )
     try:
         yield env
@@ -39,3 +44,37 @@ async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
 @pytest.fixture
 def client(time_skipping_env: WorkflowEnvironment) -> Client:
     return time_skipping_env.client
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+
+@pytest.fixture
+def core_log() -> Iterator[_Records]:
+    """The SDK core's log of this test (forwarded by `core_runtime` to Python logging)."""
+    records = _Records()
+    logger = logging.getLogger(CORE_LOGGER)
+    logger.addHandler(records)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(records)
+
+
+@pytest.fixture(autouse=True)
+def no_payload_over_temporals_limit(
+    request: pytest.FixtureRequest, core_log: _Records
+) -> Iterator[None]:
+    """Every test fails if the SDK core refused a payload for its size (TMPRL1103 at ERROR):
+    such a payload wedges a workflow task in a retry loop instead of failing it."""
+    yield
+    if request.node.get_closest_marker("payload_limit_canary"):
+        return  # it causes one on purpose, and checks for it itself
+    violations = payload_limit_violations(core_log.lines)
+    assert not violations, f"a payload over Temporal's limit: {violations[:3]}"

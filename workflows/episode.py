@@ -22,10 +22,10 @@ with workflow.unsafe.imports_passed_through():
         ErrorType,
         ServiceSpend,
         ToolError,
+        oversized_error,
         parse_tool_args,
     )
     from workflows.episode_state import (
-        RECENT_RESULTS_KEPT,
         EpisodeCarry,
         EpisodeSetup,
         JobRecord,
@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.ids import SIGNAL_EPISODE_CLOSED, SIGNAL_JOB_CHANGED
     from workflows.job import JobSnapshot, JobWorkflow
     from workflows.ledger import Ledger
+    from workflows.recent import remember, was_dropped
     from workflows.waiting import wait_until
 
 
@@ -115,6 +116,16 @@ class EpisodeWorkflow(EpisodeTools):
         """A tool call from any path; argument and policy errors are answered as data."""
         if call.request_id in self._s.recent:
             return self._s.recent[call.request_id]
+        if was_dropped(self._s, call.request_id):
+            return self._result(
+                call,
+                ToolError(
+                    ErrorType.already_answered,
+                    f"request {call.request_id!r} was already answered and its answer is no "
+                    "longer kept; it is not run again (jobs_status shows the jobs)",
+                    request_id=call.request_id,
+                ).envelope(),
+            )
         if self._s.end is None and self._deadline_passed() and not self._s.submitting:
             await self._end(EndReason.time_limit, 0.0)
         if self._s.end is not None:
@@ -134,13 +145,16 @@ class EpisodeWorkflow(EpisodeTools):
             )
         self._s.steps_used += 1
         try:
+            if call.oversized is not None:
+                over = call.oversized
+                raise oversized_error(call.tool, over.field, over.bytes, over.total_bytes)
             data = await self._dispatch(call.tool, parse_tool_args(call.tool, call.arguments))
         except ToolError as err:
             data = err.envelope()
         if self._s.end is None and self._s.steps_used >= self._setup.task.max_steps:
             await self._end(EndReason.max_steps, 0.0)
         result = self._result(call, data)
-        self._remember(call.request_id, result)
+        remember(self._s, call.request_id, result)
         return result
 
     @call_tool.validator
@@ -188,6 +202,11 @@ class EpisodeWorkflow(EpisodeTools):
         """The answer to a finished request, while it is among the recent ones remembered."""
         return self._s.recent.get(request_id)
 
+    @workflow.query
+    def answered(self, request_id: str) -> bool:
+        """True when the request was answered, whether or not its answer is still kept."""
+        return request_id in self._s.recent or was_dropped(self._s, request_id)
+
     # -- ending --------------------------------------------------------------------------------
 
     async def _end(
@@ -218,6 +237,8 @@ class EpisodeWorkflow(EpisodeTools):
 
     def _history_is_long(self) -> bool:
         info = workflow.info()
+        if info.get_current_history_size() >= self._setup.continue_as_new_bytes:
+            return True  # Temporal terminates a workflow whose history reaches 50 MB
         limit = self._setup.continue_as_new_events
         if limit is not None:
             return info.get_current_history_length() >= limit
@@ -273,8 +294,3 @@ class EpisodeWorkflow(EpisodeTools):
             )
         except FailureError:
             workflow.logger.warning("session of episode %s is gone", self._setup.episode_id)
-
-    def _remember(self, request_id: str, result: ToolResult) -> None:
-        self._s.recent[request_id] = result
-        while len(self._s.recent) > RECENT_RESULTS_KEPT:
-            del self._s.recent[next(iter(self._s.recent))]

@@ -9,7 +9,13 @@ from pydantic import BaseModel, Field
 
 from activities.backend import JobRole, RepoRef
 from activities.jobs import ScoreResult
+from posttrain_env.limits import (
+    CONTINUE_AS_NEW_HISTORY_BYTES,
+    MAX_REQUEST_ID_CHARS,
+    MAX_TOOL_NAME_CHARS,
+)
 from posttrain_env.models import (
+    BoundedText,
     EpisodeEnd,
     FlavorPrice,
     JobState,
@@ -19,20 +25,29 @@ from posttrain_env.models import (
 )
 from workflows.ledger import Ledger, Settlement
 
-# Recent request ids and their results, carried through continue-as-new so that a retried
-# request is answered once even across runs (Temporal deduplicates update ids within a run).
-RECENT_RESULTS_KEPT = 256
-
 ToolPath = Literal["step", "mcp", "openenv_mcp"]
 
 
-class ToolCall(BaseModel):
-    """One tool call, from any path. The update id is `<episode_id>:<request_id>`."""
+class Oversized(BaseModel):
+    """Stands in for arguments the edge refused to send for their size (DESIGN §10)."""
 
-    request_id: str = Field(min_length=1, max_length=200)
-    tool: str
+    field: str = Field(max_length=MAX_TOOL_NAME_CHARS)  # the largest argument, or "tool_name"
+    bytes: int  # its size as JSON
+    total_bytes: int  # all the arguments' size as JSON
+
+
+class ToolCall(BaseModel):
+    """One tool call, from any path. The update id is `<episode_id>:<request_id>`.
+
+    Built by the edge (`mcp_gateway.episode_calls.tool_call`), which measures the arguments:
+    over MAX_ARGUMENTS_BYTES they are replaced by `oversized` and the episode answers a typed
+    error, so no update ever comes near Temporal's payload limit."""
+
+    request_id: str = Field(min_length=1, max_length=MAX_REQUEST_ID_CHARS)
+    tool: str = Field(max_length=MAX_TOOL_NAME_CHARS)
     arguments: dict[str, Any] = Field(default_factory=dict)
     path: ToolPath = "step"
+    oversized: Oversized | None = None
 
 
 class ToolResult(BaseModel):
@@ -75,6 +90,8 @@ class EpisodeSetup(BaseModel):
     session_workflow_id: str | None = None
     # None: continue as new when Temporal suggests it; else past this many history events.
     continue_as_new_events: int | None = None
+    # Continue as new past this many bytes of history, whatever the event count.
+    continue_as_new_bytes: int = CONTINUE_AS_NEW_HISTORY_BYTES
 
 
 class JobRecord(BaseModel):
@@ -91,7 +108,7 @@ class JobRecord(BaseModel):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     running_s: float = 0.0
-    message: str = ""
+    message: BoundedText = ""
     error: dict[str, Any] | None = None
     settlement: Settlement | None = None
     score: ScoreResult | None = None
@@ -115,7 +132,12 @@ class EpisodeCarry(BaseModel):
     dev_evaluations: int = 0
     end: EpisodeEnd | None = None
     submitting: bool = False
+    # Results of recent requests, oldest first, within RECENT_RESULTS_BYTES (workflows/recent.py);
+    # Temporal deduplicates update ids within a run only, so these answer retries across runs.
     recent: dict[str, ToolResult] = Field(default_factory=dict)
+    recent_sizes: dict[str, int] = Field(default_factory=dict)
+    # Short hashes of requests whose result was dropped from `recent`: never run again.
+    answered: list[str] = Field(default_factory=list)
 
 
 def iso(moment: datetime | None) -> str | None:

@@ -18,6 +18,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.episodes import EpisodeActivities, ServerSpend
     from activities.jobs import JobLogs, JobsActivities, ResolveDatasets
     from job_launcher.requirements import merged_dependencies, validate_script
+    from posttrain_env.limits import MAX_JOBS_PER_EPISODE
     from posttrain_env.models import (
         EndReason,
         ErrorType,
@@ -163,9 +164,9 @@ class EpisodeTools:
     async def _jobs_logs(self, args: JobsLogsArgs) -> dict[str, Any]:
         record = self._agent_job(args.job_id)
         if record.backend_ref is None:
-            return {"job_id": record.job_id, "lines": []}
+            return {"job_id": record.job_id, "lines": [], "truncated": {"lines": 0, "bytes": 0}}
         try:
-            lines = await workflow.execute_activity_method(
+            logs = await workflow.execute_activity_method(
                 JobsActivities.job_logs,
                 JobLogs(
                     ref=record.backend_ref,
@@ -178,7 +179,11 @@ class EpisodeTools:
             )
         except ActivityError as err:
             raise tool_error_of(err) from None
-        return {"job_id": record.job_id, "lines": lines}
+        return {
+            "job_id": record.job_id,
+            "lines": logs.lines,
+            "truncated": {"lines": logs.dropped_lines, "bytes": logs.cut_bytes},
+        }
 
     async def _jobs_cancel(self, args: JobIdArgs) -> dict[str, Any]:
         record = self._agent_job(args.job_id)
@@ -288,6 +293,13 @@ class EpisodeTools:
         reserve: bool = True,
     ) -> JobRecord:
         """Reserve, start the child, and wait until the job exists (or its start failed)."""
+        if len(self._s.jobs) >= MAX_JOBS_PER_EPISODE:
+            # The job table travels through continue-as-new: it must stay bounded.
+            raise ToolError(
+                ErrorType.limit_reached,
+                f"this episode has started {len(self._s.jobs)} jobs and evaluations, the most "
+                "an episode may; submit one of the finished jobs",
+            )
         self._s.job_counter += 1
         n = self._s.job_counter
         prefix = "job" if role is JobRole.agent else "eval"

@@ -1,5 +1,6 @@
-"""The files of one local job, and process identity. Standard library only: the job's supervisor
-(`activities.local.job_runner`) imports this module without the server's dependencies.
+"""The files of one local job, and process identity. Standard library only (and the stdlib-only
+`posttrain_env.limits`): the job's supervisor (`activities.local.job_runner`) imports this module
+without the server's dependencies.
 
 A job folder `<state>/local/jobs/<ref>/` holds:
 
@@ -27,6 +28,8 @@ import signal
 import stat
 from pathlib import Path
 from typing import Any
+
+from posttrain_env.limits import MAX_LOG_READ_BYTES
 
 JOB = "job.json"
 SUPERVISOR = "supervisor.json"
@@ -148,7 +151,7 @@ def usage(root: Path, limit_files: int) -> tuple[int, int]:
     return total, files
 
 
-def tail_lines(path: Path, n: int, max_bytes: int = 8 << 20) -> list[str]:
+def tail_lines(path: Path, n: int, max_bytes: int = MAX_LOG_READ_BYTES) -> list[str]:
     """The last `n` lines of a log (reading at most its last `max_bytes`)."""
     if n <= 0:
         return []

@@ -25,6 +25,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.backend import JobRequest, JobRole
 from activities.fake_backend import FakeBackend, FakeScenario
+from tests.payload_limits import payload_limit_violations
 from workflows.episode import EpisodeStatus, EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 
@@ -147,7 +148,16 @@ class ServerProcess:
             os.killpg(with_group, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        self.check_payload_limits()
         return self.proc.returncode
+
+    def check_payload_limits(self) -> None:
+        """Fail if the server's worker ever had a payload refused for its size (TMPRL1103):
+        the same check the in-process tests make (tests/conftest.py)."""
+        if self.log_path.exists():
+            lines = self.log_path.read_text(errors="replace").splitlines()
+            violations = payload_limit_violations(lines)
+            assert not violations, f"a payload over Temporal's limit: {violations[:3]}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""

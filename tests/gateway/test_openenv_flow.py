@@ -291,9 +291,12 @@ def test_http_routes_are_bound_to_a_session(server: ServerProcess) -> None:
     assert step["observation"]["result"]["data"]["base_model"]["repo_id"]
     state = httpx.get(f"{base}/state", headers={"X-Session-Id": session_id}).json()
     assert state["episode_id"] == reset["metadata"]["episode_id"] and state["step_count"] == 1
+    fresh = httpx.post(
+        f"{base}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create"}
+    ).json()["result"]["session_id"]
     other = httpx.post(
         f"{base}/step",
-        json={"session_id": "x" * 32, "action": {"type": "call_tool", "tool_name": "task_info"}},
+        json={"session_id": fresh, "action": {"type": "call_tool", "tool_name": "task_info"}},
         timeout=30,
     )
     assert other.status_code == 409 and other.json()["detail"]["code"] == "NO_EPISODE"

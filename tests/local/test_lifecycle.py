@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
+from temporalio.client import Client
 
+from activities.jobs import JobLogs, JobsActivities, WatcherSettings
+from activities.keys import ServerKey
 from activities.local_backend import LocalBackend, job_ref
 from job_launcher.trusted_lines import read_score
+from posttrain_env.limits import MAX_LOG_ANSWER_BYTES, MAX_LOG_LINE_BYTES, json_size
 from posttrain_env.models import ErrorType, ToolError
+from tasks.registry import TASKS_DIR
 from tests.local.conftest import (
     JOB_PYTHON,
     SMALL,
@@ -23,6 +30,7 @@ from tests.local.conftest import (
     job_uid,
     now,
     wait_for,
+    write_model,
 )
 from tests.processes import live_pids_of_uid
 
@@ -304,3 +312,37 @@ def test_logs_of_an_unknown_job_are_an_error(jobs: Jobs) -> None:
     with pytest.raises(ToolError):
         asyncio.run(jobs.backend.logs("local-" + "0" * 24, 10, now()))
     assert asyncio.run(jobs.backend.observe(["local-" + "0" * 24, "../x"], now())) == {}
+
+
+def test_a_loud_jobs_logs_are_answered_within_the_log_limits(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    """One 5 MB line, then 2,000 lines of 4 KB: `jobs_logs` (the activity, which cuts before
+    anything crosses Temporal) answers the newest lines within its limits and says what it cut."""
+    roomy = dataclasses.replace(SMALL, file_bytes=32 << 20, disk_cap_bytes=64 << 20)
+    backend = LocalBackend(state_dir, job_python=JOB_PYTHON, limits=roomy, bwrap=TEST_BWRAP)
+    jobs = Jobs(backend, write_model(tmp_path / "model-src"))
+    loud = (
+        "import sys\n"
+        "sys.stdout.write('L' * 5_000_000 + '\\n')\n"
+        "for i in range(2000):\n"
+        "    sys.stdout.write(f'{i:04d} ' + 'y' * 4000 + '\\n')\n"
+    )
+    job = jobs.run(loud, timeout=60)
+    assert job.state.value == "succeeded", jobs.logs(job.ref)
+    activities = JobsActivities(
+        jobs.backend,
+        ServerKey(b"k" * 32),
+        cast(Client, None),  # job_logs reaches no workflow
+        TASKS_DIR,
+        WatcherSettings(workflow_id="unused"),
+    )
+    answer = asyncio.run(
+        activities.job_logs(JobLogs(ref=job.ref, key="test/job", tail=2000, now=now()))
+    )
+    assert len(json.dumps(answer.lines, ensure_ascii=False).encode()) <= MAX_LOG_ANSWER_BYTES
+    assert all(json_size(line) <= MAX_LOG_LINE_BYTES for line in answer.lines)
+    # The newest lines are kept (the launcher's and the backend's own lines follow the job's).
+    printed = [line for line in answer.lines if line[:4].isdigit()]
+    assert printed[-1].startswith("1999 ")
+    assert answer.dropped_lines == 2000 - len(answer.lines) > 0

@@ -1,0 +1,129 @@
+"""Every limit of the system, defined once (DESIGN §9 "Limits", §10 "bounded by construction").
+
+Two kinds. Limits an agent meets (argument sizes, waits, log answers) are part of the contract
+and are listed in the README. Limits that keep what crosses Temporal below its 2 MB payload
+limit are chosen so that no sum of bounded parts can reach it: a payload over that limit is not
+refused cleanly, it wedges the workflow task in a retry loop (FACTS.md), so nothing may depend
+on Temporal to enforce them. Each limit has a test.
+
+Pure (standard library only), so the client, the gateway and workflow code all import it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+KIB = 1024
+MIB = 1024 * KIB
+
+# -- what Temporal allows ------------------------------------------------------------------------
+# Temporal's per-payload error limit (the SDK's and the server's `limit.blobSize.error`).
+TEMPORAL_PAYLOAD_LIMIT_BYTES = 2 * MIB
+# What the gateway sends in one update, at most: well below that limit.
+MAX_UPDATE_BYTES = 3 * MIB // 2
+
+# -- transport (every route of the gateway) ------------------------------------------------------
+# HTTP request bodies and WebSocket messages: refused above this without being read whole.
+MAX_BODY_BYTES = 32 * MIB
+# JSON nested deeper than this is refused as malformed (a clean 400 / parse error).
+MAX_JSON_DEPTH = 64
+
+# -- tool arguments ------------------------------------------------------------------------------
+# A tool call's arguments, measured as JSON as the data converter encodes them.
+MAX_ARGUMENTS_BYTES = 1 * MIB
+MAX_SCRIPT_BYTES = 256 * KIB  # UTF-8
+MAX_DEPENDENCIES = 64
+MAX_REQUIREMENT_CHARS = 256  # one requirement string: longer is not a plain requirement
+MAX_DATASETS = 16
+MAX_REPO_ID_CHARS = 200  # `<namespace>/<name>`; Hugging Face allows 96 characters per part
+MAX_JOB_ID_CHARS = 64
+MAX_TOOL_NAME_CHARS = 64
+MAX_REQUEST_ID_CHARS = 200
+MAX_WAIT_TIMEOUT_S = 600
+DEFAULT_WAIT_TIMEOUT_S = 300
+MAX_LOG_TAIL = 2000
+DEFAULT_LOG_TAIL = 200
+
+# -- what comes back -----------------------------------------------------------------------------
+# `jobs_logs`: each line cut to this many bytes (as JSON), the whole answer at most this many.
+MAX_LOG_LINE_BYTES = 4 * KIB
+MAX_LOG_ANSWER_BYTES = 64 * KIB
+# How much of a job's log a backend reads to find its last lines.
+MAX_LOG_READ_BYTES = 8 * MIB
+# Any text a job, an agent or an artifact controls that enters the system as a message or a
+# reason (job messages, error messages, evaluator reasons): cut to this many characters.
+MAX_MESSAGE_CHARS = 1 * KIB
+# An evaluator's score details (JSON): larger details are replaced by a note saying so.
+MAX_SCORE_DETAILS_BYTES = 8 * KIB
+
+# -- what an episode carries (its continue-as-new input stays far below the payload limit) --------
+# Results of recent requests, kept so that a re-sent request is answered once; oldest dropped
+# first. Requests whose result was dropped are remembered by a short hash and refused.
+RECENT_RESULTS_BYTES = 512 * KIB
+# Steps per episode (a task's `max_steps` may not exceed this) and jobs per episode (agent jobs
+# and evaluations together).
+MAX_STEPS = 10_000
+MAX_JOBS_PER_EPISODE = 256
+# Continue as new once the history is this large (Temporal terminates a workflow at 50 MB), as
+# well as when Temporal suggests it.
+CONTINUE_AS_NEW_HISTORY_BYTES = 8 * MIB
+
+
+def cut_text(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`text`, cut to at most `limit` characters with a marker saying how much was dropped."""
+    if len(text) <= limit:
+        return text
+    marker = f" [... cut from {len(text)} characters]"
+    return text[: max(0, limit - len(marker))] + marker
+
+
+def json_size(text: str) -> int:
+    """Bytes `text` takes as a JSON string (UTF-8, quotes and escapes included)."""
+    return len(json.dumps(text, ensure_ascii=False).encode("utf-8"))
+
+
+def cut_to_json_bytes(text: str, limit: int) -> str:
+    """The longest prefix of `text` whose JSON encoding takes at most `limit` bytes."""
+    if json_size(text) <= limit:
+        return text
+    low, high = 0, min(len(text), limit)  # a character takes at least one byte
+    while low < high:
+        middle = (low + high + 1) // 2
+        if json_size(text[:middle]) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return text[:low]
+
+
+@dataclass(frozen=True)
+class LogTail:
+    """The end of a job's log as `jobs_logs` answers it, and what was cut to fit the limits."""
+
+    lines: list[str]
+    dropped_lines: int = 0  # lines of the requested tail left out to keep the answer small
+    cut_bytes: int = 0  # bytes removed from lines longer than MAX_LOG_LINE_BYTES
+
+
+def bound_log_lines(
+    lines: list[str],
+    tail: int,
+    line_bytes: int = MAX_LOG_LINE_BYTES,
+    answer_bytes: int = MAX_LOG_ANSWER_BYTES,
+) -> LogTail:
+    """The last `tail` lines, each cut to `line_bytes` (as JSON), then the oldest dropped until
+    all of them together take at most `answer_bytes` as a JSON list."""
+    wanted = lines[-tail:] if tail > 0 else []
+    kept: list[str] = []
+    cut = 0
+    for line in wanted:
+        short = cut_to_json_bytes(line, line_bytes)
+        cut += len(line.encode("utf-8", "replace")) - len(short.encode("utf-8", "replace"))
+        kept.append(short)
+    total = 2 + sum(json_size(line) + 1 for line in kept)  # brackets and commas
+    first = 0
+    while first < len(kept) and total > answer_bytes:
+        total -= json_size(kept[first]) + 1
+        first += 1
+    return LogTail(lines=kept[first:], dropped_lines=first, cut_bytes=cut)

@@ -1,0 +1,293 @@
+"""Bounds at the edge, against the real server: oversized tool calls on every path, bodies and
+WebSocket messages over the transport limit, deep JSON, and session ids the server never minted
+(DESIGN §10). Nothing large reaches Temporal, and the episode goes on answering."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openenv.core.env_server.mcp_types import CallToolAction
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
+
+import posttrain_env.client
+from posttrain_env import PostTrainEnv
+from posttrain_env.client import RequestTooLarge
+from posttrain_env.limits import MAX_BODY_BYTES
+from tests.gateway.server import ServerProcess, frame, ws_url
+from tests.gateway.test_mcp_endpoint import create_episode, data, mcp_session
+
+SUBMIT = {"flavor": "cpu-basic", "timeout_minutes": 5}
+OVERSIZED = {
+    "2.4 MB script": ({"script": "x=1\n" * 600_000, **SUBMIT}, "invalid_script"),
+    "20 MB script": ({"script": "#" * 20_000_000, **SUBMIT}, "invalid_script"),
+    "2 MB of dependencies": (
+        {"script": "print(1)\n", "dependencies": ["d" * 200] * 10_000, **SUBMIT},
+        "invalid_argument",
+    ),
+}
+# "Within a second" on a quiet machine (see the issue note for the measured figures); the
+# bound here only separates an answer from the old 300 s of retries on a loaded 2-core box.
+PROMPT_S = 10.0
+
+
+def rss_peak_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def server_pid(server: ServerProcess) -> int:
+    assert server.proc is not None
+    return server.proc.pid
+
+
+# -- oversized tool calls, on every path -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", list(OVERSIZED))
+def test_openenv_step_answers_an_oversized_call_as_one_typed_step(
+    server: ServerProcess, case: str
+) -> None:
+    arguments, expected = OVERSIZED[case]
+    with PostTrainEnv(base_url=server.base_url, message_timeout_s=120).sync() as env:
+        env.reset(task_id="t0_artifact")
+        started = time.monotonic()
+        refused = env.step(CallToolAction(tool_name="jobs_submit", arguments=arguments))
+        elapsed = time.monotonic() - started
+        print(f"{case}: answered in {elapsed:.2f} s")
+        assert elapsed < PROMPT_S
+        assert refused.observation.result["data"]["error"]["type"] == expected
+        assert refused.observation.metadata["steps_used"] == 1
+        info = env.step(CallToolAction(tool_name="task_info", arguments={}))
+        assert info.observation.result["data"]["task_id"] == "t0_artifact"
+        assert info.observation.metadata["steps_used"] == 2
+
+
+@pytest.mark.parametrize("case", list(OVERSIZED))
+def test_http_step_and_openenv_mcp_answer_an_oversized_call_as_one_typed_step(
+    server: ServerProcess, case: str
+) -> None:
+    arguments, expected = OVERSIZED[case]
+    base = server.base_url
+    reset = httpx.post(f"{base}/reset", json={"task_id": "t0_artifact"}, timeout=60).json()
+    session_id = reset["metadata"]["session_id"]
+    started = time.monotonic()
+    step = httpx.post(
+        f"{base}/step",
+        json={
+            "session_id": session_id,
+            "action": {"type": "call_tool", "tool_name": "jobs_submit", "arguments": arguments},
+        },
+        timeout=60,
+    )
+    assert time.monotonic() - started < PROMPT_S
+    assert step.status_code == 200, step.text
+    assert step.json()["observation"]["result"]["data"]["error"]["type"] == expected
+    rpc = httpx.post(
+        f"{base}/mcp",
+        json={
+            "jsonrpc": "2.0",
+            "id": 7,
+            "method": "tools/call",
+            "params": {"session_id": session_id, "name": "jobs_submit", "arguments": arguments},
+        },
+        timeout=60,
+    ).json()
+    assert rpc["result"]["data"]["error"]["type"] == expected
+    state = httpx.get(f"{base}/state", headers={"X-Session-Id": session_id}).json()
+    assert state["step_count"] == 2  # one step each
+    rpc = httpx.post(
+        f"{base}/mcp",
+        json={
+            "jsonrpc": "2.0",
+            "id": 8,
+            "method": "tools/call",
+            "params": {"session_id": session_id, "name": "task_info", "arguments": {}},
+        },
+        timeout=60,
+    ).json()
+    assert rpc["result"]["data"]["task_id"] == "t0_artifact"
+
+
+async def test_the_episode_mcp_endpoint_answers_oversized_calls_as_typed_steps(
+    server: ServerProcess,
+) -> None:
+    episode = await create_episode(server)
+    async with mcp_session(episode) as session:
+        for n, (arguments, expected) in enumerate(OVERSIZED.values(), start=1):
+            started = time.monotonic()
+            result = await session.call_tool("jobs_submit", arguments)
+            assert time.monotonic() - started < PROMPT_S
+            assert result.isError and data(result)["error"]["type"] == expected
+            assert result.meta is not None and result.meta["steps_used"] == n
+        info = await session.call_tool("task_info", {})
+        assert data(info)["task_id"] == "t0_artifact"
+
+
+# -- transport limits ----------------------------------------------------------------------------
+
+
+def test_a_40_mb_websocket_message_is_closed_with_1009_without_being_read(
+    server: ServerProcess,
+) -> None:
+    peak = rss_peak_kib(server_pid(server))
+    with ws_connect(ws_url(server), max_size=None) as ws:
+        ws.send(json.dumps({"type": "step", "data": {"pad": "x" * 40_000_000}}))
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    grown_mib = (rss_peak_kib(server_pid(server)) - peak) / 1024
+    print(f"server peak memory grew by {grown_mib:.1f} MiB for a 40 MB message")
+    assert grown_mib < 20
+
+
+def test_posttrain_env_raises_at_once_for_a_request_the_server_cannot_take(
+    server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    too_big = {"script": "#" * 40_000_000, **SUBMIT}
+    with PostTrainEnv(base_url=server.base_url, message_timeout_s=120).sync() as env:
+        env.reset(task_id="t0_artifact")
+        started = time.monotonic()
+        with pytest.raises(RequestTooLarge):  # refused before sending
+            env.step(CallToolAction(tool_name="jobs_submit", arguments=too_big))
+        # And when the server is the one to refuse (its 1009 close), it is not re-sent either.
+        monkeypatch.setattr(posttrain_env.client, "MAX_BODY_BYTES", 4 * MAX_BODY_BYTES)
+        with pytest.raises(RequestTooLarge, match="refused"):
+            env.step(CallToolAction(tool_name="jobs_submit", arguments=too_big))
+        assert time.monotonic() - started < PROMPT_S
+        info = env.step(CallToolAction(tool_name="task_info", arguments={}))
+        assert info.observation.metadata["steps_used"] == 1
+
+
+def raw_post(server: ServerProcess, path: str, headers: dict[str, str], chunks: Iterator[bytes]):
+    """POST with a raw socket: the status line, while the body is still being sent."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    sock.sendall(head.encode())
+
+    def feed() -> None:
+        try:
+            for chunk in chunks:
+                sock.sendall(chunk)
+        except OSError:
+            pass  # the server answered and closed: it read no further
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    try:
+        status = sock.makefile("rb").readline().decode()
+    finally:
+        sock.close()
+    feeder.join(timeout=30)
+    return int(status.split()[1])
+
+
+@pytest.mark.parametrize("path", ["/mcp", "/step", "/reset", "/episodes"])
+def test_a_100_mib_body_is_refused_with_413_without_being_read(
+    server: ServerProcess, path: str
+) -> None:
+    peak = rss_peak_kib(server_pid(server))
+    size = 100 * 1024 * 1024
+    declared = raw_post(
+        server,
+        path,
+        {"Content-Length": str(size)},
+        (b"x" * (1 << 20) for _ in range(100)),
+    )
+    assert declared == 413
+    streamed = raw_post(
+        server,
+        path,
+        {"Transfer-Encoding": "chunked"},
+        (f"{1 << 20:x}\r\n".encode() + b"x" * (1 << 20) + b"\r\n" for _ in range(100)),
+    )
+    assert streamed == 413
+    grown_mib = (rss_peak_kib(server_pid(server)) - peak) / 1024
+    print(f"{path}: server peak memory grew by {grown_mib:.1f} MiB for 200 MiB refused")
+    assert grown_mib < 100  # a streamed body is read up to the 32 MiB limit, never past it
+
+
+# -- deep JSON and invented session ids -----------------------------------------------------------
+
+
+def test_json_nested_100k_deep_is_a_clean_400_on_every_route(server: ServerProcess) -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    base = server.base_url
+    for path in ("/step", "/reset", "/episodes"):
+        response = httpx.post(
+            f"{base}{path}", content=deep, headers={"Content-Type": "application/json"}
+        )
+        assert response.status_code == 400, (path, response.text)
+        assert response.json()["detail"]["code"] == "INVALID_JSON"
+    rpc = httpx.post(f"{base}/mcp", content=deep).json()
+    assert rpc["error"]["code"] == -32700 and "nested" in rpc["error"]["message"]
+    with ws_connect(ws_url(server)) as ws:
+        ws.send(deep)
+        reply = json.loads(ws.recv(timeout=30))
+        assert reply["type"] == "error" and reply["data"]["code"] == "INVALID_JSON"
+        ws.send(frame("state"))  # the socket still works
+        assert json.loads(ws.recv(timeout=30))["type"] == "state"
+    assert "Traceback" not in server.log() and "RecursionError" not in server.log()
+
+
+async def test_json_nested_100k_deep_is_refused_by_the_episode_mcp_endpoint(
+    server: ServerProcess,
+) -> None:
+    episode = await create_episode(server)
+    deep = '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": ' + "[" * 100_000
+    async with httpx.AsyncClient() as http:
+        response = await http.post(
+            episode["mcp_url"],
+            content=deep + "]" * 100_000 + "}",
+            headers={
+                "Authorization": f"Bearer {episode['episode_token']}",
+                "Content-Type": "application/json",
+                "Accept": "application/json, text/event-stream",
+            },
+        )
+    assert response.status_code == 400
+    async with mcp_session(episode) as session:  # and the endpoint goes on serving
+        assert data(await session.call_tool("task_info", {}))["task_id"] == "t0_artifact"
+    assert "RecursionError" not in server.log()
+
+
+def test_a_session_id_the_server_never_minted_is_refused_everywhere(
+    server: ServerProcess,
+) -> None:
+    base = server.base_url
+    invented = "A" * 22
+    reset = httpx.post(f"{base}/reset", json={"task_id": "t0_artifact", "session_id": invented})
+    assert reset.status_code == 400 and reset.json()["detail"]["code"] == "INVALID_SESSION"
+    forged = "0" * 64  # the right shape, no valid tag
+    step = httpx.post(
+        f"{base}/step",
+        json={"session_id": forged, "action": {"type": "call_tool", "tool_name": "task_info"}},
+    )
+    assert step.status_code == 400 and step.json()["detail"]["code"] == "INVALID_SESSION"
+    rpc = httpx.post(
+        f"{base}/mcp",
+        json={
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"session_id": forged, "name": "task_info", "arguments": {}},
+        },
+    ).json()
+    assert rpc["error"]["data"]["code"] == "INVALID_SESSION"
+    with ws_connect(ws_url(server, f"session_id={forged}")) as ws:
+        reply: dict[str, Any] = json.loads(ws.recv(timeout=30))
+        assert reply["data"]["code"] == "INVALID_SESSION"
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
