@@ -1,0 +1,290 @@
+"""Record the histories of real episodes, for the replay test (tests/replay/test_replay.py).
+
+    uv run python -m tests.replay.record_histories [--out tests/replay/histories]
+
+Each scenario runs against a real Temporal dev server with the project's own workers, and every
+workflow execution it leaves (sessions, episodes, jobs, the watcher, the account; every run of a
+workflow that continued as new) is written as Temporal's JSON history. Run it with the code whose
+histories you want to keep: committed histories prove that episodes started by that code keep
+running after an upgrade (README, "Changing workflow code").
+
+Scenarios:
+- `t0_artifact`: a whole episode on the local backend with the task's reference solution (the
+  demo's flow: submit, wait, dev_evaluate, submit).
+- `reset`: a session that resets while a job runs (the job is cancelled and confirmed), plays a
+  little in the next episode and closes, with the server-wide caps on (the account workflow).
+- `continue_as_new`: an episode that continues as new past 100 events with a job running, and
+  goes on answering afterwards.
+- `cancel_pending`: a job whose cancellation is never confirmed: the reset that asked for it
+  fails, and the job's workflow re-issues the cancel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import shutil
+import socket
+import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+HERE = Path(__file__).parent
+DEFAULT_OUT = HERE / "histories"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def dev_server() -> WorkflowEnvironment:
+    from posttrain_env.worker import core_runtime
+
+    return await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=shutil.which("temporal"),
+        runtime=core_runtime(),
+        dev_server_log_level="error",
+    )
+
+
+async def save_all(client: Client, scenario: str, out: Path) -> list[Path]:
+    """Every execution on the server, each run in its own file."""
+    written: list[Path] = []
+    seen: dict[str, int] = {}
+    executions = [e async for e in client.list_workflows()]
+    for execution in sorted(executions, key=lambda e: (e.start_time, e.id)):
+        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+        history = await handle.fetch_history()
+        n = seen[execution.workflow_type] = seen.get(execution.workflow_type, 0) + 1
+        path = out / f"{scenario}--{execution.workflow_type}--{n}.json"
+        path.write_text(json.dumps(json.loads(history.to_json()), indent=None) + "\n")
+        written.append(path)
+    return written
+
+
+@contextlib.asynccontextmanager
+async def fake_stack(
+    env: WorkflowEnvironment, workdir: Path, scenario: Any, **settings: Any
+) -> AsyncIterator[tuple[Client, str]]:
+    from activities.fake_backend import FakeBackend
+    from posttrain_env.settings import Settings
+    from posttrain_env.worker import build_worker
+    from tests.workflows.harness import write_task
+
+    tasks_dir = workdir / "tasks"
+    write_task(tasks_dir)
+    config = Settings(state_dir=workdir / "state", backend="fake", **settings)
+    backend = FakeBackend(config.state_dir / "fake", scenario)
+    queue = f"record-{uuid.uuid4().hex[:8]}"
+    async with build_worker(env.client, config, backend, task_queue=queue, tasks_dir=tasks_dir):
+        yield env.client, queue
+
+
+async def session_reset(client: Client, queue: str, session: str, task_id: str = "t_test") -> Any:
+    from workflows.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+
+    handle = await client.start_workflow(
+        SessionWorkflow.run, SessionState(), id=f"session-{session}", task_queue=queue
+    )
+    return await handle.execute_update(
+        SessionWorkflow.reset, ResetRequest(task_id=task_id), result_type=ResetResult
+    )
+
+
+async def call(client: Client, episode_id: str, tool: str, **arguments: Any) -> Any:
+    from mcp_gateway.episode_calls import call_tool, tool_call
+
+    return await call_tool(client, episode_id, tool_call(uuid.uuid4().hex, tool, arguments, "step"))
+
+
+async def wait_state(client: Client, episode_id: str, job_id: str, states: set[str]) -> dict:
+    for _ in range(120):
+        view = (await call(client, episode_id, "jobs_wait", job_id=job_id, timeout_s=5)).data
+        if view["state"] in states:
+            return view
+    raise RuntimeError(f"job {job_id} never reached {states}")
+
+
+async def record_reset(out: Path, workdir: Path) -> list[Path]:
+    from activities.fake_backend import FakeDataset, FakeJobScript, FakeScenario
+    from workflows.session import SessionWorkflow
+
+    scenario = FakeScenario(
+        jobs=[
+            FakeJobScript(script_contains="LONG", queue_s=1, run_s=3600, logs=["step 1"]),
+            FakeJobScript(queue_s=1, run_s=2),
+        ],
+        datasets={"org/public": FakeDataset(revision="a" * 40)},
+    )
+    env = await dev_server()
+    caps = {"max_live_episodes": 10, "spend_cap_usd": 100.0}
+    async with env:
+        async with fake_stack(env, workdir, scenario, **caps) as (client, queue):
+            first = await session_reset(client, queue, "reset")
+            submitted = await call(
+                client,
+                first.episode_id,
+                "jobs_submit",
+                script="LONG = 1\n",
+                flavor="cpu-basic",
+                timeout_minutes=60,
+                datasets=["org/public"],
+            )
+            await wait_state(client, first.episode_id, submitted.data["job_id"], {"running"})
+            await call(client, first.episode_id, "jobs_logs", job_id=submitted.data["job_id"])
+            from workflows.session import ResetRequest, ResetResult
+
+            session = client.get_workflow_handle("session-reset")
+            second = await session.execute_update(
+                SessionWorkflow.reset, ResetRequest(task_id="t_test"), result_type=ResetResult
+            )
+            await call(client, second.episode_id, "task_info")
+            quick = await call(
+                client,
+                second.episode_id,
+                "jobs_submit",
+                script="print(1)\n",
+                flavor="cpu-basic",
+                timeout_minutes=5,
+            )
+            await wait_state(client, second.episode_id, quick.data["job_id"], {"succeeded"})
+            await session.execute_update(SessionWorkflow.close)
+            await asyncio.sleep(2)
+        return await save_all(env.client, "reset", out)
+
+
+async def record_continue_as_new(out: Path, workdir: Path) -> list[Path]:
+    from activities.fake_backend import FakeJobScript, FakeScenario
+
+    scenario = FakeScenario(jobs=[FakeJobScript(queue_s=1, run_s=3600)])
+    env = await dev_server()
+    async with env:
+        async with fake_stack(env, workdir, scenario, continue_as_new_events=100) as (
+            client,
+            queue,
+        ):
+            episode = await session_reset(client, queue, "continue-as-new")
+            job = await call(
+                client,
+                episode.episode_id,
+                "jobs_submit",
+                script="print(1)\n",
+                flavor="cpu-basic",
+                timeout_minutes=60,
+            )
+            handle = client.get_workflow_handle(episode.workflow_id)
+            first_run = (await handle.describe()).run_id
+            for _ in range(25):
+                await call(client, episode.episode_id, "task_info")
+            for _ in range(100):
+                if (await handle.describe()).run_id != first_run:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise RuntimeError("the episode did not continue as new")
+            await call(client, episode.episode_id, "jobs_status", job_id=job.data["job_id"])
+            await call(client, episode.episode_id, "jobs_cancel", job_id=job.data["job_id"])
+            await asyncio.sleep(2)
+        return await save_all(env.client, "continue_as_new", out)
+
+
+async def record_cancel_pending(out: Path, workdir: Path) -> list[Path]:
+    from activities.fake_backend import FakeJobScript, FakeScenario
+    from workflows.session import ResetRequest, SessionWorkflow
+
+    scenario = FakeScenario(
+        jobs=[FakeJobScript(queue_s=1, run_s=3600, cancel_confirm_after_s=None)]
+    )
+    env = await dev_server()
+    async with env:
+        async with fake_stack(env, workdir, scenario, cancel_confirm_s=2) as (client, queue):
+            episode = await session_reset(client, queue, "cancel-pending")
+            job = await call(
+                client,
+                episode.episode_id,
+                "jobs_submit",
+                script="print(1)\n",
+                flavor="cpu-basic",
+                timeout_minutes=60,
+            )
+            await wait_state(client, episode.episode_id, job.data["job_id"], {"running"})
+            session = client.get_workflow_handle("session-cancel-pending")
+            try:
+                await session.execute_update(SessionWorkflow.reset, ResetRequest(task_id="t_test"))
+            except WorkflowUpdateFailedError:
+                pass  # the cancellation was not confirmed in time: as it should
+            else:
+                raise RuntimeError("the reset should have failed")
+            await asyncio.sleep(20)  # the job's workflow re-issues its cancel after 15 s
+        return await save_all(env.client, "cancel_pending", out)
+
+
+async def record_t0_artifact(out: Path, workdir: Path) -> list[Path]:
+    import uvicorn
+
+    from mcp_gateway.app import create_app, uvicorn_config
+    from posttrain_env.demo import play
+    from posttrain_env.settings import Settings
+    from posttrain_env.worker import build_worker, make_backend
+
+    settings = Settings(state_dir=workdir / "state", backend="local")
+    env = await dev_server()
+    async with env:
+        backend = make_backend(settings)
+        async with build_worker(env.client, settings, backend):
+            port = free_port()
+            server = uvicorn.Server(
+                uvicorn_config(create_app(settings, env.client), "127.0.0.1", port)
+            )
+            serving = asyncio.create_task(server.serve())
+            while not server.started:
+                await asyncio.sleep(0.02)
+            try:
+                run = await play(f"http://127.0.0.1:{port}", sys.stderr, lambda _name: None)
+                if run.reward != 1.0:
+                    raise RuntimeError(f"the episode did not score 1.0: {run}")
+            finally:
+                server.should_exit = True
+                await serving
+            await asyncio.sleep(3)  # the watcher and the job workflows see the ends
+        return await save_all(env.client, "t0_artifact", out)
+
+
+SCENARIOS = {
+    "t0_artifact": record_t0_artifact,
+    "reset": record_reset,
+    "continue_as_new": record_continue_as_new,
+    "cancel_pending": record_cancel_pending,
+}
+
+
+async def main(out: Path, only: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, record in SCENARIOS.items():
+        if only and name not in only:
+            continue
+        for old in out.glob(f"{name}--*.json"):
+            old.unlink()
+        with tempfile.TemporaryDirectory(prefix=f"record-{name}-") as tmp:
+            written = await record(out, Path(tmp))
+        print(f"{name}: {len(written)} histories", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("scenarios", nargs="*", help=f"some of {', '.join(SCENARIOS)}")
+    args = parser.parse_args()
+    asyncio.run(main(args.out, args.scenarios))
