@@ -249,8 +249,7 @@ async def record_t0_artifact(out: Path, workdir: Path) -> list[Path]:
                 uvicorn_config(create_app(settings, env.client), "127.0.0.1", port)
             )
             serving = asyncio.create_task(server.serve())
-            while not server.started:
-                await asyncio.sleep(0.02)
+            await started(server)
             try:
                 run = await play(f"http://127.0.0.1:{port}", sys.stderr, lambda _name: None)
                 if run.reward != 1.0:
@@ -270,7 +269,16 @@ SCENARIOS = {
 }
 
 
-async def main(out: Path, only: list[str]) -> None:
+async def started(server: Any) -> None:
+    """Until uvicorn's server has started."""
+    for _ in range(500):
+        if server.started:
+            return
+        await asyncio.sleep(0.02)
+    raise RuntimeError("the gateway did not start")
+
+
+def main(out: Path, only: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, record in SCENARIOS.items():
         if only and name not in only:
@@ -278,7 +286,7 @@ async def main(out: Path, only: list[str]) -> None:
         for old in out.glob(f"{name}--*.json"):
             old.unlink()
         with tempfile.TemporaryDirectory(prefix=f"record-{name}-") as tmp:
-            written = await record(out, Path(tmp))
+            written = asyncio.run(record(out, Path(tmp)))
         print(f"{name}: {len(written)} histories", file=sys.stderr)
 
 
@@ -287,4 +295,4 @@ if __name__ == "__main__":
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("scenarios", nargs="*", help=f"some of {', '.join(SCENARIOS)}")
     args = parser.parse_args()
-    asyncio.run(main(args.out, args.scenarios))
+    main(args.out, args.scenarios)

@@ -32,9 +32,13 @@ def test_every_scenario_and_workflow_type_is_recorded() -> None:
     }
 
 
+def load(path: Path) -> WorkflowHistory:
+    return WorkflowHistory.from_json(path.stem, json.loads(path.read_text()))
+
+
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
 async def test_a_recorded_history_replays_without_nondeterminism(path: Path) -> None:
-    history = WorkflowHistory.from_json(path.stem, json.loads(path.read_text()))
+    history = load(path)
     replayer = Replayer(workflows=list(WORKFLOWS), data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, f"{path.name}: {result.replay_failure!r}"
