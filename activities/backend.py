@@ -6,43 +6,14 @@ ignore it, the fake derives its jobs' progress from it so that time skipping wor
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from posttrain_env.models import BoundedText, FlavorPrice, JobState
-
-
-class JobRole(enum.StrEnum):
-    agent = "agent"
-    dev = "dev"
-    grader = "grader"
-
-
-class RepoRef(BaseModel):
-    repo_id: str
-    revision: str
-
-
-class JobSpec(BaseModel):
-    """What a job is, as the episode decides it (no secrets: this crosses workflow history)."""
-
-    role: JobRole
-    episode_id: str
-    task_id: str
-    job_id: str
-    flavor: str
-    timeout_s: int
-    script: str = ""  # agent jobs: the agent's script (evaluations get the task's evaluator)
-    dependencies: list[str] = Field(default_factory=list)
-    datasets: list[RepoRef] = Field(default_factory=list)
-    base_model: RepoRef
-    artifact_ref: str | None = None  # evaluations: backend ref of the job whose outputs are /model
-    # The task's cap on a job's outputs; None: the backend's default (DESIGN §9).
-    artifact_cap_bytes: int | None = None
+from posttrain_env.contracts.jobs import BackendJob, JobSpec
+from posttrain_env.models import FlavorPrice
 
 
 class JobRequest(JobSpec):
@@ -53,19 +24,6 @@ class JobRequest(JobSpec):
     env: dict[str, str] = Field(default_factory=dict)
     secrets: dict[str, str] = Field(default_factory=dict)
     now: datetime
-
-
-class BackendJob(BaseModel):
-    """A backend's view of one job."""
-
-    ref: str  # the backend's own job id; internal, never shown to the agent
-    key: str
-    state: JobState  # never `cancelling`: that is ours, not the backend's
-    created_at: datetime
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    running_s: float = 0.0
-    message: BoundedText = ""  # may quote the job's own output: cut where it enters
 
 
 class TransientBackendError(Exception):

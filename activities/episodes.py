@@ -6,29 +6,15 @@ from pathlib import Path
 
 from pydantic import BaseModel
 from temporalio import activity
-from temporalio.client import Client, WithStartWorkflowOperation, WorkflowUpdateFailedError
-from temporalio.common import WorkflowIDConflictPolicy
-from temporalio.exceptions import ApplicationError
 
-from activities.backend import JobsBackend, RepoRef
-from activities.jobs import agent_errors
+from activities.backend import JobsBackend
+from activities.ports import ServerAccount
+from posttrain_env.contracts.activities import EpisodesApi
+from posttrain_env.contracts.episodes import Caps, EpisodeSetup, PrepareEpisode, ServerSpend
+from posttrain_env.contracts.jobs import RepoRef
+from posttrain_env.errors import ErrorType, ToolError, agent_errors
 from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES
-from posttrain_env.models import ErrorType, ToolError
 from tasks.registry import TaskSpecError, load_task
-from workflows.episode_state import Caps, EpisodeSetup
-
-
-class PrepareEpisode(BaseModel):
-    task_id: str
-    episode_id: str
-    session_workflow_id: str | None = None
-
-
-class ServerSpend(BaseModel):
-    account_workflow_id: str
-    episode_id: str
-    committed_micro_usd: int
-    cap_micro_usd: int
 
 
 class EpisodeConfig(BaseModel):
@@ -44,17 +30,16 @@ class EpisodeConfig(BaseModel):
     continue_as_new_bytes: int = CONTINUE_AS_NEW_HISTORY_BYTES
 
 
-class EpisodeActivities:
-    def __init__(self, backend: JobsBackend, client: Client, config: EpisodeConfig) -> None:
+class EpisodeActivities(EpisodesApi):
+    def __init__(self, backend: JobsBackend, account: ServerAccount, config: EpisodeConfig) -> None:
         self._backend = backend
-        self._client = client
+        self._account = account
         self._config = config
 
     @activity.defn
     @agent_errors
     async def prepare_episode(self, request: PrepareEpisode) -> EpisodeSetup:
         """Load the task, lock its prices, pin the base model, admit the episode."""
-
         try:
             task = load_task(request.task_id, self._config.tasks_dir)
         except TaskSpecError as err:
@@ -78,7 +63,7 @@ class EpisodeActivities:
             max_live_episodes=config.max_live_episodes,
         )
         if caps.tracked:
-            await self._admit(request.episode_id, caps)
+            await self._account.admit(request.episode_id, caps)
         return EpisodeSetup(
             episode_id=request.episode_id,
             task=task,
@@ -98,49 +83,4 @@ class EpisodeActivities:
     @activity.defn
     @agent_errors
     async def reserve_server_spend(self, spend: ServerSpend) -> None:
-        from workflows.account import AccountWorkflow, ExposureCheck
-
-        handle = self._client.get_workflow_handle_for(
-            AccountWorkflow.run, spend.account_workflow_id
-        )
-        try:
-            await handle.execute_update(
-                AccountWorkflow.check_exposure,
-                ExposureCheck(
-                    episode_id=spend.episode_id,
-                    committed_micro_usd=spend.committed_micro_usd,
-                    cap_micro_usd=spend.cap_micro_usd,
-                ),
-            )
-        except WorkflowUpdateFailedError as err:
-            raise _as_tool_error(err) from None
-
-    async def _admit(self, episode_id: str, caps: Caps) -> None:
-        from workflows.account import AccountState, AccountWorkflow, Admission
-
-        start = WithStartWorkflowOperation(
-            AccountWorkflow.run,
-            AccountState(),
-            id=caps.account_workflow_id,
-            task_queue=activity.info().task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
-        try:
-            await self._client.execute_update_with_start_workflow(
-                AccountWorkflow.admit,
-                Admission(
-                    episode_id=episode_id,
-                    max_live_episodes=caps.max_live_episodes,
-                    spend_cap_micro_usd=caps.spend_cap_micro_usd,
-                ),
-                start_workflow_operation=start,
-            )
-        except WorkflowUpdateFailedError as err:
-            raise _as_tool_error(err) from None
-
-
-def _as_tool_error(err: WorkflowUpdateFailedError) -> ToolError:
-    cause = err.cause
-    if isinstance(cause, ApplicationError) and cause.type in {t.value for t in ErrorType}:
-        return ToolError(ErrorType(cause.type), cause.message)
-    return ToolError(ErrorType.hf_error, f"the server's account could not be updated: {err}")
+        await self._account.check_exposure(spend)

@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from posttrain_env.demo import DemoRun, demo, demo_settings
+from posttrain_env.entrypoints.demo import DemoRun, demo, demo_settings
 
 
 def job_phases(jobs_dir: Path) -> list[dict[str, Any]]:

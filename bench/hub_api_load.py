@@ -36,13 +36,13 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from activities.hf.backend import HfBackend, HfBackendConfig
 from activities.hf.labels import LABEL_JOB, LABEL_KEY
-from activities.hf_backend import HfBackend, HfBackendConfig
+from posttrain_env.entrypoints.worker import build_worker
 from posttrain_env.settings import Settings
-from posttrain_env.worker import build_worker
 from tests.hf.fake_hub import FakeHub, JobPlan, model_json
 from workflows.episode import EpisodeWorkflow
-from workflows.episode_state import ToolCall
+from workflows.episode_contract import ToolCall
 from workflows.ids import watcher_workflow_id
 from workflows.session import ResetRequest, SessionState, SessionWorkflow
 

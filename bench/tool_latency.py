@@ -36,11 +36,11 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.fake_backend import FakeBackend, FakeJobScript, FakeScenario
+from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
+from posttrain_env.entrypoints.worker import build_worker
 from posttrain_env.settings import Settings
-from posttrain_env.worker import build_worker
 from workflows.episode import EpisodeWorkflow
-from workflows.episode_state import ToolCall, ToolResult
+from workflows.episode_contract import ToolCall, ToolResult
 from workflows.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
 
 LEVELS = (1, 10, 50)

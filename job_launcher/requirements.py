@@ -39,8 +39,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
+from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.limits import MAX_DEPENDENCIES, MAX_REQUIREMENT_CHARS, MAX_SCRIPT_BYTES
-from posttrain_env.models import ErrorType, ToolError
 
 # Control characters a script may not contain: all but tab, newline, form feed and carriage
 # return. Each one takes six bytes as JSON, so a legal-sized script of them would otherwise be

@@ -1,6 +1,6 @@
 """The gateway's app factory: OpenEnv over WebSocket, JSON-RPC and HTTP, behind the host guard.
 
-`create_app(settings)` builds it; the Temporal client lives in the app's lifespan. Every route
+`create_app(settings, client)` builds it on a connected Temporal client. Every route
 is stateless: sessions and episodes are workflows, found again from their ids.
 """
 
@@ -25,17 +25,17 @@ from starlette.routing import Route
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from activities.keys import ServerKey
 from mcp_gateway import jsonrpc
 from mcp_gateway.auth import ApiKeyGuard
 from mcp_gateway.bounds import JSON_OBJECT_BODY, read_json_object
 from mcp_gateway.episode_mcp import EpisodeMcp
 from mcp_gateway.episodes_route import router as episodes_router
-from mcp_gateway.errors import GatewayCode, SessionError
 from mcp_gateway.guard import HostOriginGuard
 from mcp_gateway.openenv_ws import serve_openenv_ws
 from mcp_gateway.protocol import OpenEnvProtocol
 from mcp_gateway.sessions import Sessions
+from posttrain_env.errors import GatewayCode, SessionError
+from posttrain_env.keys import ServerKey
 from posttrain_env.limits import MAX_BODY_BYTES
 from posttrain_env.settings import Settings
 
@@ -63,18 +63,14 @@ def uvicorn_config(app: FastAPI, host: str, port: int) -> uvicorn.Config:
     )
 
 
-def create_app(settings: Settings, client: Client | None = None) -> FastAPI:
-    """The gateway. `client`: an already connected Temporal client (tests); None: connect to
-    `settings.temporal_address` at start-up."""
+def create_app(settings: Settings, client: Client) -> FastAPI:
+    """The gateway, on a connected Temporal client (the entry point connects it)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        from posttrain_env.worker import connect
-
-        temporal = client or await connect(settings)
         key = ServerKey.load_or_create(settings.state_dir / "server.key")
-        app.state.protocol = OpenEnvProtocol(Sessions(temporal, settings.task_queue), key)
-        async with episode_mcp.serving(temporal, key):
+        app.state.protocol = OpenEnvProtocol(Sessions(client, settings.task_queue), key)
+        async with episode_mcp.serving(client, key):
             yield
 
     # Every request body over the limit is refused with 413 before it is read whole.

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from activities.keys import ServerKey
+from posttrain_env.keys import ServerKey
 
 EPISODE_ID = re.compile(r"ep-[0-9a-f]{16}")
 OPEN_PATHS = frozenset({"/health", "/metadata", "/schema", "/openapi.json"})

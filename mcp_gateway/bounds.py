@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from mcp_gateway.errors import GatewayCode, SessionError
+from posttrain_env.errors import GatewayCode, SessionError
 from posttrain_env.limits import MAX_JSON_DEPTH
 
 # Routes read their JSON body themselves (bounded, depth-checked); this documents it in OpenAPI.

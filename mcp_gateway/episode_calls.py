@@ -2,8 +2,7 @@
 
 The update id is `<episode_id>:<request_id>`, so a retried request is answered once. A call to
 an episode whose workflow has completed is answered as `episode_over` with the episode's final
-state: Temporal reports it as "workflow execution already completed" (dev server), "update not
-found" (test server) or an accepted update whose workflow completed first.
+state (or with its earlier answer, if the call was answered before the end).
 """
 
 from __future__ import annotations
@@ -13,13 +12,18 @@ from typing import Any
 
 import pydantic_core
 from temporalio.client import Client, WorkflowUpdateFailedError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
-from mcp_gateway.errors import GatewayCode, SessionError
+from posttrain_env.errors import (
+    ErrorType,
+    GatewayCode,
+    SessionError,
+    ToolError,
+    workflow_is_gone,
+)
 from posttrain_env.limits import MAX_ARGUMENTS_BYTES, MAX_TOOL_NAME_CHARS, MAX_UPDATE_BYTES
-from posttrain_env.models import ErrorType, ToolError
-from workflows.episode import EpisodeStatus, EpisodeWorkflow
-from workflows.episode_state import Oversized, ToolCall, ToolPath, ToolResult
+from workflows.episode import EpisodeWorkflow
+from workflows.episode_contract import EpisodeStatus, Oversized, ToolCall, ToolPath, ToolResult
 from workflows.ids import episode_workflow_id
 
 
@@ -79,11 +83,8 @@ async def call_tool(
             id=update_id(episode_id, call.request_id),
             rpc_timeout=rpc_timeout,
         )
-    except WorkflowUpdateFailedError as err:
-        if "AcceptedUpdateCompletedWorkflow" not in str(err.cause):
-            raise
-    except RPCError as err:
-        if err.status is not RPCStatusCode.NOT_FOUND and "already completed" not in err.message:
+    except (WorkflowUpdateFailedError, RPCError) as err:
+        if not workflow_is_gone(err):
             raise
     return await _answer_after_the_end(client, episode_id, call)
 
@@ -93,31 +94,25 @@ async def _answer_after_the_end(client: Client, episode_id: str, call: ToolCall)
     try:
         answered = await handle.query(EpisodeWorkflow.result_of, call.request_id)
         status: EpisodeStatus = await handle.query(EpisodeWorkflow.status)
+        again = answered is None and await handle.query(EpisodeWorkflow.answered, call.request_id)
     except RPCError as err:
-        if err.status is RPCStatusCode.NOT_FOUND:
+        if workflow_is_gone(err):
             raise UnknownEpisode(episode_id) from None
         raise
     if answered is not None:  # the call was made before the end: the same answer again
         return answered
     error = ToolError(ErrorType.episode_over, "the episode is over; call reset to start another")
-    if await handle.query(EpisodeWorkflow.answered, call.request_id):
+    if again:
         error = ToolError(
             ErrorType.already_answered,
             f"request {call.request_id!r} was already answered and its answer is no longer kept",
             request_id=call.request_id,
         )
-    metadata = {
-        "episode_id": episode_id,
-        "steps_used": status.steps_used,
-        "steps_left": status.steps_left,
-        "time_left_s": 0.0,
-    }
-    reward = None
-    if call.path == "step":
-        metadata["service_spend"] = status.service_spend.model_dump(mode="json")
-        if status.end is not None:
-            metadata["episode_end"] = status.end.model_dump(mode="json", exclude_none=True)
-            reward = status.end.reward
+    assert status.metadata is not None
     return ToolResult(
-        tool=call.tool, data=error.envelope(), done=True, reward=reward, metadata=metadata
+        tool=call.tool,
+        data=error.envelope(),
+        done=True,
+        reward=status.end.reward if status.end is not None else None,
+        metadata=status.metadata,
     )

@@ -42,16 +42,15 @@ from starlette.types import Message, Receive, Scope, Send
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from activities.keys import ServerKey
 from mcp_gateway.auth import EPISODE_ID, bearer, episode_token_ok, headers_of, refuse
 from mcp_gateway.bounds import MalformedJson, parse_json
 from mcp_gateway.episode_calls import UnknownEpisode, call_tool, tool_call
-from mcp_gateway.errors import SessionError
 from mcp_gateway.sessions import request_id_of
+from posttrain_env.errors import ErrorType, SessionError, ToolError, is_error
+from posttrain_env.keys import ServerKey
 from posttrain_env.limits import MAX_BODY_BYTES
-from posttrain_env.models import ErrorType, ToolError, is_error
 from posttrain_env.tools import tool_catalog
-from workflows.episode_state import ToolResult
+from workflows.episode_contract import ToolResult
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 5.0  # the contract is "at least every 10 s"
@@ -162,7 +161,7 @@ class EpisodeMcp:
                 work.cancel()
                 # Temporal's client reports the cancelled RPC as an error: retrieve it.
                 work.add_done_callback(lambda w: w.cancelled() or w.exception())
-        return _result(answer.data, {**answer.metadata, "done": answer.done})
+        return _result(answer.data, {**answer.metadata.view("mcp"), "done": answer.done})
 
     async def _wait_reporting_progress(
         self, work: asyncio.Future[ToolResult], name: str, token: str | int | None

@@ -15,8 +15,8 @@ from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcRequest, 
 from pydantic import ValidationError
 
 from mcp_gateway.bounds import MalformedJson, parse_json
-from mcp_gateway.errors import SessionError
 from mcp_gateway.protocol import OpenEnvProtocol
+from posttrain_env.errors import SessionError
 
 log = logging.getLogger(__name__)
 

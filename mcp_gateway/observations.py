@@ -14,21 +14,22 @@ from typing import Any
 from openenv.core.env_server.mcp_types import CallToolObservation, ListToolsObservation, Tool
 from openenv.core.env_server.types import Observation
 
-from posttrain_env.models import ServiceSpend, is_error
+from posttrain_env.errors import is_error
+from posttrain_env.models import ServiceSpend
 from posttrain_env.tools import tool_catalog
-from workflows.episode import EpisodeStatus
-from workflows.episode_state import ToolResult
+from workflows.episode_contract import EpisodeStatus, ToolResult
 from workflows.session import ResetResult
 
 
 def tool_result_body(result: ToolResult) -> dict[str, Any]:
-    """A tool's answer as an MCP call result; `data` is what OpenEnv clients read."""
+    """A tool's answer as a `tools/call` result of OpenEnv's `/mcp` (`data` is what OpenEnv
+    clients read); no reward or spend on this path."""
     return {
         "content": [{"type": "text", "text": json.dumps(result.data, separators=(",", ":"))}],
         "structured_content": result.data,
         "data": result.data,
         "is_error": is_error(result.data),
-        "meta": result.metadata,
+        "meta": result.metadata.view("openenv_mcp"),
     }
 
 
@@ -44,13 +45,15 @@ def wire(observation: Observation) -> dict[str, Any]:
 
 
 def tool_observation(result: ToolResult) -> dict[str, Any]:
+    """A `step`'s observation: the answer with its reward and everything the episode reports."""
+    metadata = result.metadata.view("step")
     return wire(
         CallToolObservation(
             tool_name=result.tool,
-            result=tool_result_body(result),
+            result={**tool_result_body(result), "meta": metadata},
             done=result.done,
             reward=result.reward,
-            metadata=result.metadata,
+            metadata=metadata,
         )
     )
 

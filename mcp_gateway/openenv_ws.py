@@ -21,8 +21,8 @@ from temporalio.service import RPCError
 
 from mcp_gateway import jsonrpc
 from mcp_gateway.bounds import MalformedJson, parse_json
-from mcp_gateway.errors import GatewayCode, SessionError
 from mcp_gateway.protocol import OpenEnvProtocol
+from posttrain_env.errors import GatewayCode, SessionError
 
 log = logging.getLogger(__name__)
 # Sent for failures a retry with the same request id may fix (Temporal restarting, say).

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from activities.keys import ServerKey
 from mcp_gateway.episode_calls import tool_call
-from mcp_gateway.errors import GatewayCode, SessionError
 from mcp_gateway.observations import (
     reset_metadata,
     reset_observation,
@@ -21,8 +19,10 @@ from mcp_gateway.observations import (
     tools_observation,
 )
 from mcp_gateway.sessions import SessionIds, Sessions, request_id_of
+from posttrain_env.errors import GatewayCode, SessionError
+from posttrain_env.keys import ServerKey
 from posttrain_env.tools import tool_catalog
-from workflows.episode_state import ToolPath
+from workflows.episode_contract import ToolPath
 
 
 class OpenEnvProtocol:

@@ -25,14 +25,20 @@ from temporalio.client import (
 )
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
-from activities.keys import ServerKey
 from mcp_gateway.episode_calls import UnknownEpisode, call_tool
-from mcp_gateway.errors import GatewayCode, SessionError
-from posttrain_env.models import ErrorType, ToolError, is_error
-from workflows.episode import EpisodeStatus, EpisodeWorkflow
-from workflows.episode_state import ToolCall, ToolResult
+from posttrain_env.errors import (
+    ErrorType,
+    GatewayCode,
+    SessionError,
+    ToolError,
+    is_error,
+    workflow_is_gone,
+)
+from posttrain_env.keys import ServerKey
+from workflows.episode import EpisodeWorkflow
+from workflows.episode_contract import EpisodeStatus, ToolCall, ToolResult
 from workflows.ids import episode_workflow_id, session_workflow_id
 from workflows.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
 
@@ -114,9 +120,10 @@ class Sessions:
             )
         except WorkflowUpdateFailedError as err:
             cause = err.cause
-            if isinstance(cause, ApplicationError) and cause.type:
-                raise SessionError(cause.type, cause.message) from None
-            raise
+            if not (isinstance(cause, ApplicationError) and cause.type):
+                raise
+            # Typed by the session's reset handler (an ErrorType: unknown task, a cap, ...).
+            raise SessionError(cause.type, cause.message) from None
         self._remember(session_id, result.episode_id)
         return result
 
@@ -133,7 +140,7 @@ class Sessions:
                 wait_for_stage=WorkflowUpdateStage.ACCEPTED,
             )
         except RPCError as err:
-            if err.status is RPCStatusCode.NOT_FOUND or "already completed" in err.message:
+            if workflow_is_gone(err):
                 return True  # never reset, or already closed: nothing is live
             raise
         try:
@@ -156,7 +163,7 @@ class Sessions:
         try:
             episode_id = await handle.query(SessionWorkflow.current_episode)
         except RPCError as err:
-            if err.status is not RPCStatusCode.NOT_FOUND:
+            if not workflow_is_gone(err):
                 raise
             episode_id = None
         if episode_id is None:

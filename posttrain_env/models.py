@@ -14,14 +14,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
 )
 
+from posttrain_env.errors import ErrorType
 from posttrain_env.limits import (
     DEFAULT_LOG_TAIL,
     DEFAULT_WAIT_TIMEOUT_S,
-    MAX_ARGUMENTS_BYTES,
     MAX_DATASETS,
     MAX_DEPENDENCIES,
     MAX_JOB_ID_CHARS,
@@ -43,51 +42,6 @@ MICRO = 1_000_000
 def usd(micro_usd: int) -> float:
     """Micro-USD (the ledger's unit) as a float of USD, for the edge only."""
     return micro_usd / MICRO
-
-
-class ErrorType(enum.StrEnum):
-    """Every error an agent can get back. The first twelve are the specification's."""
-
-    budget_exhausted = "budget_exhausted"
-    flavor_not_allowed = "flavor_not_allowed"
-    timeout_not_allowed = "timeout_not_allowed"
-    invalid_script = "invalid_script"
-    invalid_dependency = "invalid_dependency"
-    dataset_not_allowed = "dataset_not_allowed"
-    limit_reached = "limit_reached"
-    not_ready = "not_ready"
-    unknown_job = "unknown_job"
-    not_allowed = "not_allowed"
-    episode_over = "episode_over"
-    hf_error = "hf_error"
-    invalid_argument = "invalid_argument"
-    # A request sent again whose answer the episode no longer keeps (DESIGN §9 "Dedup"): it
-    # was run once and is never run again.
-    already_answered = "already_answered"
-
-
-class ToolError(Exception):
-    """An error answered to the agent as data: `{"error": {"type", "message", ...}}`."""
-
-    def __init__(self, type: ErrorType, message: str, **details: Any) -> None:
-        # Messages may quote what an agent or a job sent: cut, so that no answer grows with it.
-        message = cut_text(message)
-        super().__init__(message)
-        self.type = ErrorType(type)
-        self.message = message
-        self.details = details
-
-    def envelope(self) -> dict[str, Any]:
-        return {"error": {"type": self.type.value, "message": self.message, **self.details}}
-
-    @classmethod
-    def from_envelope(cls, data: dict[str, Any]) -> ToolError:
-        body = dict(data["error"])
-        return cls(ErrorType(body.pop("type")), body.pop("message"), **body)
-
-
-def is_error(data: Any) -> bool:
-    return isinstance(data, dict) and isinstance(data.get("error"), dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,73 +117,6 @@ class JobsStatusArgs(ToolArgs):
 class JobsLogsArgs(JobIdArgs):
     tail: int = Field(
         default=DEFAULT_LOG_TAIL, ge=1, le=MAX_LOG_TAIL, description="Last lines to return."
-    )
-
-
-ToolName = Literal[
-    "task_info",
-    "list_hardware",
-    "jobs_submit",
-    "jobs_wait",
-    "jobs_status",
-    "jobs_logs",
-    "jobs_cancel",
-    "dev_evaluate",
-    "submit",
-]
-
-TOOL_ARGS: dict[str, type[ToolArgs]] = {
-    "task_info": NoArgs,
-    "list_hardware": NoArgs,
-    "jobs_submit": JobsSubmitArgs,
-    "jobs_wait": JobsWaitArgs,
-    "jobs_status": JobsStatusArgs,
-    "jobs_logs": JobsLogsArgs,
-    "jobs_cancel": JobIdArgs,
-    "dev_evaluate": JobIdArgs,
-    "submit": JobIdArgs,
-}
-
-
-def parse_tool_args(tool: str, arguments: dict[str, Any]) -> ToolArgs:
-    """Validate a tool call's arguments. Raises ToolError typed by the first failing field."""
-    model = TOOL_ARGS.get(tool)
-    if model is None:
-        known = ", ".join(TOOL_ARGS)
-        raise ToolError(ErrorType.invalid_argument, f"unknown tool {tool!r}; tools: {known}")
-    try:
-        return model.model_validate(arguments)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        # An unknown key is named in the error: an agent chose it, so it is cut.
-        field = cut_text(str(first["loc"][0]), 100) if first["loc"] else ""
-        error_type = model.field_error_types.get(field, ErrorType.invalid_argument)
-        where = f"argument {field!r}" if field else "arguments"
-        raise ToolError(error_type, f"{tool}: {where}: {first['msg']}", field=field) from None
-
-
-def oversized_error(tool: str, field: str, size: int, total: int) -> ToolError:
-    """The answer to a call whose arguments the edge refused to send for their size."""
-    if field == "tool_name":
-        return ToolError(
-            ErrorType.invalid_argument,
-            f"the tool name is {size} bytes long; no tool has a name that long",
-            field=field,
-        )
-    if tool == "jobs_submit" and field == "script":
-        return ToolError(
-            ErrorType.invalid_script,
-            f"the script is {size} bytes as sent; the limit is {MAX_SCRIPT_BYTES} bytes of "
-            "UTF-8. Put large data in a dataset instead of the script.",
-            field=field,
-            bytes=size,
-        )
-    return ToolError(
-        ErrorType.invalid_argument,
-        f"{tool}: the arguments are {total} bytes as sent (argument {field!r}: {size} bytes); "
-        f"a tool call's arguments may take at most {MAX_ARGUMENTS_BYTES} bytes",
-        field=field,
-        bytes=size,
     )
 
 

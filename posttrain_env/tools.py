@@ -1,33 +1,68 @@
-"""The nine tools as an agent discovers them: name, description, JSON schema of the arguments.
+"""The nine tools: the one registry of what an agent can call (name, arguments, description).
 
-One catalogue for every path (OpenEnv `step`, OpenEnv `/mcp`, the standard MCP endpoint), so the
-descriptions an agent reads never drift apart. The descriptions are written for the agent.
+Every path (OpenEnv `step`, OpenEnv `/mcp`, the standard MCP endpoint) lists and validates tools
+from here, so what an agent reads never drifts apart; the episode binds a handler to each entry
+(`workflows/episode_tools.py`, checked by a test). The descriptions are written for the agent.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
+from pydantic import ValidationError
+
+from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.limits import (
+    MAX_ARGUMENTS_BYTES,
     MAX_LOG_ANSWER_BYTES,
     MAX_LOG_LINE_BYTES,
     MAX_LOG_TAIL,
     MAX_SCRIPT_BYTES,
     MAX_WAIT_TIMEOUT_S,
+    cut_text,
 )
-from posttrain_env.models import TOOL_ARGS
+from posttrain_env.models import (
+    JobIdArgs,
+    JobsLogsArgs,
+    JobsStatusArgs,
+    JobsSubmitArgs,
+    JobsWaitArgs,
+    NoArgs,
+    ToolArgs,
+)
 
-TOOL_DESCRIPTIONS: dict[str, str] = {
-    "task_info": (
+A = TypeVar("A", bound=ToolArgs)
+
+
+@dataclass(frozen=True)
+class Tool(Generic[A]):
+    name: str
+    args: type[A]
+    description: str
+
+
+TASK_INFO = Tool(
+    "task_info",
+    NoArgs,
+    (
         "The task: its prompt, the base model (repo and pinned revision) and the limits of this "
         "episode (max_steps, time_limit_s, budget_usd, max_timeout_minutes, score_timeout_s, "
         "allowed flavors with their price per minute)."
     ),
-    "list_hardware": (
+)
+LIST_HARDWARE = Tool(
+    "list_hardware",
+    NoArgs,
+    (
         "The hardware flavors you may use, with their price per minute in USD and micro-USD "
         "and their accelerator."
     ),
-    "jobs_submit": (
+)
+JOBS_SUBMIT = Tool(
+    "jobs_submit",
+    JobsSubmitArgs,
+    (
         "Start a training job running your Python script. The job has no network: the base model "
         "is mounted read-only at /base_model, each dataset you name at /datasets/<repo_id>, and "
         "whatever the script writes under /data/outputs/ becomes the job's artifact. The price of "
@@ -36,32 +71,68 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
         "wheels before the script starts. The script is UTF-8 Python of at most "
         f"{MAX_SCRIPT_BYTES // 1024} KiB. Returns the job (job_id, state, reserved_usd, ...)."
     ),
-    "jobs_wait": (
+)
+JOBS_WAIT = Tool(
+    "jobs_wait",
+    JobsWaitArgs,
+    (
         "Wait until the job's state changes or `timeout_s` seconds pass (at most "
         f"{MAX_WAIT_TIMEOUT_S}), then return the job with `changed` telling which happened. "
         "Waiting costs a step but no money."
     ),
-    "jobs_status": "The current state of one job, or of every job of this episode (no job_id).",
-    "jobs_logs": (
+)
+JOBS_STATUS = Tool(
+    "jobs_status",
+    JobsStatusArgs,
+    ("The current state of one job, or of every job of this episode (no job_id)."),
+)
+JOBS_LOGS = Tool(
+    "jobs_logs",
+    JobsLogsArgs,
+    (
         f"The last `tail` lines (at most {MAX_LOG_TAIL}) of a job's output, installer included. "
         f"Each line is cut to {MAX_LOG_LINE_BYTES // 1024} KiB and the answer to "
         f"{MAX_LOG_ANSWER_BYTES // 1024} KiB, oldest lines dropped first; `truncated` "
         "(`lines`, `bytes`) says what was cut. Print less, or write details to a file in "
         "/data/outputs."
     ),
-    "jobs_cancel": (
-        "Cancel a job. Returns it once the cancellation is confirmed, settled at the minutes "
-        "it ran."
-    ),
-    "dev_evaluate": (
+)
+JOBS_CANCEL = Tool(
+    "jobs_cancel",
+    JobIdArgs,
+    ("Cancel a job. Returns it once the cancellation is confirmed, settled at the minutes it ran."),
+)
+DEV_EVALUATE = Tool(
+    "dev_evaluate",
+    JobIdArgs,
+    (
         "Score a succeeded job's artifact on the public dev split (an evaluation job charged to "
         "your budget; the number of dev evaluations per episode is limited). Use it to check your "
         "work before you submit."
     ),
-    "submit": (
+)
+SUBMIT = Tool(
+    "submit",
+    JobIdArgs,
+    (
         "Submit a succeeded job's artifact. It is scored on a hidden split; that score is your "
         "reward and the episode ends. You can submit only once."
     ),
+)
+
+TOOLS: dict[str, Tool[Any]] = {
+    tool.name: tool
+    for tool in (
+        TASK_INFO,
+        LIST_HARDWARE,
+        JOBS_SUBMIT,
+        JOBS_WAIT,
+        JOBS_STATUS,
+        JOBS_LOGS,
+        JOBS_CANCEL,
+        DEV_EVALUATE,
+        SUBMIT,
+    )
 }
 
 
@@ -69,9 +140,52 @@ def tool_catalog() -> list[dict[str, Any]]:
     """Every tool as `{"name", "description", "input_schema"}`, in a fixed order."""
     return [
         {
-            "name": name,
-            "description": TOOL_DESCRIPTIONS[name],
-            "input_schema": args.model_json_schema(),
+            "name": tool.name,
+            "description": tool.description,
+            "input_schema": tool.args.model_json_schema(),
         }
-        for name, args in TOOL_ARGS.items()
+        for tool in TOOLS.values()
     ]
+
+
+def parse_tool_args(tool: str, arguments: dict[str, Any]) -> ToolArgs:
+    """Validate a tool call's arguments. Raises ToolError typed by the first failing field."""
+    spec = TOOLS.get(tool)
+    if spec is None:
+        known = ", ".join(TOOLS)
+        raise ToolError(ErrorType.invalid_argument, f"unknown tool {tool!r}; tools: {known}")
+    model = spec.args
+    try:
+        return model.model_validate(arguments)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        # An unknown key is named in the error: an agent chose it, so it is cut.
+        field = cut_text(str(first["loc"][0]), 100) if first["loc"] else ""
+        error_type = model.field_error_types.get(field, ErrorType.invalid_argument)
+        where = f"argument {field!r}" if field else "arguments"
+        raise ToolError(error_type, f"{tool}: {where}: {first['msg']}", field=field) from None
+
+
+def oversized_error(tool: str, field: str, size: int, total: int) -> ToolError:
+    """The answer to a call whose arguments the edge refused to send for their size."""
+    if field == "tool_name":
+        return ToolError(
+            ErrorType.invalid_argument,
+            f"the tool name is {size} bytes long; no tool has a name that long",
+            field=field,
+        )
+    if tool == JOBS_SUBMIT.name and field == "script":
+        return ToolError(
+            ErrorType.invalid_script,
+            f"the script is {size} bytes as sent; the limit is {MAX_SCRIPT_BYTES} bytes of "
+            "UTF-8. Put large data in a dataset instead of the script.",
+            field=field,
+            bytes=size,
+        )
+    return ToolError(
+        ErrorType.invalid_argument,
+        f"{tool}: the arguments are {total} bytes as sent (argument {field!r}: {size} bytes); "
+        f"a tool call's arguments may take at most {MAX_ARGUMENTS_BYTES} bytes",
+        field=field,
+        bytes=size,
+    )

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from activities.hf_backend import HfBackend
+    from activities.hf.backend import HfBackend
+    from posttrain_env.entrypoints.wiring import hf_backend
 
 TASK_ID = "t0_artifact"
 FLAVOR = "cpu-basic"
@@ -40,15 +41,16 @@ async def smoke(namespace: str | None, dev_evaluate: bool, workdir: Path) -> int
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
-    from activities.hf_backend import HfBackend
+    from activities.hf.backend import HfBackend
+    from posttrain_env.entrypoints.worker import build_worker
     from posttrain_env.settings import Settings
-    from posttrain_env.worker import build_worker
     from workflows.episode import EpisodeWorkflow
-    from workflows.episode_state import ToolCall, ToolResult
+    from workflows.episode_contract import ToolCall, ToolResult
     from workflows.session import ResetRequest, SessionState, SessionWorkflow
 
     settings = Settings(backend="hf", state_dir=workdir / "state", namespace=namespace)
-    backend = HfBackend.from_settings(settings)
+    backend = hf_backend(settings)
+    assert isinstance(backend, HfBackend)
     print(f"namespace {await backend.namespace()}, deployment label {backend.deployment}")
     temporal = shutil.which("temporal")
     if temporal is None:

@@ -17,7 +17,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from posttrain_env.worker import CORE_LOGGER, core_runtime
+from posttrain_env.entrypoints.temporal_client import CORE_LOGGER, core_runtime
 from tests.payload_limits import payload_limit_violations
 
 

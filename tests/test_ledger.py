@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from posttrain_env.models import ErrorType, FlavorPrice, ServiceSpend, ToolError
+from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.models import FlavorPrice, ServiceSpend
 from workflows.ledger import Ledger, Reservation, Settlement
 
 CPU = FlavorPrice(name="cpu-basic", micro_usd_per_minute=167)

@@ -8,14 +8,13 @@ from datetime import UTC, datetime
 import pydantic_core
 import pytest
 
-from activities.backend import BackendJob
-from activities.jobs import ScoreResult
-from activities.keys import ServerKey
 from job_launcher.requirements import validate_script
 from mcp_gateway.bounds import MalformedJson, parse_json
 from mcp_gateway.episode_calls import tool_call
-from mcp_gateway.errors import SessionError
 from mcp_gateway.sessions import SessionIds
+from posttrain_env.contracts.jobs import BackendJob, ScoreResult
+from posttrain_env.errors import ErrorType, SessionError, ToolError
+from posttrain_env.keys import ServerKey
 from posttrain_env.limits import (
     MAX_ARGUMENTS_BYTES,
     MAX_JOBS_PER_EPISODE,
@@ -32,18 +31,11 @@ from posttrain_env.limits import (
     cut_text,
     json_size,
 )
-from posttrain_env.models import (
-    EndReason,
-    EpisodeEnd,
-    ErrorType,
-    JobState,
-    TaskSpec,
-    ToolError,
-    oversized_error,
-    parse_tool_args,
-)
+from posttrain_env.models import EndReason, EpisodeEnd, JobState, TaskSpec
+from posttrain_env.tools import oversized_error, parse_tool_args
 from tasks.registry import load_task
-from workflows.episode_state import EpisodeCarry, JobRecord, ToolResult
+from workflows.episode_contract import StepMetadata, ToolResult
+from workflows.episode_state import EpisodeCarry, JobRecord
 from workflows.ledger import Ledger
 from workflows.recent import remember, request_hash, was_dropped
 
@@ -261,7 +253,8 @@ def test_only_session_ids_this_deployment_minted_are_accepted() -> None:
 
 
 def _result(n: int, size: int) -> ToolResult:
-    return ToolResult(tool="jobs_logs", data={"lines": ["l" * size], "n": n})
+    metadata = StepMetadata(episode_id="ep-0", steps_used=n, steps_left=1, time_left_s=1.0)
+    return ToolResult(tool="jobs_logs", data={"lines": ["l" * size], "n": n}, metadata=metadata)
 
 
 def test_recent_results_stay_within_their_budget_and_dropped_ones_are_remembered() -> None:

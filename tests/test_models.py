@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.models import (
     MAX_DATASETS,
     MAX_DEPENDENCIES,
     MAX_LOG_TAIL,
     MAX_SCRIPT_BYTES,
     MAX_WAIT_TIMEOUT_S,
-    ErrorType,
-    ToolError,
-    parse_tool_args,
 )
+from posttrain_env.tools import parse_tool_args
 
 SUBMIT = {"script": "pass\n", "flavor": "cpu-basic", "timeout_minutes": 5}
 

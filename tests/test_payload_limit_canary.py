@@ -15,8 +15,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from posttrain_env.entrypoints.temporal_client import core_runtime
 from posttrain_env.limits import TEMPORAL_PAYLOAD_LIMIT_BYTES
-from posttrain_env.worker import core_runtime
 from tests.conftest import binary
 from tests.payload_limits import payload_limit_violations
 

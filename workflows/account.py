@@ -12,7 +12,8 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from posttrain_env.models import ErrorType, usd
+    from posttrain_env.errors import ErrorType
+    from posttrain_env.models import usd
     from workflows.ids import SIGNAL_EXPOSURE, SIGNAL_RETIRE
 
 

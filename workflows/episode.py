@@ -1,9 +1,11 @@
-"""EpisodeWorkflow: one episode's ledger, steps, deadline, jobs, evaluations, end and reward.
+"""EpisodeWorkflow: one episode's steps, deadline, end and reward.
 
 Tool calls arrive as Updates (update id `<episode_id>:<request_id>`), reads as Queries, an
-operator's cancel and a session's end request as Signals. Jobs are ABANDON children that report
-back by signal; the episode cancels them explicitly when it ends and stays open until every one
-is confirmed final. The tools themselves live in `workflows/episode_tools.py`.
+operator's cancel and a session's end request as Signals. The tools are `EpisodeTools`
+(`episode_tools.py`), the jobs `EpisodeJobs` (`episode_jobs.py`), the rules and views pure
+functions (`episode_rules.py`); this module holds the life of the episode: counting steps,
+ending it (once) and staying open until every job is confirmed final, continuing as new when
+the history grows long, and telling its session.
 """
 
 from __future__ import annotations
@@ -16,25 +18,32 @@ from temporalio import workflow
 from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from posttrain_env.models import (
-        EndReason,
-        EpisodeEnd,
-        ErrorType,
-        ServiceSpend,
-        ToolError,
-        oversized_error,
-        parse_tool_args,
-    )
-    from workflows.episode_state import (
-        EpisodeCarry,
-        EpisodeSetup,
-        JobRecord,
+    from posttrain_env.contracts.episodes import EpisodeSetup
+    from posttrain_env.errors import ErrorType, ToolError
+    from posttrain_env.models import EndReason, EpisodeEnd
+    from posttrain_env.tools import oversized_error
+    from workflows.episode_contract import (
+        EndRequest,
+        EpisodeClosed,
+        EpisodeStatus,
         ToolCall,
         ToolResult,
     )
+    from workflows.episode_jobs import EpisodeJobs
+    from workflows.episode_rules import (
+        all_final,
+        deadline,
+        job_view,
+        service_spend,
+        step_metadata,
+        steps_left,
+        time_left_s,
+        unconfirmed,
+    )
+    from workflows.episode_state import EpisodeCarry
     from workflows.episode_tools import EpisodeTools
     from workflows.ids import SIGNAL_EPISODE_CLOSED, SIGNAL_JOB_CHANGED
-    from workflows.job import JobSnapshot, JobWorkflow
+    from workflows.job import JobSnapshot
     from workflows.ledger import Ledger
     from workflows.recent import remember, was_dropped
     from workflows.waiting import wait_until
@@ -45,36 +54,8 @@ class EpisodeInput(BaseModel):
     carry: EpisodeCarry | None = None
 
 
-class EndRequest(BaseModel):
-    reason: EndReason  # reset or cancelled
-    # The session to tell when every job is final, or when cancel_confirm_s passed without it.
-    reply_to: str | None = None
-
-
-class EpisodeClosed(BaseModel):
-    """Sent to the session: the episode ended; `unconfirmed` names jobs still not cancelled."""
-
-    episode_id: str
-    end: EpisodeEnd
-    service_spend: ServiceSpend
-    unconfirmed: list[str] = []
-
-
-class EpisodeStatus(BaseModel):
-    episode_id: str
-    task_id: str
-    steps_used: int
-    steps_left: int
-    time_left_s: float
-    done: bool
-    end: EpisodeEnd | None
-    service_spend: ServiceSpend
-    jobs: list[dict[str, Any]]
-    cancelling: list[str]
-
-
 @workflow.defn
-class EpisodeWorkflow(EpisodeTools):
+class EpisodeWorkflow:
     @workflow.init
     def __init__(self, inp: EpisodeInput) -> None:
         self._setup = inp.setup
@@ -82,6 +63,8 @@ class EpisodeWorkflow(EpisodeTools):
         self._s = inp.carry or EpisodeCarry(
             started_at=workflow.now(), ledger=Ledger(budget_micro_usd=budget)
         )
+        self._jobs = EpisodeJobs(self._setup, self._s)
+        self._tools = EpisodeTools(self._setup, self._s, self._jobs, self._end)
         self._reply_to: str | None = None
         self._end_requested_at = None
         self._replied = False
@@ -96,16 +79,16 @@ class EpisodeWorkflow(EpisodeTools):
             if self._s.end is None and self._deadline_passed() and not self._s.submitting:
                 await self._end(EndReason.time_limit, 0.0)
             await self._reply_if_due()
-            if self._s.end is not None and self._all_final():
+            if self._s.end is not None and all_final(self._s):
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                if self._all_final():
+                if all_final(self._s):
                     break
             if self._history_is_long() and not self._s.submitting:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(EpisodeInput(setup=self._setup, carry=self._s))
         await self._reply_if_due()
         await self._announce_close()
-        await self._account_retire()
+        await self._jobs.account_retire()
         assert self._s.end is not None
         return self._s.end
 
@@ -117,7 +100,7 @@ class EpisodeWorkflow(EpisodeTools):
         if call.request_id in self._s.recent:
             return self._s.recent[call.request_id]
         if was_dropped(self._s, call.request_id):
-            return self._result(
+            return self._answer(
                 call,
                 ToolError(
                     ErrorType.already_answered,
@@ -129,31 +112,27 @@ class EpisodeWorkflow(EpisodeTools):
         if self._s.end is None and self._deadline_passed() and not self._s.submitting:
             await self._end(EndReason.time_limit, 0.0)
         if self._s.end is not None:
-            return self._result(
-                call,
-                ToolError(
-                    ErrorType.episode_over, "the episode is over; call reset to start another"
-                ).envelope(),
+            ended = ToolError(
+                ErrorType.episode_over, "the episode is over; call reset to start another"
             )
+            return self._answer(call, ended.envelope())
         if self._s.steps_used >= self._setup.task.max_steps:
-            return self._result(
-                call,
-                ToolError(
-                    ErrorType.limit_reached,
-                    "the step limit is reached; the episode ends when the calls in flight finish",
-                ).envelope(),
+            limit = ToolError(
+                ErrorType.limit_reached,
+                "the step limit is reached; the episode ends when the calls in flight finish",
             )
+            return self._answer(call, limit.envelope())
         self._s.steps_used += 1
         try:
             if call.oversized is not None:
-                over = call.oversized
-                raise oversized_error(call.tool, over.field, over.bytes, over.total_bytes)
-            data = await self._dispatch(call.tool, parse_tool_args(call.tool, call.arguments))
+                big = call.oversized
+                raise oversized_error(call.tool, big.field, big.bytes, big.total_bytes)
+            data = await self._tools.run(call.tool, call.arguments)
         except ToolError as err:
             data = err.envelope()
         if self._s.end is None and self._s.steps_used >= self._setup.task.max_steps:
             await self._end(EndReason.max_steps, 0.0)
-        result = self._result(call, data)
+        result = self._answer(call, data)
         remember(self._s, call.request_id, result)
         return result
 
@@ -165,11 +144,8 @@ class EpisodeWorkflow(EpisodeTools):
 
     @workflow.signal(name=SIGNAL_JOB_CHANGED)
     async def job_changed(self, snap: JobSnapshot) -> None:
-        record = self._s.jobs.get(snap.job_id)
-        if record is None or record.final:
-            return
-        self._take_snapshot(record, snap)
-        await self._account_report()
+        if self._jobs.take(snap):
+            await self._jobs.account_report()
 
     @workflow.signal
     async def end_requested(self, request: EndRequest) -> None:
@@ -184,17 +160,19 @@ class EpisodeWorkflow(EpisodeTools):
     @workflow.query
     def status(self) -> EpisodeStatus:
         now = workflow.now()
+        views = [job_view(self._setup.episode_id, r, now) for r in self._s.jobs.values()]
         return EpisodeStatus(
             episode_id=self._setup.episode_id,
             task_id=self._setup.task.id,
             steps_used=self._s.steps_used,
-            steps_left=self._steps_left(),
-            time_left_s=self._time_left_s(),
+            steps_left=steps_left(self._setup, self._s),
+            time_left_s=time_left_s(self._setup, self._s, now),
             done=self._s.end is not None,
             end=self._s.end,
-            service_spend=self._spend(),
-            jobs=[self._view(r, now).model_dump(mode="json") for r in self._s.jobs.values()],
-            cancelling=self._unconfirmed(),
+            service_spend=service_spend(self._s),
+            jobs=[view.model_dump(mode="json") for view in views],
+            cancelling=unconfirmed(self._s),
+            metadata=step_metadata(self._setup, self._s, now),
         )
 
     @workflow.query
@@ -207,7 +185,7 @@ class EpisodeWorkflow(EpisodeTools):
         """True when the request was answered, whether or not its answer is still kept."""
         return request_id in self._s.recent or was_dropped(self._s, request_id)
 
-    # -- ending --------------------------------------------------------------------------------
+    # -- the end ---------------------------------------------------------------------------------
 
     async def _end(
         self, reason: EndReason, reward: float | None, invalid_score: str | None = None
@@ -217,22 +195,13 @@ class EpisodeWorkflow(EpisodeTools):
             self._s.end = EpisodeEnd(reason=reason, reward=reward, invalid_score=invalid_score)
             self._rearm = True
             workflow.logger.info("episode %s ended: %s", self._setup.episode_id, reason.value)
-        for record in list(self._s.jobs.values()):
-            if record.live:
-                await self._cancel_job(record)
-
-    async def _cancel_job(self, record: JobRecord) -> None:
-        handle = workflow.get_external_workflow_handle(record.workflow_id)
-        try:
-            await handle.signal(JobWorkflow.cancel)
-        except FailureError:
-            pass  # the job's workflow already finished; its final snapshot is on the way
+        await self._jobs.cancel_every_live_job()
 
     def _should_wake(self) -> bool:
         if self._rearm:
             return True
         if self._s.end is not None:
-            return self._all_final()
+            return all_final(self._s)
         return self._history_is_long() and not self._s.submitting
 
     def _history_is_long(self) -> bool:
@@ -244,11 +213,14 @@ class EpisodeWorkflow(EpisodeTools):
             return info.get_current_history_length() >= limit
         return info.is_continue_as_new_suggested()
 
+    def _deadline_passed(self) -> bool:
+        return workflow.now() >= deadline(self._setup, self._s)
+
     def _next_timer(self) -> timedelta | None:
         if self._s.end is None:
             if self._s.submitting and self._deadline_passed():
                 return None  # a submit in flight at the deadline finishes and counts
-            return max(self._deadline() - workflow.now(), timedelta(seconds=1))
+            return max(deadline(self._setup, self._s) - workflow.now(), timedelta(seconds=1))
         if self._reply_to and not self._replied and self._end_requested_at is not None:
             due = self._end_requested_at + timedelta(seconds=self._setup.cancel_confirm_s)
             return max(due - workflow.now(), timedelta(seconds=1))
@@ -261,36 +233,43 @@ class EpisodeWorkflow(EpisodeTools):
         due = self._end_requested_at is not None and workflow.now() >= (
             self._end_requested_at + timedelta(seconds=self._setup.cancel_confirm_s)
         )
-        if not self._all_final() and not due:
+        if not all_final(self._s) and not due:
             return
         self._replied = True
-        closed = EpisodeClosed(
-            episode_id=self._setup.episode_id,
-            end=self._s.end,
-            service_spend=self._spend(),
-            unconfirmed=self._unconfirmed(),
-        )
-        try:
-            await workflow.get_external_workflow_handle(self._reply_to).signal(
-                SIGNAL_EPISODE_CLOSED, closed
-            )
-        except FailureError:
-            workflow.logger.warning("session of episode %s is gone", self._setup.episode_id)
+        await self._tell_session(self._reply_to, self._closed(unconfirmed(self._s)))
 
     async def _announce_close(self) -> None:
         """Tell the session the episode is closed, so that it never signals a completed run."""
         session = self._setup.session_workflow_id
         if session is None or (
-            self._reply_to == session and self._replied and not self._unconfirmed()
+            self._reply_to == session and self._replied and not unconfirmed(self._s)
         ):
             return
+        await self._tell_session(session, self._closed([]))
+
+    def _closed(self, unconfirmed_jobs: list[str]) -> EpisodeClosed:
         assert self._s.end is not None
-        closed = EpisodeClosed(
-            episode_id=self._setup.episode_id, end=self._s.end, service_spend=self._spend()
+        return EpisodeClosed(
+            episode_id=self._setup.episode_id,
+            end=self._s.end,
+            service_spend=service_spend(self._s),
+            unconfirmed=unconfirmed_jobs,
         )
+
+    async def _tell_session(self, session: str, closed: EpisodeClosed) -> None:
         try:
             await workflow.get_external_workflow_handle(session).signal(
                 SIGNAL_EPISODE_CLOSED, closed
             )
         except FailureError:
             workflow.logger.warning("session of episode %s is gone", self._setup.episode_id)
+
+    def _answer(self, call: ToolCall, data: dict[str, Any]) -> ToolResult:
+        end = self._s.end
+        return ToolResult(
+            tool=call.tool,
+            data=data,
+            done=end is not None,
+            reward=end.reward if end is not None else None,
+            metadata=step_metadata(self._setup, self._s, workflow.now()),
+        )

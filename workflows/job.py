@@ -15,10 +15,17 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.backend import BackendJob, JobRole, JobSpec
-    from activities.jobs import JobRef, JobsActivities, ScoreResult, SubmitJob
+    from posttrain_env.contracts.activities import JobsApi
+    from posttrain_env.contracts.jobs import (
+        BackendJob,
+        JobRef,
+        JobRole,
+        JobSpec,
+        ScoreResult,
+        SubmitJob,
+    )
+    from posttrain_env.errors import tool_error_of
     from posttrain_env.models import JobState
-    from workflows.errors import tool_error_of
     from workflows.ids import SIGNAL_JOB_CHANGED, SIGNAL_LOOK_NOW
     from workflows.policies import (
         OBSERVE_TIMEOUT,
@@ -73,7 +80,7 @@ class JobWorkflow:
         self._inp = inp
         try:
             started = await workflow.execute_activity_method(
-                JobsActivities.submit_job,
+                JobsApi.submit_job,
                 self._submit_request(),
                 start_to_close_timeout=SUBMIT_TIMEOUT,
                 retry_policy=SUBMIT_RETRY,
@@ -165,7 +172,7 @@ class JobWorkflow:
             await self._report(self._snapshot(final=False))
         try:
             job = await workflow.execute_activity_method(
-                JobsActivities.cancel_job,
+                JobsApi.cancel_job,
                 JobRef(ref=self._job.ref, key=workflow.info().workflow_id, now=workflow.now()),
                 start_to_close_timeout=OBSERVE_TIMEOUT,
                 retry_policy=PERSISTENT_RETRY,
@@ -192,7 +199,7 @@ class JobWorkflow:
             return None
         try:
             return await workflow.execute_activity_method(
-                JobsActivities.read_score,
+                JobsApi.read_score,
                 JobRef(ref=self._job.ref, key=workflow.info().workflow_id, now=workflow.now()),
                 start_to_close_timeout=READ_TIMEOUT,
                 retry_policy=READ_RETRY,

@@ -15,15 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from posttrain_env.models import (
-    ErrorType,
-    FlavorPrice,
-    ReservedSpend,
-    ServiceSpend,
-    SettledSpend,
-    ToolError,
-    usd,
-)
+from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.models import FlavorPrice, ReservedSpend, ServiceSpend, SettledSpend, usd
 
 LedgerKind = Literal["job", "dev"]
 

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from temporalio.common import RetryPolicy
 
-from posttrain_env.models import ErrorType
+from posttrain_env.errors import ErrorType
 
 # Errors that retrying cannot fix: every agent-facing error type.
 NON_RETRYABLE = [t.value for t in ErrorType]

@@ -15,8 +15,9 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.hf.reaper import OrphanJob, ReaperActivities
-    from workflows.errors import tool_error_of
+    from posttrain_env.contracts.activities import ReaperApi
+    from posttrain_env.contracts.jobs import OrphanJob
+    from posttrain_env.errors import tool_error_of
     from workflows.policies import OBSERVE_TIMEOUT, READ_RETRY, READ_TIMEOUT
 
 
@@ -40,7 +41,7 @@ class ReaperWorkflow:
     @workflow.run
     async def run(self, inp: ReaperInput) -> ReaperReport:
         found = await workflow.execute_activity_method(
-            ReaperActivities.find_orphan_jobs,
+            ReaperApi.find_orphan_jobs,
             start_to_close_timeout=READ_TIMEOUT,
             retry_policy=READ_RETRY,
         )
@@ -68,7 +69,7 @@ class ReaperWorkflow:
     async def _cancel(self, orphan: OrphanJob) -> None:
         try:
             await workflow.execute_activity_method(
-                ReaperActivities.cancel_orphan_job,
+                ReaperApi.cancel_orphan_job,
                 orphan,
                 start_to_close_timeout=OBSERVE_TIMEOUT,
                 retry_policy=READ_RETRY,

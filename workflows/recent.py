@@ -12,7 +12,8 @@ from __future__ import annotations
 import hashlib
 
 from posttrain_env.limits import RECENT_RESULTS_BYTES
-from workflows.episode_state import EpisodeCarry, ToolResult
+from workflows.episode_contract import ToolResult
+from workflows.episode_state import EpisodeCarry
 
 # 64 bits: among the at most MAX_STEPS requests of an episode a collision is out of reach.
 _HASH_CHARS = 16

@@ -15,11 +15,12 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.episodes import EpisodeActivities, PrepareEpisode
-    from posttrain_env.models import EndReason, ErrorType
-    from workflows.episode import EndRequest, EpisodeClosed, EpisodeInput, EpisodeWorkflow
-    from workflows.episode_state import EpisodeSetup
-    from workflows.errors import tool_error_of
+    from posttrain_env.contracts.activities import EpisodesApi
+    from posttrain_env.contracts.episodes import EpisodeSetup, PrepareEpisode
+    from posttrain_env.errors import ErrorType, tool_error_of
+    from posttrain_env.models import EndReason
+    from workflows.episode import EpisodeInput, EpisodeWorkflow
+    from workflows.episode_contract import EndRequest, EpisodeClosed
     from workflows.ids import SIGNAL_EPISODE_CLOSED, episode_workflow_id
     from workflows.policies import READ_RETRY, READ_TIMEOUT
     from workflows.waiting import wait_until
@@ -70,7 +71,7 @@ class SessionWorkflow:
             episode_id = f"ep-{workflow.uuid4().hex[:16]}"
             try:
                 setup: EpisodeSetup = await workflow.execute_activity_method(
-                    EpisodeActivities.prepare_episode,
+                    EpisodesApi.prepare_episode,
                     PrepareEpisode(
                         task_id=request.task_id,
                         episode_id=episode_id,

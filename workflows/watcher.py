@@ -13,13 +13,23 @@ from temporalio import workflow
 from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.backend import BackendJob
-    from activities.jobs import JobsActivities, ObserveJobs, WatchRequest
+    from posttrain_env.contracts.activities import JobsApi
+    from posttrain_env.contracts.jobs import BackendJob, ObserveJobs
     from posttrain_env.models import JobState
     from workflows.ids import SIGNAL_JOB_CHANGED, SIGNAL_LOOK_NOW
     from workflows.job import JobSnapshot, JobWorkflow
     from workflows.policies import OBSERVE_TIMEOUT, PERSISTENT_RETRY
     from workflows.waiting import Alarm, wait_until
+
+
+class WatchRequest(BaseModel):
+    """Registers a job with the namespace's watcher (sent by signal-with-start)."""
+
+    ref: str
+    workflow_id: str  # the job's workflow: told when the job ends
+    state: str
+    job_id: str = ""
+    episode_workflow_id: str = ""  # told directly of changes short of the end
 
 
 class WatcherInput(BaseModel):
@@ -81,7 +91,7 @@ class WatcherWorkflow:
     async def _observe_once(self) -> None:
         refs = sorted(self._watched)
         observed: dict[str, BackendJob] = await workflow.execute_activity_method(
-            JobsActivities.observe_jobs,
+            JobsApi.observe_jobs,
             ObserveJobs(refs=refs, now=workflow.now()),
             start_to_close_timeout=OBSERVE_TIMEOUT,
             retry_policy=PERSISTENT_RETRY,

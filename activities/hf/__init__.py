@@ -1,4 +1,4 @@
-"""Pieces of the Hugging Face Jobs backend (`activities/hf_backend.py`), one purpose per module:
+"""Pieces of the Hugging Face Jobs backend (`activities/hf/backend.py`), one purpose per module:
 
 labels      the labels every job carries (deployment, episode, idempotency key) and the backend ref
 stages      a `JobInfo` as a `BackendJob`: stage mapping and running time

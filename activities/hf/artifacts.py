@@ -16,7 +16,7 @@ from huggingface_hub.errors import BucketNotFoundError
 from activities.hf.errors import hub_call, hub_list
 from activities.hf.labels import HfRef
 from activities.hf.submission import artifact_volume, artifacts_bucket, outputs_prefix
-from posttrain_env.models import ErrorType, ToolError
+from posttrain_env.errors import ErrorType, ToolError
 
 GIB = 1024**3
 

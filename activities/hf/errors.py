@@ -16,7 +16,7 @@ import httpx2
 from huggingface_hub.errors import HfHubHTTPError
 
 from activities.backend import TransientBackendError
-from posttrain_env.models import ErrorType, ToolError
+from posttrain_env.errors import ErrorType, ToolError
 
 T = TypeVar("T")
 

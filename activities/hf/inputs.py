@@ -23,7 +23,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import validate_repo_id
 
 from activities.hf.errors import hub_call
-from posttrain_env.models import ErrorType, ToolError
+from posttrain_env.errors import ErrorType, ToolError
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from huggingface_hub import JobInfo, constants
 
 from activities.backend import JobRequest
-from activities.keys import ServerKey
+from posttrain_env.keys import ServerKey
 
 LABEL_DEPLOYMENT = "posttrain-deployment"
 LABEL_KEY = "posttrain-key"

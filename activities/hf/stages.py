@@ -12,8 +12,8 @@ from datetime import datetime
 
 from huggingface_hub import JobInfo, JobStage
 
-from activities.backend import BackendJob
 from activities.hf.labels import timeout_of
+from posttrain_env.contracts.jobs import BackendJob
 from posttrain_env.models import JobState
 
 STAGES: dict[str, JobState] = {

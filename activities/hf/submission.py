@@ -14,11 +14,12 @@ import re
 
 from huggingface_hub import Volume, constants
 
-from activities.backend import JobRequest, JobRole
+from activities.backend import JobRequest
 from activities.hf.inputs import repo_id_problem
 from activities.jobs import HIDDEN_SEED_SECRET
 from job_launcher.builder import LauncherConfig, build_launcher
-from posttrain_env.models import ErrorType, ToolError
+from posttrain_env.contracts.jobs import JobRole
+from posttrain_env.errors import ErrorType, ToolError
 
 BASE_MODEL_MOUNT = "/base_model"
 DATASETS_MOUNT = "/datasets"

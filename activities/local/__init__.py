@@ -1,4 +1,4 @@
-"""The local jobs backend's parts (`activities/local_backend.py` puts them behind `JobsBackend`):
+"""The local jobs backend's parts (`activities/local/backend.py` puts them behind `JobsBackend`):
 
 hub.py         base models and datasets by repo id and content-hash revision
 plan.py        what a job runs: files, phases (bwrap command lines), environments

@@ -18,16 +18,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from activities.backend import JobRequest, JobRole
+from activities.backend import JobRequest
 from activities.local.sandbox import Mount, Sandbox, outside_usr
 from job_launcher.builder import LauncherConfig, build_launcher
 from job_launcher.requirements import merged_dependencies
+from posttrain_env.contracts.jobs import JobRole
 
 UV_IN_SANDBOX = "/opt/posttrain/uv"
 VENV = "/env/venv"
 _PATH = "/usr/local/bin:/usr/bin:/bin"
+# The install phase's own settings: its paths, and a uv cache on another mount than the venv
+# (uv copies, so a job's venv shares no file with the cache, and, told so, does not warn).
+INSTALLER_FIXED_ENV = {
+    "PATH": _PATH,
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "UV_CACHE_DIR": "/uv-cache",
+    "UV_LINK_MODE": "copy",
+}
 # Passed from the server's environment to install phases only: what reaching PyPI may need.
-_INSTALLER_PASS = (
+# Together with INSTALLER_FIXED_ENV this is the launcher's INSTALLER_ENV (a test binds them):
+# the launcher drops whatever else reaches it.
+INSTALLER_PASS_THROUGH = (
     "SSL_CERT_FILE",
     "SSL_CERT_DIR",
     "HTTP_PROXY",
@@ -166,11 +178,8 @@ def plan_job(
 def _install_phase(machine: Machine, uid: int, folder: Path, host: list[str]) -> dict[str, Any]:
     """`launcher.py --phase install` with network: the venv at /env/venv, wheels only."""
     host_paths = [*host, *machine.find_links]
-    env = {"PATH": _PATH, "HOME": "/tmp", "TMPDIR": "/tmp", "UV_CACHE_DIR": "/uv-cache"}
-    # The cache is another mount than the venv: uv copies (so a job's venv shares no file with
-    # the cache) and, told so, does not warn about it in the job's log.
-    env["UV_LINK_MODE"] = "copy"
-    for name in _INSTALLER_PASS:
+    env = dict(INSTALLER_FIXED_ENV)
+    for name in INSTALLER_PASS_THROUGH:
         value = machine.host_env.get(name)
         if value is None:
             continue

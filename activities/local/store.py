@@ -16,10 +16,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from activities.backend import BackendJob
 from activities.local import jobfiles as jf
 from activities.local.plan import JobPlan
-from posttrain_env.models import ErrorType, JobState, ToolError
+from posttrain_env.contracts.jobs import BackendJob
+from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.models import JobState
 
 REF = re.compile(r"local-[0-9a-f]{24}")
 # A job folder without a supervisor this long after its creation never started.

@@ -23,10 +23,12 @@ from openenv.core.env_server.mcp_types import CallToolAction
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.backend import JobRequest, JobRole
-from activities.fake_backend import FakeBackend, FakeScenario
+from activities.backend import JobRequest
+from activities.fake.backend import FakeBackend, FakeScenario
+from posttrain_env.contracts.jobs import JobRole
 from tests.payload_limits import payload_limit_violations
-from workflows.episode import EpisodeStatus, EpisodeWorkflow
+from workflows.episode import EpisodeWorkflow
+from workflows.episode_contract import EpisodeStatus
 from workflows.ids import episode_workflow_id
 
 START_TIMEOUT_S = 60.0

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from openenv.core.env_server.mcp_types import CallToolAction
 
-from activities.backend import JobRole
-from activities.fake_backend import FakeJobScript, FakeScenario
+from activities.fake.backend import FakeJobScript, FakeScenario
 from posttrain_env import PostTrainEnv
+from posttrain_env.contracts.jobs import JobRole
 from tests.gateway.server import ServerProcess, wait_until_ended
 
 SUBMIT = {"script": "print('training')\n", "flavor": "cpu-basic", "timeout_minutes": 5}

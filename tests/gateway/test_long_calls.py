@@ -9,8 +9,8 @@ from collections.abc import Callable
 from openenv.core.env_server.mcp_types import CallToolAction
 from openenv.core.mcp_client import MCPToolClient
 
-from activities.backend import JobRole
-from activities.fake_backend import FakeJobScript, FakeScenario
+from activities.fake.backend import FakeJobScript, FakeScenario
+from posttrain_env.contracts.jobs import JobRole
 from tests.gateway.server import ServerProcess, wait_until_ended
 
 SUBMIT = {"script": "print('training')\n", "flavor": "cpu-basic", "timeout_minutes": 5}

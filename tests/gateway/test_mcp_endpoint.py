@@ -23,8 +23,8 @@ from openenv.core.env_server.mcp_types import CallToolAction
 from openenv.core.mcp_client import MCPToolClient
 
 import tasks
-from activities.backend import JobRole
-from activities.fake_backend import FakeJobScript, FakeScenario
+from activities.fake.backend import FakeJobScript, FakeScenario
+from posttrain_env.contracts.jobs import JobRole
 from posttrain_env.tools import tool_catalog
 from tests.gateway.server import ServerProcess
 from tests.workflows.harness import write_task

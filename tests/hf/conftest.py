@@ -7,10 +7,11 @@ from datetime import datetime
 
 import pytest
 
-from activities.backend import JobRequest, JobRole, RepoRef
-from activities.hf_backend import HfBackend, HfBackendConfig
+from activities.backend import JobRequest
+from activities.hf.backend import HfBackend, HfBackendConfig
 from activities.jobs import HIDDEN_SEED_SECRET
 from job_launcher.trusted_lines import NONCE_ENV
+from posttrain_env.contracts.jobs import JobRole, RepoRef
 from tests.hf.fake_hub import T0, FakeHub, dataset_json, model_json
 
 TOKEN = "hf_FAKE-broker-token-that-no-job-may-see"

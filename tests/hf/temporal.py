@@ -14,8 +14,8 @@ from typing import Any
 
 from temporalio.testing import WorkflowEnvironment
 
+from posttrain_env.entrypoints.worker import build_worker
 from posttrain_env.settings import Settings
-from posttrain_env.worker import build_worker
 from tests.hf.conftest import make_backend
 from tests.hf.fake_hub import FakeHub, model_json
 from tests.workflows.harness import Harness, write_task

@@ -13,37 +13,35 @@ from pydantic import SecretStr
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.backend import JobRole, TransientBackendError
+from activities.backend import TransientBackendError
+from activities.hf.backend import HfBackend
 from activities.hf.labels import HfRef
 from activities.hf.stages import backend_job
-from activities.hf_backend import HfBackend
-from activities.jobs import JobRef, JobsActivities, SubmitJob, WatcherSettings
-from activities.keys import ServerKey
-from posttrain_env.models import ErrorType, JobState, ToolError
+from activities.jobs import JobsActivities
+from activities.ports import JobToWatch
+from posttrain_env.contracts.jobs import JobRef, JobRole, SubmitJob
+from posttrain_env.entrypoints.wiring import hf_backend
+from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.keys import ServerKey
+from posttrain_env.models import JobState
 from posttrain_env.settings import Settings
 from tests.hf.conftest import DATASET, MODEL, make_backend, request
 from tests.hf.fake_hub import ENDPOINT, T0, FakeHub, JobPlan, dataset_json
 from workflows.ledger import billed_minutes
 
 
-class RecordingClient:
-    """Stands in for the Temporal client: submit_job registers the job with the watcher."""
+class RecordingWatch:
+    """Stands in for the watcher (activities.ports.JobWatch): submit_job registers the job."""
 
     def __init__(self) -> None:
-        self.started: list[Any] = []
+        self.watched: list[JobToWatch] = []
 
-    async def start_workflow(self, *args: Any, **kwargs: Any) -> None:
-        self.started.append((args, kwargs))
+    async def watch(self, job: JobToWatch) -> None:
+        self.watched.append(job)
 
 
 def activities(backend: HfBackend, tmp_path: Path) -> JobsActivities:
-    return JobsActivities(
-        backend,
-        ServerKey(b"k" * 32),
-        RecordingClient(),  # type: ignore[arg-type]
-        tmp_path,
-        WatcherSettings(workflow_id="watcher"),
-    )
+    return JobsActivities(backend, ServerKey(b"k" * 32), RecordingWatch(), tmp_path)
 
 
 def submit_job(n: int = 1) -> SubmitJob:
@@ -422,16 +420,18 @@ async def test_logs_are_the_tail_of_the_hubs_log(hub: FakeHub, backend: HfBacken
 def test_without_hf_token_the_backend_refuses_to_start(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path, backend="hf", hf_token=None)
     with pytest.raises(SystemExit) as refused:
-        HfBackend.from_settings(settings)
+        hf_backend(settings)
     assert "HF_TOKEN" in str(refused.value.code)
 
 
-def test_from_settings_keeps_the_token_in_the_broker_api_only(tmp_path: Path) -> None:
+def test_the_wiring_keeps_the_token_in_the_broker_api_only(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path, backend="hf", hf_token=SecretStr("hf_x"))
-    backend = HfBackend.from_settings(settings)
+    backend = hf_backend(settings)
+    assert isinstance(backend, HfBackend)
     assert backend._api.token == "hf_x" and backend._public.token is False
     # One deployment label per server key: every worker sharing the key agrees on it.
-    assert HfBackend.from_settings(settings).deployment == backend.deployment
+    again = hf_backend(settings)
+    assert isinstance(again, HfBackend) and again.deployment == backend.deployment
 
 
 async def test_the_namespace_defaults_to_the_tokens_user(hub: FakeHub) -> None:

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import pytest
 from temporalio.client import Client, ScheduleActionExecutionStartWorkflow, ScheduleHandle
@@ -19,12 +19,17 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.backend import JobRole
+from activities.hf.backend import HfBackend
 from activities.hf.labels import HfRef
-from activities.hf.reaper import ReaperActivities, reaper_schedule_id
-from activities.hf_backend import HfBackend
+from activities.hf.reaper import ReaperActivities
+from posttrain_env.contracts.jobs import JobRole
+from posttrain_env.entrypoints.wiring import (
+    TemporalEpisodeLiveness,
+    reaper_schedule_id,
+    schedule_reaper_soon,
+)
+from posttrain_env.entrypoints.worker import build_worker
 from posttrain_env.settings import Settings
-from posttrain_env.worker import build_worker
 from tests.hf.conftest import make_backend, request
 from tests.hf.fake_hub import FakeHub, JobPlan
 from tests.hf.stand_in import StandInEpisode
@@ -62,7 +67,7 @@ async def test_the_reaper_cancels_orphans_and_leaves_live_episodes_jobs_alone(
     other.deployment = "dother"
     theirs = await other.submit(request(n=7, episode_id=CLOSED, key="x/job/1"))
     queue = f"tq-{uuid.uuid4().hex[:8]}"
-    reaper = ReaperActivities(backend, client)
+    reaper = ReaperActivities(backend, TemporalEpisodeLiveness(client))
     # Without time skipping: a skip would run the stand-in episode into its execution timeout.
     with time_skipping_env.auto_time_skipping_disabled():
         await reap_beside_episodes(client, queue, reaper, refs)
@@ -106,7 +111,7 @@ async def test_a_dry_run_only_reports(
     client = time_skipping_env.client
     refs = await start_jobs(hub, backend)
     queue = f"tq-{uuid.uuid4().hex[:8]}"
-    reaper = ReaperActivities(backend, client)
+    reaper = ReaperActivities(backend, TemporalEpisodeLiveness(client))
     async with Worker(
         client,
         task_queue=queue,
@@ -172,7 +177,7 @@ async def _first_run(client: Client, schedule: ScheduleHandle) -> ReaperReport:
     raise AssertionError("the schedule started no reaper run")
 
 
-async def test_the_schedule_is_not_attempted_outside_an_event_loop(backend: HfBackend) -> None:
-    reaper = ReaperActivities(backend, client=None)  # type: ignore[arg-type]
-    await asyncio.to_thread(reaper.ensure_schedule_soon, "q", timedelta(minutes=1))
-    assert reaper.schedule_task is None
+async def test_the_schedule_is_not_attempted_outside_an_event_loop() -> None:
+    client = cast(Client, None)  # never reached: no loop runs in that thread
+    task = await asyncio.to_thread(schedule_reaper_soon, client, "q", timedelta(minutes=1))
+    assert task is None

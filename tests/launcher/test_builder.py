@@ -14,7 +14,7 @@ from job_launcher import launcher
 from job_launcher.builder import NONCE_ENV, LauncherConfig, build_launcher, launcher_source
 from job_launcher.requirements import script_dependencies
 from job_launcher.trusted_lines import LAUNCHER_TAG, format_trusted_line
-from posttrain_env.models import ErrorType, ToolError
+from posttrain_env.errors import ErrorType, ToolError
 
 AGENT_SCRIPT = """\
 # /// script

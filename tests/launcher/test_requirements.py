@@ -14,7 +14,8 @@ from job_launcher.requirements import (
     validate_requirements,
     validate_script,
 )
-from posttrain_env.models import MAX_DEPENDENCIES, MAX_SCRIPT_BYTES, ErrorType, ToolError
+from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.models import MAX_DEPENDENCIES, MAX_SCRIPT_BYTES
 
 
 @pytest.mark.parametrize(

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from activities.backend import BackendJob, JobRequest, JobRole, RepoRef
-from activities.local_backend import LocalBackend, LocalLimits
+from activities.backend import JobRequest
+from activities.local.backend import LocalBackend, LocalLimits
 from job_launcher.trusted_lines import NONCE_ENV
+from posttrain_env.contracts.jobs import BackendJob, JobRole, RepoRef
 
 JOB_PYTHON = "/usr/bin/python3"
 # Another bwrap to run these tests with (e.g. Debian's 0.8.0); unset: the backend's own choice.

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from activities.local.hub import LocalHub
-from posttrain_env.hub_cli import add_hub_commands, run_hub
+from posttrain_env.entrypoints.hub_cli import add_hub_commands, run_hub
 
 
 def hub(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -39,7 +39,7 @@ def entry_point(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The real `posttrain-env hub ...` process."""
     env = {**os.environ, "POSTTRAIN_STATE_DIR": str(state)}
     return subprocess.run(
-        [sys.executable, "-m", "posttrain_env.cli", "hub", *args],
+        [sys.executable, "-m", "posttrain_env.entrypoints.cli", "hub", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -10,17 +10,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import cast
 
 import pytest
-from temporalio.client import Client
 
-from activities.jobs import JobLogs, JobsActivities, WatcherSettings
-from activities.keys import ServerKey
-from activities.local_backend import LocalBackend, job_ref
+from activities.jobs import JobsActivities
+from activities.local.backend import LocalBackend, job_ref
+from activities.ports import JobToWatch
 from job_launcher.trusted_lines import read_score
+from posttrain_env.contracts.jobs import JobLogs
+from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.keys import ServerKey
 from posttrain_env.limits import MAX_LOG_ANSWER_BYTES, MAX_LOG_LINE_BYTES, json_size
-from posttrain_env.models import ErrorType, ToolError
 from tasks.registry import TASKS_DIR
 from tests.local.conftest import (
     JOB_PYTHON,
@@ -97,7 +97,7 @@ def test_a_restarted_backend_sees_a_running_job_and_a_retried_submit_starts_no_s
         "import asyncio, sys\n"
         "from pathlib import Path\n"
         "from activities.backend import JobRequest\n"
-        "from activities.local_backend import LocalBackend\n"
+        "from activities.local.backend import LocalBackend\n"
         "python, bwrap = sys.argv[2], sys.argv[3] or None\n"
         "backend = LocalBackend(Path(sys.argv[1]), job_python=python, bwrap=bwrap)\n"
         "request = JobRequest.model_validate_json(sys.stdin.read())\n"
@@ -314,6 +314,13 @@ def test_logs_of_an_unknown_job_are_an_error(jobs: Jobs) -> None:
     assert asyncio.run(jobs.backend.observe(["local-" + "0" * 24, "../x"], now())) == {}
 
 
+class NoWatch:
+    """job_logs reaches no watcher."""
+
+    async def watch(self, job: JobToWatch) -> None:
+        raise AssertionError("job_logs registered a job with the watcher")
+
+
 def test_a_loud_jobs_logs_are_answered_within_the_log_limits(
     state_dir: Path, tmp_path: Path
 ) -> None:
@@ -330,13 +337,7 @@ def test_a_loud_jobs_logs_are_answered_within_the_log_limits(
     )
     job = jobs.run(loud, timeout=60)
     assert job.state.value == "succeeded", jobs.logs(job.ref)
-    activities = JobsActivities(
-        jobs.backend,
-        ServerKey(b"k" * 32),
-        cast(Client, None),  # job_logs reaches no workflow
-        TASKS_DIR,
-        WatcherSettings(workflow_id="unused"),
-    )
+    activities = JobsActivities(jobs.backend, ServerKey(b"k" * 32), NoWatch(), TASKS_DIR)
     answer = asyncio.run(
         activities.job_logs(JobLogs(ref=job.ref, key="test/job", tail=2000, now=now()))
     )

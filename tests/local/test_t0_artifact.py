@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from activities.backend import RepoRef
 from job_launcher.trusted_lines import read_score
+from posttrain_env.contracts.jobs import RepoRef
 from tasks.registry import TASKS_DIR, evaluator_script, load_task
 from tests.local.conftest import Jobs
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from activities.local.backend import _find_uv
 from activities.local.sandbox import find_bwrap
-from activities.local_backend import _find_uv
 from tests.local.conftest import JOB_PYTHON, TEST_BWRAP, write_model
 
 NOBODY = 65534
@@ -38,8 +38,9 @@ DRIVER = r"""
 import asyncio, json, sys, time
 from datetime import UTC, datetime
 from pathlib import Path
-from activities.backend import JobRequest, JobRole, RepoRef
-from activities.local_backend import LocalBackend, LocalLimits
+from activities.backend import JobRequest
+from posttrain_env.contracts.jobs import JobRole, RepoRef
+from activities.local.backend import LocalBackend, LocalLimits
 from job_launcher.trusted_lines import read_score
 
 state, bwrap, uv, model = sys.argv[1:5]

@@ -1,12 +1,13 @@
 """Record the histories of real episodes, for the replay test (tests/replay/test_replay.py).
 
-    uv run python -m tests.replay.record_histories [--out tests/replay/histories]
+    uv run python -m tests.replay.record_histories --label <what changed> [scenarios...]
 
 Each scenario runs against a real Temporal dev server with the project's own workers, and every
 workflow execution it leaves (sessions, episodes, jobs, the watcher, the account; every run of a
-workflow that continued as new) is written as Temporal's JSON history. Run it with the code whose
-histories you want to keep: committed histories prove that episodes started by that code keep
-running after an upgrade (README, "Changing workflow code").
+workflow that continued as new) is written as Temporal's JSON history, into a folder of its own
+(`histories/<date>-<label>/`). Run it with the code whose histories you want to keep, and keep
+the older folders: committed histories prove that episodes started by that code keep running
+after an upgrade (README, "Changing workflow code").
 
 Scenarios:
 - `t0_artifact`: a whole episode on the local backend with the task's reference solution (the
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
 import json
 import shutil
 import socket
@@ -49,7 +51,7 @@ def free_port() -> int:
 
 
 async def dev_server() -> WorkflowEnvironment:
-    from posttrain_env.worker import core_runtime
+    from posttrain_env.entrypoints.temporal_client import core_runtime
 
     return await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
@@ -78,9 +80,9 @@ async def save_all(client: Client, scenario: str, out: Path) -> list[Path]:
 async def fake_stack(
     env: WorkflowEnvironment, workdir: Path, scenario: Any, **settings: Any
 ) -> AsyncIterator[tuple[Client, str]]:
-    from activities.fake_backend import FakeBackend
+    from activities.fake.backend import FakeBackend
+    from posttrain_env.entrypoints.worker import build_worker
     from posttrain_env.settings import Settings
-    from posttrain_env.worker import build_worker
     from tests.workflows.harness import write_task
 
     tasks_dir = workdir / "tasks"
@@ -118,7 +120,7 @@ async def wait_state(client: Client, episode_id: str, job_id: str, states: set[s
 
 
 async def record_reset(out: Path, workdir: Path) -> list[Path]:
-    from activities.fake_backend import FakeDataset, FakeJobScript, FakeScenario
+    from activities.fake.backend import FakeDataset, FakeJobScript, FakeScenario
     from workflows.session import SessionWorkflow
 
     scenario = FakeScenario(
@@ -166,7 +168,7 @@ async def record_reset(out: Path, workdir: Path) -> list[Path]:
 
 
 async def record_continue_as_new(out: Path, workdir: Path) -> list[Path]:
-    from activities.fake_backend import FakeJobScript, FakeScenario
+    from activities.fake.backend import FakeJobScript, FakeScenario
 
     scenario = FakeScenario(jobs=[FakeJobScript(queue_s=1, run_s=3600)])
     env = await dev_server()
@@ -201,7 +203,7 @@ async def record_continue_as_new(out: Path, workdir: Path) -> list[Path]:
 
 
 async def record_cancel_pending(out: Path, workdir: Path) -> list[Path]:
-    from activities.fake_backend import FakeJobScript, FakeScenario
+    from activities.fake.backend import FakeJobScript, FakeScenario
     from workflows.session import ResetRequest, SessionWorkflow
 
     scenario = FakeScenario(
@@ -235,9 +237,10 @@ async def record_t0_artifact(out: Path, workdir: Path) -> list[Path]:
     import uvicorn
 
     from mcp_gateway.app import create_app, uvicorn_config
-    from posttrain_env.demo import play
+    from posttrain_env.entrypoints.demo import play
+    from posttrain_env.entrypoints.wiring import make_backend
+    from posttrain_env.entrypoints.worker import build_worker
     from posttrain_env.settings import Settings
-    from posttrain_env.worker import build_worker, make_backend
 
     settings = Settings(state_dir=workdir / "state", backend="local")
     env = await dev_server()
@@ -280,6 +283,7 @@ async def started(server: Any) -> None:
 
 def main(out: Path, only: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    print(f"recording into {out}", file=sys.stderr)
     for name, record in SCENARIOS.items():
         if only and name not in only:
             continue
@@ -292,7 +296,11 @@ def main(out: Path, only: list[str]) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--label", required=True, help="what the recorded code is, e.g. a change")
+    parser.add_argument(
+        "--out", type=Path, help="another folder (default: histories/<date>-<label>)"
+    )
     parser.add_argument("scenarios", nargs="*", help=f"some of {', '.join(SCENARIOS)}")
     args = parser.parse_args()
-    main(args.out, args.scenarios)
+    label = "-".join(args.label.lower().split())
+    main(args.out or DEFAULT_OUT / f"{datetime.date.today().isoformat()}-{label}", args.scenarios)

@@ -14,12 +14,12 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateStage
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake_backend import FakeBackend, FakeScenario
+from activities.fake.backend import FakeBackend, FakeScenario
 from mcp_gateway.episode_calls import call_tool
+from posttrain_env.entrypoints.worker import build_worker
 from posttrain_env.settings import Settings
-from posttrain_env.worker import build_worker
-from workflows.episode import EpisodeStatus, EpisodeWorkflow
-from workflows.episode_state import ToolCall, ToolResult
+from workflows.episode import EpisodeWorkflow
+from workflows.episode_contract import EpisodeStatus, ToolCall, ToolResult
 from workflows.ids import account_workflow_id, watcher_workflow_id
 from workflows.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
 
@@ -74,6 +74,28 @@ def write_task(
         (folder / "evaluator.py").write_text("print('the fake backend never runs this')\n")
 
 
+@dataclass(frozen=True)
+class Answer:
+    """A tool call's answer as the gateway passes it on for the call's path: the metadata that
+    path carries (`StepMetadata.view`), the reward only on `step`."""
+
+    tool: str
+    data: dict[str, Any]
+    done: bool
+    reward: float | None
+    metadata: dict[str, Any]
+
+    @classmethod
+    def of(cls, result: ToolResult, path: str) -> Answer:
+        return cls(
+            tool=result.tool,
+            data=result.data,
+            done=result.done,
+            reward=result.reward if path == "step" else None,
+            metadata=result.metadata.view(path),  # type: ignore[arg-type]
+        )
+
+
 @dataclass
 class Episode:
     env: WorkflowEnvironment
@@ -88,11 +110,11 @@ class Episode:
 
     async def call(
         self, tool: str, path: str = "step", request_id: str | None = None, **arguments: Any
-    ) -> ToolResult:
+    ) -> Answer:
         """A tool call that needs no workflow time to pass, made as the gateway makes it."""
         rid = request_id or self.next_request_id()
         call = ToolCall(request_id=rid, tool=tool, arguments=arguments, path=path)  # type: ignore[arg-type]
-        return await call_tool(self.env.client, self.episode_id, call)
+        return Answer.of(await call_tool(self.env.client, self.episode_id, call), path)
 
     async def call_over(
         self,
@@ -101,7 +123,7 @@ class Episode:
         request_id: str | None = None,
         path: str = "step",
         **arguments: Any,
-    ) -> ToolResult:
+    ) -> Answer:
         """A tool call during which `advance` of workflow time is skipped (the test server
         does not skip time while a client merely awaits an update's result)."""
         rid = request_id or self.next_request_id()
@@ -121,7 +143,7 @@ class Episode:
             skipped += SKIP_STEP
             if await self.handle.query(EpisodeWorkflow.result_of, rid) is not None:
                 break
-        return await update.result()
+        return Answer.of(await update.result(), path)
 
     async def skip(self, duration: timedelta) -> None:
         """Let `duration` of workflow time pass, in unaligned steps (see SKIP_STEP)."""
@@ -153,7 +175,7 @@ class Episode:
 
     async def wait_job(
         self, job_id: str, *, step: timedelta = timedelta(minutes=2), max_calls: int = 20
-    ) -> ToolResult:
+    ) -> Answer:
         """jobs_wait until the job is no longer queued or running."""
         for _ in range(max_calls):
             result = await self.call_over(step, "jobs_wait", job_id=job_id, timeout_s=120)

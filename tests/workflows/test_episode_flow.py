@@ -7,8 +7,8 @@ from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
-from activities.backend import JobRole
-from activities.fake_backend import FakeJobScript, FakeScenario
+from activities.fake.backend import FakeJobScript, FakeScenario
+from posttrain_env.contracts.jobs import JobRole
 from tests.workflows.harness import running_worker, write_task
 
 CPU_PRICE = 167  # micro-USD per minute of cpu-basic in the fake's price list

@@ -10,11 +10,12 @@ from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateStage
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake_backend import FakeJobScript, FakeScenario
-from activities.keys import ServerKey
+from activities.fake.backend import FakeJobScript, FakeScenario
+from posttrain_env.keys import ServerKey
 from posttrain_env.models import EndReason
 from tests.workflows.harness import running_worker, write_task
-from workflows.episode import EndRequest, EpisodeWorkflow
+from workflows.episode import EpisodeWorkflow
+from workflows.episode_contract import EndRequest
 from workflows.session import ResetRequest, ResetResult, SessionWorkflow
 
 LONG = FakeJobScript(run_s=100_000)

@@ -3,17 +3,18 @@ messages are answered within their limits, and the episode goes on working."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-import workflows.episode_tools
-from activities.backend import JobRole
-from activities.fake_backend import FakeJobScript, FakeScenario
+import workflows.episode_rules
+from activities.fake.backend import FakeJobScript, FakeScenario
 from mcp_gateway.episode_calls import call_tool, tool_call
-from mcp_gateway.errors import SessionError
+from posttrain_env.contracts.jobs import JobRole
+from posttrain_env.errors import SessionError
 from posttrain_env.limits import (
     MAX_LOG_ANSWER_BYTES,
     MAX_LOG_LINE_BYTES,
@@ -21,8 +22,8 @@ from posttrain_env.limits import (
     MAX_SCRIPT_BYTES,
     json_size,
 )
-from tests.workflows.harness import Episode, running_worker
-from workflows.episode_state import ToolCall
+from tests.workflows.harness import Answer, Episode, running_worker
+from workflows.episode_contract import ToolCall
 
 SUBMIT = {"flavor": "cpu-basic", "timeout_minutes": 5}
 # A job that prints one 5 MB line, then 2,000 lines of 4 KB.
@@ -35,11 +36,10 @@ LOUD = FakeJobScript(
 )
 
 
-async def bounded_call(ep: Episode, tool: str, request_id: str, **arguments: object):
+async def bounded_call(ep: Episode, tool: str, request_id: str, **arguments: object) -> Answer:
     """A call built by the edge's own constructor (which measures the arguments)."""
-    return await call_tool(
-        ep.env.client, ep.episode_id, tool_call(request_id, tool, arguments, "step")
-    )
+    call = tool_call(request_id, tool, arguments, "step")
+    return Answer.of(await call_tool(ep.env.client, ep.episode_id, call), "step")
 
 
 @pytest.mark.parametrize(
@@ -112,7 +112,7 @@ async def test_long_logs_are_answered_within_limits_and_survive_continue_as_new(
             logs = await ep.call("jobs_logs", request_id=f"logs-{n}", job_id=job_id, tail=2000)
             answers.append(logs)
             lines = logs.data["lines"]
-            assert len(logs.model_dump_json()) < MAX_LOG_ANSWER_BYTES + 4_096
+            assert len(json.dumps(logs.data).encode()) < MAX_LOG_ANSWER_BYTES + 4_096
             assert all(json_size(line) <= MAX_LOG_LINE_BYTES for line in lines)
             assert lines[-1].startswith("1999 ")
             assert logs.data["truncated"]["lines"] == 2000 - len(lines) > 0
@@ -178,7 +178,7 @@ async def test_an_episode_starts_a_bounded_number_of_jobs(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The real limit (256) holds the job table's share of the carry; 3 shows the rule at work.
-    monkeypatch.setattr(workflows.episode_tools, "MAX_JOBS_PER_EPISODE", 3)
+    monkeypatch.setattr(workflows.episode_rules, "MAX_JOBS_PER_EPISODE", 3)
     quick = FakeJobScript(queue_s=1, run_s=1)
     async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[quick])) as h:
         ep = await h.episode()

@@ -23,12 +23,12 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.backend import JobRole
-from activities.fake_backend import FakeBackend, FakeJobScript, FakeScenario
+from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
+from posttrain_env.contracts.jobs import JobRole
 from tests.conftest import binary
-from tests.workflows.harness import write_task
-from workflows.episode import EpisodeStatus, EpisodeWorkflow
-from workflows.episode_state import ToolCall, ToolResult
+from tests.workflows.harness import Answer, write_task
+from workflows.episode import EpisodeWorkflow
+from workflows.episode_contract import EpisodeStatus, ToolCall, ToolResult
 from workflows.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
 
 # An update sent while no worker runs waits for the next one (start-up + sticky-queue timeout).
@@ -136,14 +136,15 @@ def worker_process(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[
 
 async def call(
     handle: WorkflowHandle[Any, Any], episode_id: str, request_id: str, tool: str, **arguments: Any
-) -> ToolResult:
-    return await handle.execute_update(
+) -> Answer:
+    result = await handle.execute_update(
         EpisodeWorkflow.call_tool,
         ToolCall(request_id=request_id, tool=tool, arguments=arguments),
         id=f"{episode_id}:{request_id}",
         result_type=ToolResult,
         rpc_timeout=UPDATE_RPC_TIMEOUT,
     )
+    return Answer.of(result, "step")
 
 
 async def test_a_worker_killed_mid_episode_and_a_new_one_finish_the_same_episode_with_the_same_result(  # noqa: E501

@@ -21,18 +21,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from activities.backend import BackendJob, JobRequest, JobRole
+from activities.backend import JobRequest
 from activities.local import jobfiles as jf
 from activities.local.hub import HubError, LocalHub
 from activities.local.plan import Machine, plan_job
 from activities.local.sandbox import find_bwrap
 from activities.local.store import JobStore, job_ref
-from posttrain_env.models import ErrorType, FlavorPrice, ToolError
-
-if TYPE_CHECKING:
-    from posttrain_env.settings import Settings
+from posttrain_env.contracts.jobs import BackendJob, JobRole
+from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.models import FlavorPrice
 
 # Simulated prices: Hugging Face Jobs' own flavor names and list prices (hf.co/docs/hub/
 # jobs-pricing: CPU Basic $0.01/h, CPU Upgrade $0.03/h), in micro-USD per minute, so that a local
@@ -101,21 +99,6 @@ class LocalBackend:
             no_index=no_index,
             host_env=dict(os.environ),
         )
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> LocalBackend:
-        """The backend for `POSTTRAIN_BACKEND=local`; SystemExit with a message when this
-        machine cannot run it."""
-        python = settings.job_python
-        if not os.access(python, os.X_OK):
-            raise SystemExit(
-                f"POSTTRAIN_JOB_PYTHON={python} is not an executable interpreter; local jobs "
-                "need one that their unprivileged uid can run (e.g. /usr/bin/python3)"
-            )
-        try:
-            return cls(settings.state_dir / "local", job_python=python)
-        except (RuntimeError, FileNotFoundError) as exc:
-            raise SystemExit(f"the local backend cannot run here: {exc}") from None
 
     # -- JobsBackend ---------------------------------------------------------------------------
 

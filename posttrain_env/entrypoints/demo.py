@@ -55,8 +55,10 @@ async def running_stack(settings: Settings) -> AsyncIterator[str]:
     import uvicorn
 
     from mcp_gateway.app import create_app, uvicorn_config
-    from posttrain_env.temporal_dev import EmbeddedTemporal, EmbeddedTemporalConfig
-    from posttrain_env.worker import build_worker, connect, make_backend
+    from posttrain_env.entrypoints.temporal_client import connect
+    from posttrain_env.entrypoints.temporal_dev import EmbeddedTemporal, EmbeddedTemporalConfig
+    from posttrain_env.entrypoints.wiring import make_backend
+    from posttrain_env.entrypoints.worker import build_worker
 
     backend = make_backend(settings)
     temporal = EmbeddedTemporal(

@@ -18,7 +18,7 @@ import sys
 
 from pydantic import ValidationError
 
-log = logging.getLogger("posttrain_env.server")
+log = logging.getLogger("posttrain_env.entrypoints.server")
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,12 +33,16 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def serve(host: str, port: int, *, with_worker: bool) -> None:
     from mcp_gateway.auth import start_refusal
+    from posttrain_env.entrypoints.temporal_client import connect
+    from posttrain_env.entrypoints.temporal_dev import EmbeddedTemporal, EmbeddedTemporalConfig
     from posttrain_env.settings import Settings
-    from posttrain_env.temporal_dev import EmbeddedTemporal, EmbeddedTemporalConfig
-    from posttrain_env.worker import build_worker, connect, make_backend
 
     settings = Settings()
-    backend = make_backend(settings) if with_worker else None
+    backend = None
+    if with_worker:  # without one, no activity or backend code is loaded into the gateway
+        from posttrain_env.entrypoints.wiring import make_backend
+
+        backend = make_backend(settings)
     refusal = start_refusal(host, settings.backend, settings.api_key_list)
     if refusal is not None:  # DESIGN §6 item 6: checked before anything starts
         print(f"posttrain-env: {refusal}", file=sys.stderr)
@@ -70,6 +74,8 @@ async def serve(host: str, port: int, *, with_worker: bool) -> None:
                 log.info("Temporal UI: %s", embedded.config.ui_url)
         client = await connect(settings)
         if backend is not None:
+            from posttrain_env.entrypoints.worker import build_worker
+
             worker = build_worker(client, settings, backend)
             await stack.enter_async_context(worker)
             log.info("worker on task queue %r (backend %s)", settings.task_queue, backend.name)
@@ -86,7 +92,7 @@ async def serve(host: str, port: int, *, with_worker: bool) -> None:
 
 def run(host: str, port: int, *, with_worker: bool) -> int:
     """Serve until a signal; the exit status (0 clean, 1 failure, 2 bad settings)."""
-    from posttrain_env.temporal_dev import EmbeddedTemporalError
+    from posttrain_env.entrypoints.temporal_dev import EmbeddedTemporalError
 
     try:
         asyncio.run(serve(host, port, with_worker=with_worker))

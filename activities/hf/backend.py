@@ -29,7 +29,7 @@ from huggingface_hub.errors import HfHubHTTPError, JobNotFoundError
 from pydantic import BaseModel
 from temporalio import activity
 
-from activities.backend import BackendJob, JobRequest, JobRole, TransientBackendError
+from activities.backend import JobRequest, TransientBackendError
 from activities.hf import inputs
 from activities.hf.artifacts import GIB, evaluated_outputs
 from activities.hf.errors import hub_call, hub_list, status_of, translate
@@ -40,7 +40,6 @@ from activities.hf.labels import (
     LABEL_KEY,
     LABEL_ROLE,
     HfRef,
-    deployment_id,
     job_labels,
     key_label,
     label_value,
@@ -54,8 +53,9 @@ from activities.hf.submission import (
     job_name,
 )
 from job_launcher.builder import LauncherConfig
-from posttrain_env.models import ErrorType, FlavorPrice, ToolError
-from posttrain_env.settings import Settings
+from posttrain_env.contracts.jobs import BackendJob, JobRole
+from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.models import FlavorPrice
 
 log = logging.getLogger(__name__)
 
@@ -112,22 +112,6 @@ class HfBackend:
         self._config = config or HfBackendConfig()
         self._clock = clock or (lambda: datetime.now(UTC))
         self._prices = PriceCache(self._fetch_hardware, ttl_s=self._config.price_ttl_s)
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> HfBackend:
-        """Raises SystemExit naming HF_TOKEN when it is not set."""
-        token = settings.hf_token.get_secret_value().strip() if settings.hf_token else ""
-        if not token:
-            raise SystemExit(
-                "POSTTRAIN_BACKEND=hf needs HF_TOKEN: set it to the broker's Hugging Face token "
-                "(it starts paid jobs; no job ever sees it), or choose another backend."
-            )
-        return cls(
-            HfApi(token=token, library_name="posttrain-env"),
-            HfApi(token=False, library_name="posttrain-env"),
-            deployment=deployment_id(settings.state_dir / "server.key"),
-            namespace=settings.namespace,
-        )
 
     # -- JobsBackend ---------------------------------------------------------------------------
 

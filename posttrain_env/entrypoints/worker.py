@@ -1,43 +1,48 @@
-"""Wiring of the Temporal worker: the workflows, and the activities with their injected clients."""
+"""The Temporal worker: every workflow, and the activities with their injected clients and
+interfaces (`wiring.py`). `posttrain-env worker` runs one on its own; `server` runs one beside
+the gateway unless `--no-worker`."""
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import logging
+import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.runtime import (
-    LogForwardingConfig,
-    LoggingConfig,
-    Runtime,
-    TelemetryConfig,
-    TelemetryFilter,
-)
 from temporalio.worker import Worker
 
 from activities.backend import JobsBackend
 from activities.episodes import EpisodeActivities, EpisodeConfig
-from activities.jobs import JobsActivities, WatcherSettings
-from activities.keys import ServerKey
+from activities.jobs import JobsActivities
+from posttrain_env.entrypoints.temporal_client import connect
+from posttrain_env.entrypoints.wiring import (
+    TemporalAccount,
+    TemporalEpisodeLiveness,
+    TemporalJobWatch,
+    WatcherSettings,
+    make_backend,
+    schedule_reaper_soon,
+)
+from posttrain_env.keys import ServerKey
 from posttrain_env.settings import Settings
 from tasks.registry import TASKS_DIR
 from workflows.account import AccountWorkflow
 from workflows.episode import EpisodeWorkflow
 from workflows.ids import account_workflow_id, watcher_workflow_id
 from workflows.job import JobWorkflow
+from workflows.reaper import ReaperWorkflow
 from workflows.session import SessionWorkflow
 from workflows.watcher import WatcherWorkflow
 
+log = logging.getLogger(__name__)
 # One Hub listing per look on Hugging Face (and the fake that stands in for it); reading job
 # files locally costs nothing.
 DEFAULT_WATCH_INTERVAL_S = 30.0
 LOCAL_WATCH_INTERVAL_S = 2.0
 LOCAL_BRISK_LOOK_S = 0.1
-CORE_LOGGER = "temporalio.core"
 
 WORKFLOWS: Sequence[type] = (
     SessionWorkflow,
@@ -46,49 +51,6 @@ WORKFLOWS: Sequence[type] = (
     WatcherWorkflow,
     AccountWorkflow,
 )
-
-
-@functools.cache
-def core_runtime() -> Runtime:
-    """The process's Temporal runtime (one per process), forwarding the SDK core's own log to
-    Python logging as `temporalio.core`. That log is where a payload over Temporal's limit
-    shows (`TMPRL1103` at ERROR: the workflow task then fails in a loop), so the server's log
-    and the tests see it."""
-    return Runtime(
-        telemetry=TelemetryConfig(
-            logging=LoggingConfig(
-                filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
-                forwarding=LogForwardingConfig(
-                    logger=logging.getLogger(CORE_LOGGER), append_target_to_name=False
-                ),
-            )
-        )
-    )
-
-
-async def connect(settings: Settings) -> Client:
-    return await Client.connect(
-        settings.temporal_address,
-        namespace=settings.temporal_namespace,
-        data_converter=pydantic_data_converter,
-        runtime=core_runtime(),
-    )
-
-
-def make_backend(settings: Settings) -> JobsBackend:
-    """The backend `POSTTRAIN_BACKEND` names. Raises SystemExit with a message a person can act
-    on when it cannot be built (e.g. `hf` without `HF_TOKEN`)."""
-    if settings.backend == "fake":
-        from activities.fake_backend import FakeBackend
-
-        return FakeBackend(settings.state_dir / "fake")
-    if settings.backend == "local":
-        from activities.local_backend import LocalBackend
-
-        return LocalBackend.from_settings(settings)
-    from activities.hf_backend import HfBackend
-
-    return HfBackend.from_settings(settings)
 
 
 def build_worker(
@@ -113,10 +75,10 @@ def build_worker(
         # Local jobs are files: look again briskly after a change (short jobs end at once).
         min_interval_s=LOCAL_BRISK_LOOK_S if backend.name == "local" else None,
     )
-    jobs = JobsActivities(backend, key, client, tasks_dir, watcher)
+    jobs = JobsActivities(backend, key, TemporalJobWatch(client, watcher, queue), tasks_dir)
     episodes = EpisodeActivities(
         backend,
-        client,
+        TemporalAccount(client, queue),
         EpisodeConfig(
             tasks_dir=tasks_dir,
             watcher_workflow_id=watcher.workflow_id,
@@ -150,12 +112,31 @@ def _orphan_reaper(
     client: Client, backend: JobsBackend, queue: str
 ) -> tuple[list[type], list[Callable[..., Any]]]:
     """The hf backend's orphan reaper: its workflow, its activities, and its Schedule (created
-    in the background of the running loop; see ReaperActivities.ensure_schedule_soon)."""
+    in the background of the running loop)."""
+    from activities.hf.backend import HfBackend
     from activities.hf.reaper import ReaperActivities
-    from activities.hf_backend import HfBackend
-    from workflows.reaper import ReaperWorkflow
 
     assert isinstance(backend, HfBackend)
-    reaper = ReaperActivities(backend, client)
-    reaper.ensure_schedule_soon(queue)
+    reaper = ReaperActivities(backend, TemporalEpisodeLiveness(client))
+    schedule_reaper_soon(client, queue)
     return [ReaperWorkflow], [reaper.find_orphan_jobs, reaper.cancel_orphan_job]
+
+
+async def run_worker() -> None:
+    """`posttrain-env worker`: a worker of its own, until SIGINT or SIGTERM."""
+    settings = Settings()
+    backend = make_backend(settings)
+    client = await connect(settings)
+    worker = build_worker(client, settings, backend)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    log.info(
+        "worker on task queue %r at %s (backend %s)",
+        settings.task_queue,
+        settings.temporal_address,
+        backend.name,
+    )
+    async with worker:
+        await stop.wait()

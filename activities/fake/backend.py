@@ -22,9 +22,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from activities.backend import BackendJob, JobRequest, JobRole, TransientBackendError
+from activities.backend import JobRequest, TransientBackendError
 from job_launcher.trusted_lines import NONCE_ENV, SCORE_TAG, format_trusted_line
-from posttrain_env.models import ErrorType, FlavorPrice, JobState, ToolError
+from posttrain_env.contracts.jobs import BackendJob, JobRole
+from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.models import FlavorPrice, JobState
 
 EvalOutput = Literal["valid", "none", "several", "garbage", "out_of_range", "no_nonce"]
 

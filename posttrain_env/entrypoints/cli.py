@@ -6,44 +6,21 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 
 from pydantic import ValidationError
-
-
-async def _run_worker() -> None:
-    from posttrain_env.settings import Settings
-    from posttrain_env.worker import build_worker, connect, make_backend
-
-    settings = Settings()
-    backend = make_backend(settings)
-    client = await connect(settings)
-    worker = build_worker(client, settings, backend)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    logging.info(
-        "worker on task queue %r at %s (backend %s)",
-        settings.task_queue,
-        settings.temporal_address,
-        backend.name,
-    )
-    async with worker:
-        await stop.wait()
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="posttrain-env")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("worker", help="run a Temporal worker on the task queue `posttrain`")
-    from posttrain_env.server import add_server_arguments
+    from posttrain_env.entrypoints.server import add_server_arguments
 
     add_server_arguments(
         sub.add_parser("server", help="the gateway, a worker and the embedded Temporal server")
     )
-    from posttrain_env.hub_cli import add_hub_commands
+    from posttrain_env.entrypoints.hub_cli import add_hub_commands
 
     add_hub_commands(sub)
     sub.add_parser(
@@ -57,17 +34,19 @@ def main(argv: list[str] | None = None) -> None:
     status = 0
     try:
         if args.command == "worker":
-            asyncio.run(_run_worker())
+            from posttrain_env.entrypoints.worker import run_worker
+
+            asyncio.run(run_worker())
         elif args.command == "server":
-            from posttrain_env.server import run
+            from posttrain_env.entrypoints.server import run
 
             status = run(args.host, args.port, with_worker=not args.no_worker)
         elif args.command == "hub":
-            from posttrain_env.hub_cli import run_hub
+            from posttrain_env.entrypoints.hub_cli import run_hub
 
             status = run_hub(args)
         elif args.command == "demo":
-            from posttrain_env.demo import main as run_demo
+            from posttrain_env.entrypoints.demo import main as run_demo
 
             status = run_demo()
     except ValidationError as exc:  # a bad setting: say which, without a traceback

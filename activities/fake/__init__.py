@@ -1,0 +1,1 @@
+"""The fake jobs backend (development and tests): `backend.py`, file-backed and scriptable."""

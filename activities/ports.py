@@ -1,0 +1,49 @@
+"""What activities need from other workflows, as small interfaces (DESIGN §10).
+
+Activities touch the world and nothing else: where one must reach another workflow (register a
+job with the watcher, ask the account to admit an episode or accept more spend, ask whether an
+episode still runs), it calls one of these. `posttrain_env/entrypoints/wiring.py` implements them
+with a Temporal client, so every workflow-to-workflow call an activity makes is listed there.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pydantic import BaseModel
+
+from posttrain_env.contracts.episodes import Caps, ServerSpend
+
+
+class JobToWatch(BaseModel):
+    """A job the watcher should follow until it ends."""
+
+    ref: str  # the backend's id of the job
+    job_workflow_id: str  # told when the job ends
+    state: str
+    job_id: str
+    episode_id: str  # its episode is told of changes short of the end
+
+
+class JobWatch(Protocol):
+    async def watch(self, job: JobToWatch) -> None:
+        """Have the watcher of this task queue follow `job` (starting it if none runs)."""
+        ...
+
+
+class ServerAccount(Protocol):
+    async def admit(self, episode_id: str, caps: Caps) -> None:
+        """Count the episode as live. Raises ToolError (limit_reached, budget_exhausted) when a
+        server-wide cap refuses it."""
+        ...
+
+    async def check_exposure(self, spend: ServerSpend) -> None:
+        """Accept the episode's new committed spend. Raises ToolError(budget_exhausted) when it
+        would pass the server-wide spend cap."""
+        ...
+
+
+class EpisodeLiveness(Protocol):
+    async def is_running(self, episode_id: str) -> bool:
+        """True while the episode's workflow runs (False once it closed, or if it never ran)."""
+        ...

@@ -1,0 +1,60 @@
+"""An episode's set-up, as an activity prepares it at reset (pure; no secret in here)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from posttrain_env.contracts.jobs import RepoRef
+from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES
+from posttrain_env.models import FlavorPrice, TaskSpec
+
+
+class Caps(BaseModel):
+    """Server-wide limits, enforced through the account workflow when set."""
+
+    account_workflow_id: str
+    spend_cap_micro_usd: int | None = None
+    max_live_episodes: int | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """A spend cap is set: each reservation is checked against it."""
+        return self.spend_cap_micro_usd is not None
+
+    @property
+    def tracked(self) -> bool:
+        """Any cap is set: the episode is admitted, reported and retired in the account."""
+        return self.enabled or self.max_live_episodes is not None
+
+
+class EpisodeSetup(BaseModel):
+    """What an episode is started with (prepared by an activity at reset)."""
+
+    episode_id: str
+    task: TaskSpec
+    base_model: RepoRef  # revision resolved to a commit, once per episode
+    prices: dict[str, FlavorPrice]
+    prices_simulated: bool = False
+    cancel_confirm_s: int = 120
+    watcher_workflow_id: str
+    caps: Caps
+    session_workflow_id: str | None = None
+    # None: continue as new when Temporal suggests it; else past this many history events.
+    continue_as_new_events: int | None = None
+    # Continue as new past this many bytes of history, whatever the event count.
+    continue_as_new_bytes: int = CONTINUE_AS_NEW_HISTORY_BYTES
+
+
+class PrepareEpisode(BaseModel):
+    task_id: str
+    episode_id: str
+    session_workflow_id: str | None = None
+
+
+class ServerSpend(BaseModel):
+    """An episode's new committed spend, checked against the server-wide cap."""
+
+    account_workflow_id: str
+    episode_id: str
+    committed_micro_usd: int
+    cap_micro_usd: int

@@ -1,0 +1,261 @@
+"""How a worker is put together: backends from settings, and the calls an activity makes to
+another workflow, implemented with a Temporal client (`activities/ports.py`).
+
+Every workflow-to-workflow call that an activity makes is listed in this module:
+
+- `TemporalJobWatch.watch`: signal-with-start of the task queue's `WatcherWorkflow` (`watch`);
+- `TemporalAccount.admit`: update-with-start of the `AccountWorkflow` (`admit`);
+- `TemporalAccount.check_exposure`: update of the `AccountWorkflow` (`check_exposure`);
+- `TemporalEpisodeLiveness.is_running`: describe of an `EpisodeWorkflow` (the reaper);
+- `ensure_reaper_schedule`: the Schedule that starts `ReaperWorkflow` (hf backend only).
+
+Workflows reach each other directly (signals and children) and list those calls in their own
+modules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from datetime import timedelta
+
+from pydantic import BaseModel
+from temporalio.api.enums.v1 import WorkflowExecutionStatus
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleAlreadyRunningError,
+    ScheduleIntervalSpec,
+    ScheduleOverlapPolicy,
+    SchedulePolicy,
+    ScheduleSpec,
+    WithStartWorkflowOperation,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError
+
+from activities.backend import JobsBackend
+from activities.ports import JobToWatch
+from posttrain_env.contracts.episodes import Caps, ServerSpend
+from posttrain_env.errors import update_failure, workflow_is_gone
+from posttrain_env.settings import Settings
+from workflows.account import AccountState, AccountWorkflow, Admission, ExposureCheck
+from workflows.ids import episode_workflow_id
+from workflows.reaper import ReaperInput, ReaperWorkflow
+from workflows.watcher import WatcherInput, WatcherWorkflow, WatchRequest
+
+log = logging.getLogger(__name__)
+
+REAPER_EVERY = timedelta(minutes=10)
+
+
+# -- backends ------------------------------------------------------------------------------------
+
+
+def make_backend(settings: Settings) -> JobsBackend:
+    """The backend `POSTTRAIN_BACKEND` names. Raises SystemExit with a message a person can act
+    on when it cannot be built (e.g. `hf` without `HF_TOKEN`)."""
+    if settings.backend == "fake":
+        from activities.fake.backend import FakeBackend
+
+        return FakeBackend(settings.state_dir / "fake")
+    if settings.backend == "local":
+        return local_backend(settings)
+    return hf_backend(settings)
+
+
+def local_backend(settings: Settings) -> JobsBackend:
+    """SystemExit with a message when this machine cannot run local jobs."""
+    from activities.local.backend import LocalBackend
+
+    python = settings.job_python
+    if not os.access(python, os.X_OK):
+        raise SystemExit(
+            f"POSTTRAIN_JOB_PYTHON={python} is not an executable interpreter; local jobs "
+            "need one that their unprivileged uid can run (e.g. /usr/bin/python3)"
+        )
+    try:
+        return LocalBackend(settings.state_dir / "local", job_python=python)
+    except (RuntimeError, FileNotFoundError) as exc:
+        raise SystemExit(f"the local backend cannot run here: {exc}") from None
+
+
+def hf_backend(settings: Settings) -> JobsBackend:
+    """The broker's token goes into exactly one place, the HfApi that starts jobs (DESIGN §6).
+    SystemExit naming HF_TOKEN when it is not set."""
+    from huggingface_hub import HfApi
+
+    from activities.hf.backend import HfBackend
+    from activities.hf.labels import deployment_id
+
+    token = settings.hf_token.get_secret_value().strip() if settings.hf_token else ""
+    if not token:
+        raise SystemExit(
+            "POSTTRAIN_BACKEND=hf needs HF_TOKEN: set it to the broker's Hugging Face token "
+            "(it starts paid jobs; no job ever sees it), or choose another backend."
+        )
+    return HfBackend(
+        HfApi(token=token, library_name="posttrain-env"),
+        HfApi(token=False, library_name="posttrain-env"),
+        deployment=deployment_id(settings.state_dir / "server.key"),
+        namespace=settings.namespace,
+    )
+
+
+# -- what activities ask of other workflows ---------------------------------------------------
+
+
+class WatcherSettings(BaseModel):
+    workflow_id: str
+    interval_s: float = 30.0
+    min_interval_s: float | None = None  # see WatcherInput
+    # An idle watcher exits after this long with nothing to watch.
+    idle_exit_s: float = 60.0
+
+
+class TemporalJobWatch:
+    """`JobWatch`: signal-with-start of the task queue's watcher."""
+
+    def __init__(self, client: Client, watcher: WatcherSettings, task_queue: str) -> None:
+        self._client = client
+        self._watcher = watcher
+        self._task_queue = task_queue
+
+    async def watch(self, job: JobToWatch) -> None:
+        await self._client.start_workflow(
+            WatcherWorkflow.run,
+            WatcherInput(
+                interval_s=self._watcher.interval_s,
+                min_interval_s=self._watcher.min_interval_s,
+                idle_exit_s=self._watcher.idle_exit_s,
+            ),
+            id=self._watcher.workflow_id,
+            task_queue=self._task_queue,
+            start_signal="watch",
+            start_signal_args=[
+                WatchRequest(
+                    ref=job.ref,
+                    workflow_id=job.job_workflow_id,
+                    state=job.state,
+                    job_id=job.job_id,
+                    episode_workflow_id=episode_workflow_id(job.episode_id),
+                )
+            ],
+        )
+
+
+class TemporalAccount:
+    """`ServerAccount`: the account workflow of this task queue, by update."""
+
+    def __init__(self, client: Client, task_queue: str) -> None:
+        self._client = client
+        self._task_queue = task_queue
+
+    async def admit(self, episode_id: str, caps: Caps) -> None:
+        start = WithStartWorkflowOperation(
+            AccountWorkflow.run,
+            AccountState(),
+            id=caps.account_workflow_id,
+            task_queue=self._task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        try:
+            await self._client.execute_update_with_start_workflow(
+                AccountWorkflow.admit,
+                Admission(
+                    episode_id=episode_id,
+                    max_live_episodes=caps.max_live_episodes,
+                    spend_cap_micro_usd=caps.spend_cap_micro_usd,
+                ),
+                start_workflow_operation=start,
+            )
+        except WorkflowUpdateFailedError as err:
+            raise update_failure(err, "the server's account") from None
+
+    async def check_exposure(self, spend: ServerSpend) -> None:
+        handle = self._client.get_workflow_handle_for(
+            AccountWorkflow.run, spend.account_workflow_id
+        )
+        try:
+            await handle.execute_update(
+                AccountWorkflow.check_exposure,
+                ExposureCheck(
+                    episode_id=spend.episode_id,
+                    committed_micro_usd=spend.committed_micro_usd,
+                    cap_micro_usd=spend.cap_micro_usd,
+                ),
+            )
+        except WorkflowUpdateFailedError as err:
+            raise update_failure(err, "the server's account") from None
+
+
+class TemporalEpisodeLiveness:
+    """`EpisodeLiveness`: describe the episode's workflow."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    async def is_running(self, episode_id: str) -> bool:
+        handle = self._client.get_workflow_handle(episode_workflow_id(episode_id))
+        try:
+            description = await handle.describe()
+        except RPCError as err:
+            if workflow_is_gone(err):
+                return False
+            raise
+        return description.status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
+
+
+# -- the orphan reaper's Schedule (hf backend) ---------------------------------------------------
+
+
+def reaper_schedule_id(namespace: str, task_queue: str) -> str:
+    return f"posttrain-reaper/{namespace}/{task_queue}"
+
+
+async def ensure_reaper_schedule(
+    client: Client, task_queue: str, every: timedelta = REAPER_EVERY
+) -> str:
+    """Create the Schedule that runs ReaperWorkflow every `every` (kept if it exists already).
+    Returns its id."""
+    schedule_id = reaper_schedule_id(client.namespace, task_queue)
+    schedule = Schedule(
+        action=ScheduleActionStartWorkflow(
+            ReaperWorkflow.run,
+            ReaperInput(),
+            id=f"posttrain-reaper-run/{client.namespace}/{task_queue}",
+            task_queue=task_queue,
+        ),
+        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=every)]),
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
+    )
+    try:
+        await client.create_schedule(schedule_id, schedule)
+        log.info("orphan reaper scheduled every %s (%s)", every, schedule_id)
+    except ScheduleAlreadyRunningError:
+        pass
+    return schedule_id
+
+
+def schedule_reaper_soon(
+    client: Client, task_queue: str, every: timedelta = REAPER_EVERY
+) -> asyncio.Task[str] | None:
+    """Create the reaper's Schedule in the background of the running event loop (the worker is
+    built synchronously); a failure is logged, and the next worker start tries again. None when
+    no loop runs (nothing is attempted)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        log.warning("no event loop: the orphan reaper's schedule was not created")
+        return None
+    task = loop.create_task(ensure_reaper_schedule(client, task_queue, every))
+    task.add_done_callback(_log_failure)
+    return task
+
+
+def _log_failure(task: asyncio.Task[str]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("the orphan reaper's schedule was not created: %s", task.exception())

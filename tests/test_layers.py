@@ -1,0 +1,208 @@
+"""The layout keeps its shape (DESIGN §10): a ground and a roof, activities that never reach up
+to workflows, a gateway that loads no backend, and contracts that agree with their code."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+import pkgutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from temporalio import activity
+
+import activities
+from activities.episodes import EpisodeActivities
+from activities.hf.reaper import ReaperActivities
+from activities.jobs import JobsActivities
+from activities.local import plan
+from job_launcher import launcher
+from posttrain_env.contracts.activities import EpisodesApi, JobsApi, ReaperApi
+from posttrain_env.errors import GatewayCode
+from posttrain_env.tools import TOOLS
+from workflows.episode_tools import HANDLED_TOOLS
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("posttrain_env", "job_launcher", "tasks", "activities", "workflows", "mcp_gateway")
+# Who may import whom: a module imports only from its own layer or below.
+LAYERS = {
+    "posttrain_env": 0,
+    "job_launcher": 1,
+    "tasks": 1,
+    "activities": 2,
+    "workflows": 3,
+    "mcp_gateway": 4,
+    "posttrain_env.entrypoints": 5,  # the roof: the only place that imports every layer
+}
+
+
+def project_modules() -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            modules[name.removesuffix(".__init__")] = path
+    return modules
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every project module `path` imports, at module level or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+    return found
+
+
+def layer(module: str) -> int:
+    if module.startswith("posttrain_env.entrypoints"):
+        return LAYERS["posttrain_env.entrypoints"]
+    return LAYERS[module.split(".")[0]]
+
+
+def test_no_module_imports_from_a_layer_above_its_own() -> None:
+    modules = project_modules()
+    upward = [
+        f"{module} -> {imported}"
+        for module, path in modules.items()
+        for imported in imports_of(path, modules)
+        if layer(imported) > layer(module)
+    ]
+    assert upward == []
+
+
+def test_the_import_graph_has_no_circle() -> None:
+    modules = project_modules()
+    graph = {module: imports_of(path, modules) - {module} for module, path in modules.items()}
+    done: set[str] = set()
+    for start in graph:  # depth-first, iterative; a grey module met again closes a circle
+        stack, grey = [(start, iter(sorted(graph[start])))], {start}
+        while stack:
+            module, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                grey.discard(module)
+                done.add(module)
+                stack.pop()
+            elif child in grey:
+                circle = [m for m, _ in stack][[m for m, _ in stack].index(child) :]
+                raise AssertionError(f"import circle: {' -> '.join([*circle, child])}")
+            elif child not in done:
+                grey.add(child)
+                stack.append((child, iter(sorted(graph[child]))))
+
+
+def test_importing_every_activity_module_loads_no_workflow_module() -> None:
+    names = [
+        info.name
+        for info in pkgutil.walk_packages(activities.__path__, "activities.")
+        if not info.name.endswith("job_runner")  # the supervisor's `__main__`-style module
+    ]
+    probe = (
+        "import importlib, sys\n"
+        f"for name in {names!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'workflows'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert len(names) > 15
+    assert done.stdout.strip() == "[]"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_the_gateway_without_a_worker_loads_no_activity_or_backend_code(tmp_path: Path) -> None:
+    """`server --no-worker` serves (its /health answers), and no module of `activities/` (the
+    backends among them) is in the process."""
+    probe = (
+        "import asyncio, os, sys, httpx\n"
+        "from posttrain_env.entrypoints.server import serve\n"
+        "async def main():\n"
+        "    server = asyncio.create_task(serve('127.0.0.1', PORT, with_worker=False))\n"
+        "    for _ in range(300):\n"
+        "        await asyncio.sleep(0.1)\n"
+        "        if server.done():\n"
+        "            server.result()\n"
+        "        try:\n"
+        "            async with httpx.AsyncClient() as http:\n"
+        "                health = await http.get('http://127.0.0.1:PORT/health')\n"
+        "            if health.status_code == 200:\n"
+        "                break\n"
+        "        except httpx.TransportError:\n"
+        "            pass\n"
+        "    print(sorted(m for m in sys.modules if m.split('.')[0] == 'activities'))\n"
+        "    sys.stdout.flush()\n"
+        "    os._exit(0)\n"
+        "asyncio.run(main())\n"
+    ).replace("PORT", str(free_port()))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("POSTTRAIN_", "TEMPORAL_"))}
+    env.pop("HF_TOKEN", None)
+    env.update(
+        {
+            "POSTTRAIN_STATE_DIR": str(tmp_path),
+            "POSTTRAIN_TEMPORAL_PORT": str(free_port()),
+            "POSTTRAIN_TEMPORAL_UI_PORT": str(free_port()),
+        }
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env=env,
+        start_new_session=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_every_activity_interface_method_is_implemented_as_an_activity() -> None:
+    for interface, implementation in (
+        (JobsApi, JobsActivities),
+        (EpisodesApi, EpisodeActivities),
+        (ReaperApi, ReaperActivities),
+    ):
+        declared = {
+            name for name, fn in vars(interface).items() if activity._Definition.from_callable(fn)
+        }
+        assert declared, interface
+        for name in declared:
+            implemented = vars(implementation).get(name)
+            assert implemented is not None, f"{implementation.__name__} lacks {name}"
+            definition = activity._Definition.from_callable(implemented)
+            assert definition is not None and definition.name == name
+            assert inspect.signature(implemented) == inspect.signature(vars(interface)[name])
+
+
+def test_every_tool_of_the_registry_has_one_handler() -> None:
+    assert set(TOOLS) == HANDLED_TOOLS
+    assert len(TOOLS) == 9
+
+
+def test_the_local_install_phase_passes_exactly_what_the_launcher_keeps() -> None:
+    planned = {*plan.INSTALLER_FIXED_ENV, *plan.INSTALLER_PASS_THROUGH}
+    assert planned == set(launcher.INSTALLER_ENV)
+
+
+def test_the_clients_retryable_code_is_the_gateways_transient_one() -> None:
+    from posttrain_env.client import RETRYABLE_CODES
+
+    assert RETRYABLE_CODES == {GatewayCode.unavailable.value}

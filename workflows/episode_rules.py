@@ -1,0 +1,216 @@
+"""The episode's rules and views, pure: tested without Temporal, as the ledger is.
+
+Whether a job may start, which job an id names, how a job looks to the agent, what a backend's
+report changes, how much time and how many steps are left. No clock here: `now` is passed in
+(the workflow's time).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from posttrain_env.contracts.episodes import EpisodeSetup
+from posttrain_env.contracts.jobs import JobRole
+from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.limits import MAX_JOBS_PER_EPISODE
+from posttrain_env.models import JobState, JobView, ServiceSpend, usd
+from workflows.episode_contract import StepMetadata
+from workflows.episode_state import EpisodeCarry, JobRecord
+from workflows.job import JobSnapshot
+
+# How far along a job is; reports arrive by two routes (the watcher, the job's workflow), so a
+# report short of the end never moves a job back.
+_RANKS = {JobState.queued: 0, JobState.running: 1, JobState.cancelling: 2}
+
+
+def rank(state: JobState) -> int:
+    return _RANKS.get(state, 3)
+
+
+# -- may it start ----------------------------------------------------------------------------------
+
+
+def allowed_flavors(setup: EpisodeSetup) -> list[str]:
+    return [f for f in setup.task.flavors if f in setup.prices]
+
+
+def check_flavor_and_timeout(setup: EpisodeSetup, flavor: str, minutes: int) -> None:
+    """Raise ToolError unless an agent job may use `flavor` for `minutes`."""
+    task = setup.task
+    allowed = allowed_flavors(setup)
+    if flavor not in allowed:
+        raise ToolError(
+            ErrorType.flavor_not_allowed,
+            f"flavor {flavor!r} is not allowed; use one of {', '.join(allowed)}",
+            flavor=flavor,
+        )
+    if minutes > task.max_timeout_minutes:
+        raise ToolError(
+            ErrorType.timeout_not_allowed,
+            f"timeout_minutes {minutes} is above this task's maximum of {task.max_timeout_minutes}",
+        )
+
+
+def check_concurrency(setup: EpisodeSetup, carry: EpisodeCarry) -> None:
+    """Raise ToolError unless one more agent job may be live."""
+    task = setup.task
+    live = [r for r in carry.jobs.values() if r.role is JobRole.agent and r.live]
+    if len(live) >= task.max_concurrent_jobs:
+        raise ToolError(
+            ErrorType.limit_reached,
+            f"{len(live)} jobs are live and this task allows {task.max_concurrent_jobs} at "
+            "once; wait for or cancel one",
+        )
+
+
+def check_dev_evaluation(setup: EpisodeSetup, carry: EpisodeCarry) -> None:
+    allowed = setup.task.max_dev_evaluations
+    if carry.dev_evaluations >= allowed:
+        raise ToolError(
+            ErrorType.limit_reached,
+            f"this task allows {allowed} dev evaluations and all are used",
+        )
+
+
+def check_room_for_a_job(carry: EpisodeCarry) -> None:
+    """The job table travels through continue-as-new: it must stay bounded."""
+    if len(carry.jobs) >= MAX_JOBS_PER_EPISODE:
+        raise ToolError(
+            ErrorType.limit_reached,
+            f"this episode has started {len(carry.jobs)} jobs and evaluations, the most an "
+            "episode may; submit one of the finished jobs",
+        )
+
+
+# -- which job ---------------------------------------------------------------------------------
+
+
+def agent_job(carry: EpisodeCarry, job_id: str) -> JobRecord:
+    """The agent job `job_id` of this episode. Raises ToolError(unknown_job)."""
+    record = carry.jobs.get(job_id)
+    if record is None or record.role is not JobRole.agent:
+        raise ToolError(
+            ErrorType.unknown_job,
+            f"this episode has no job {job_id!r}; jobs_status lists its jobs",
+            job_id=job_id,
+        )
+    return record
+
+
+def succeeded_agent_job(carry: EpisodeCarry, job_id: str) -> JobRecord:
+    """The agent job `job_id`, which must have succeeded. Raises ToolError(not_ready)."""
+    record = agent_job(carry, job_id)
+    if record.state is not JobState.succeeded:
+        raise ToolError(
+            ErrorType.not_ready,
+            f"job {job_id} is {record.state.value}; only a succeeded job's outputs can be "
+            "evaluated",
+            job_id=job_id,
+            state=record.state.value,
+        )
+    return record
+
+
+def all_final(carry: EpisodeCarry) -> bool:
+    return all(r.final for r in carry.jobs.values())
+
+
+def unconfirmed(carry: EpisodeCarry) -> list[str]:
+    """Jobs whose cancellation was asked for and is not confirmed yet."""
+    return [r.job_id for r in carry.jobs.values() if r.state is JobState.cancelling and not r.final]
+
+
+# -- what a report changes ---------------------------------------------------------------------
+
+
+def take_snapshot(carry: EpisodeCarry, record: JobRecord, snap: JobSnapshot) -> None:
+    """Apply what a job's workflow (or, short of the end, the watcher) reported; settle the
+    ledger when the job is final. Reports come by two routes, so none may move a job back."""
+    if snap.backend is not None:
+        record.submitted = True
+        record.backend_ref = snap.backend.ref
+        record.created_at = snap.backend.created_at
+    if not snap.final and snap.error is None and rank(snap.state) <= rank(record.state):
+        return
+    record.version += 1
+    record.state = snap.state
+    record.message = snap.message
+    if snap.backend is not None:
+        record.started_at = snap.backend.started_at
+        record.finished_at = snap.backend.finished_at
+        record.running_s = snap.backend.running_s
+    if snap.error is not None:
+        record.error = snap.error
+        record.final = True
+        if record.reserved_micro_usd:
+            carry.ledger.release(record.job_id)
+        return
+    if snap.final:
+        record.score = snap.score
+        record.final = True
+        if record.role is not JobRole.grader:
+            record.settlement = carry.ledger.settle(record.job_id, record.running_s)
+
+
+# -- views -------------------------------------------------------------------------------------
+
+
+def iso(moment: datetime | None) -> str | None:
+    return moment.isoformat().replace("+00:00", "Z") if moment else None
+
+
+def job_view(episode_id: str, record: JobRecord, now: datetime) -> JobView:
+    running_s = record.running_s
+    if record.state in (JobState.running, JobState.cancelling) and record.started_at:
+        running_s = max(running_s, (now - record.started_at).total_seconds())
+    settlement = record.settlement
+    return JobView(
+        job_id=record.job_id,
+        state=record.state,
+        flavor=record.flavor,
+        timeout_minutes=record.timeout_minutes,
+        created_at=iso(record.created_at),
+        started_at=iso(record.started_at),
+        finished_at=iso(record.finished_at),
+        running_s=round(running_s, 3),
+        reserved_usd=usd(record.reserved_micro_usd if settlement is None else 0),
+        cost_usd=usd(settlement.cost_micro_usd) if settlement else 0.0,
+        overrun_usd=usd(settlement.overrun_micro_usd)
+        if settlement and settlement.overrun_micro_usd
+        else None,
+        artifact=f"openenv-artifact://{episode_id}/{record.job_id}/outputs"
+        if record.role is JobRole.agent
+        else None,
+        message=record.message,
+    )
+
+
+def deadline(setup: EpisodeSetup, carry: EpisodeCarry) -> datetime:
+    return carry.started_at + timedelta(seconds=setup.task.time_limit_s)
+
+
+def time_left_s(setup: EpisodeSetup, carry: EpisodeCarry, now: datetime) -> float:
+    if carry.end is not None:
+        return 0.0
+    return max(0.0, (deadline(setup, carry) - now).total_seconds())
+
+
+def steps_left(setup: EpisodeSetup, carry: EpisodeCarry) -> int:
+    return max(0, setup.task.max_steps - carry.steps_used)
+
+
+def service_spend(carry: EpisodeCarry) -> ServiceSpend:
+    return carry.ledger.service_spend(final=all_final(carry))
+
+
+def step_metadata(setup: EpisodeSetup, carry: EpisodeCarry, now: datetime) -> StepMetadata:
+    """What every answer of the episode reports (the one place it is built)."""
+    return StepMetadata(
+        episode_id=setup.episode_id,
+        steps_used=carry.steps_used,
+        steps_left=steps_left(setup, carry),
+        time_left_s=round(time_left_s(setup, carry, now), 3),
+        prices_simulated=setup.prices_simulated,
+        service_spend=service_spend(carry),
+        episode_end=carry.end,
+    )
