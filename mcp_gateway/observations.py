@@ -101,9 +101,7 @@ def state_body(status: EpisodeStatus | None) -> dict[str, Any]:
         "steps_left": status.steps_left,
         "time_left_s": status.time_left_s,
         "done": status.done,
-        "episode_end": status.end.model_dump(mode="json", exclude_none=True)
-        if status.end
-        else None,
+        "episode_end": status.end.view() if status.end else None,
         "service_spend": status.service_spend.model_dump(mode="json"),
         "jobs": status.jobs,
     }

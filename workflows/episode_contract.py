@@ -67,7 +67,7 @@ class StepMetadata(BaseModel):
         if path == "step":
             view["service_spend"] = self.service_spend.model_dump(mode="json")
             if self.episode_end is not None:
-                view["episode_end"] = self.episode_end.model_dump(mode="json", exclude_none=True)
+                view["episode_end"] = self.episode_end.view()
         return view
 
 

@@ -16,7 +16,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from job_launcher.requirements import merged_dependencies, validate_script
+    from job_launcher.requirements import merged_dependencies, validate_script, validate_text
     from posttrain_env.contracts.activities import JobsApi
     from posttrain_env.contracts.episodes import EpisodeSetup
     from posttrain_env.contracts.jobs import JobLogs, JobRole
@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         check_concurrency,
         check_dev_evaluation,
         check_flavor_and_timeout,
+        check_not_grading,
         job_view,
         succeeded_agent_job,
     )
@@ -59,6 +60,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.waiting import wait_until
 
 A = TypeVar("A", bound=ToolArgs)
+# Patch ids (workflow.patched): changes to the commands this code makes.
+SYNTAX_OF_THE_JOBS_PYTHON = "jobs-submit-checks-syntax-for-the-jobs-python"
 Answer = dict[str, Any]
 # How a tool ends the episode: reason, reward, why a score was invalid.
 EndEpisode = Callable[[EndReason, float | None, str | None], Awaitable[None]]
@@ -111,8 +114,13 @@ class EpisodeTools:
 
     @handles(JOBS_SUBMIT)
     async def jobs_submit(self, args: JobsSubmitArgs) -> Answer:
+        check_not_grading(self._s, JOBS_SUBMIT.name)
         check_flavor_and_timeout(self._setup, args.flavor, args.timeout_minutes)
-        validate_script(args.script)
+        if workflow.patched(SYNTAX_OF_THE_JOBS_PYTHON):
+            validate_text(args.script)
+            await self._jobs.check_syntax(args.script)
+        else:  # episodes started before: the server's own compile
+            validate_script(args.script)
         dependencies = merged_dependencies(args.script, args.dependencies)
         check_concurrency(self._setup, self._s)
         datasets = await self._jobs.resolve_datasets(args.datasets)
@@ -172,6 +180,7 @@ class EpisodeTools:
 
     @handles(JOBS_CANCEL)
     async def jobs_cancel(self, args: JobIdArgs) -> Answer:
+        check_not_grading(self._s, JOBS_CANCEL.name)
         record = agent_job(self._s, args.job_id)
         if not record.final:
             await self._jobs.cancel(record)
@@ -182,8 +191,10 @@ class EpisodeTools:
     @handles(DEV_EVALUATE)
     async def dev_evaluate(self, args: JobIdArgs) -> Answer:
         task = self._setup.task
+        check_not_grading(self._s, DEV_EVALUATE.name)
         job = succeeded_agent_job(self._s, args.job_id)
         check_dev_evaluation(self._setup, self._s)
+        check_concurrency(self._setup, self._s)
         self._s.dev_evaluations += 1
         try:
             evaluation = await self._jobs.start(
