@@ -14,13 +14,6 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Header, Request, WebSocket
 from fastapi.responses import JSONResponse
-from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
-from openenv.core.env_server.types import (
-    EnvironmentMetadata,
-    Observation,
-    SchemaResponse,
-    State,
-)
 from starlette.routing import Route
 from temporalio.client import Client
 from temporalio.service import RPCError
@@ -34,6 +27,14 @@ from mcp_gateway.guard import HostOriginGuard
 from mcp_gateway.openenv_ws import serve_openenv_ws
 from mcp_gateway.protocol import OpenEnvProtocol
 from mcp_gateway.sessions import Sessions
+from mcp_gateway.wire import (
+    CallToolAction,
+    CallToolObservation,
+    EnvironmentMetadata,
+    Observation,
+    SchemaResponse,
+    State,
+)
 from posttrain_env.errors import GatewayCode, SessionError
 from posttrain_env.keys import ServerKey
 from posttrain_env.limits import MAX_BODY_BYTES
