@@ -28,6 +28,7 @@ class EpisodeConfig(BaseModel):
     spend_cap_micro_usd: int | None = None
     continue_as_new_events: int | None = None
     continue_as_new_bytes: int = CONTINUE_AS_NEW_HISTORY_BYTES
+    deployment: str | None = None  # this deployment's name, for operators' filters
 
 
 class EpisodeActivities(EpisodesApi):
@@ -81,6 +82,8 @@ class EpisodeActivities(EpisodesApi):
             continue_as_new_events=config.continue_as_new_events,
             continue_as_new_bytes=config.continue_as_new_bytes,
             job_python_version=self._backend.job_python_version,
+            backend=self._backend.name,
+            deployment=config.deployment,
         )
 
     @activity.defn

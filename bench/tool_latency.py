@@ -37,6 +37,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
+from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
 from posttrain_env.entrypoints.worker import build_worker
 from posttrain_env.settings import Settings
 from workflows.episode import EpisodeWorkflow
@@ -201,6 +202,7 @@ async def bench(calls: int, workdir: Path, levels: tuple[int, ...] = LEVELS) -> 
         dev_server_existing_path=temporal_binary(),
         dev_server_database_filename=str(workdir / "temporal.db"),
         dev_server_log_level="error",
+        search_attributes=SEARCH_ATTRIBUTES,
     )
     try:
         client = env.client

@@ -37,6 +37,9 @@ class Settings(BaseSettings):
         default="default", validation_alias=AliasChoices("TEMPORAL_NAMESPACE")
     )
     task_queue: str = "posttrain"
+    # This deployment's name, shown on every episode (`PtDeployment`) so that operators of a
+    # Temporal namespace shared by several deployments can tell their episodes apart.
+    deployment: str = Field(default="default", min_length=1, max_length=100)
     # The embedded Temporal dev server (used when TEMPORAL_ADDRESS is not set): gRPC and UI ports.
     temporal_port: int = Field(default=7233, gt=0, lt=65536)
     temporal_ui_port: int = Field(default=8233, gt=0, lt=65536)

@@ -42,6 +42,7 @@ async def smoke(namespace: str | None, dev_evaluate: bool, workdir: Path) -> int
     from temporalio.testing import WorkflowEnvironment
 
     from activities.hf.backend import HfBackend
+    from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
     from posttrain_env.entrypoints.worker import build_worker
     from posttrain_env.settings import Settings
     from workflows.episode import EpisodeWorkflow
@@ -56,7 +57,9 @@ async def smoke(namespace: str | None, dev_evaluate: bool, workdir: Path) -> int
     if temporal is None:
         raise SystemExit("the temporal CLI is not on PATH; run with `uv run`")
     env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal, data_converter=pydantic_data_converter
+        dev_server_existing_path=temporal,
+        data_converter=pydantic_data_converter,
+        search_attributes=SEARCH_ATTRIBUTES,
     )
     try:
         client, queue = env.client, f"smoke-{uuid.uuid4().hex[:8]}"

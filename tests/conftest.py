@@ -18,6 +18,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from posttrain_env.entrypoints.temporal_client import CORE_LOGGER, core_runtime
+from posttrain_env.entrypoints.temporal_setup import add_search_attributes
 from tests.payload_limits import payload_limit_violations
 
 
@@ -36,6 +37,8 @@ async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
         runtime=core_runtime(),
     )
     try:
+        # Workflows upsert the operator's search attributes: an unknown one fails the task.
+        await add_search_attributes(env.client)
         yield env
     finally:
         await env.shutdown()

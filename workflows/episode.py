@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.job import JobSnapshot
     from workflows.ledger import Ledger
     from workflows.recent import remember, was_dropped
+    from workflows.visibility import Visibility, episode_attributes, episode_memo
     from workflows.waiting import wait_until
 
 
@@ -71,10 +72,13 @@ class EpisodeWorkflow:
         self._replied = False
         # Set when the run loop's timer must be recomputed (an end, or an end request).
         self._rearm = False
+        self._visibility = Visibility()
 
     @workflow.run
     async def run(self, inp: EpisodeInput) -> EpisodeEnd:
+        self._visibility.enable(episode_memo(self._setup))
         while True:
+            self._show()
             await wait_until(self._should_wake, self._next_timer())
             self._rearm = False
             if self._s.end is None and self._deadline_passed() and not self._s.submitting:
@@ -90,6 +94,7 @@ class EpisodeWorkflow:
         await self._reply_if_due()
         await self._announce_close()
         await self._jobs.account_retire()
+        self._show(closing=True)
         assert self._s.end is not None
         return self._s.end
 
@@ -134,6 +139,7 @@ class EpisodeWorkflow:
             await self._end(EndReason.max_steps, 0.0)
         result = self._answer(call, data)
         remember(self._s, call.request_id, result)
+        self._show()
         return result
 
     @call_tool.validator
@@ -145,6 +151,7 @@ class EpisodeWorkflow:
     @workflow.signal(name=SIGNAL_JOB_CHANGED)
     async def job_changed(self, snap: JobSnapshot) -> None:
         if self._jobs.take(snap):
+            self._show()
             await self._jobs.account_report()
 
     @workflow.signal
@@ -156,6 +163,7 @@ class EpisodeWorkflow:
             self._end_requested_at = workflow.now()
         self._rearm = True
         await self._end(request.reason, None)
+        self._show()
 
     @workflow.query
     def status(self) -> EpisodeStatus:
@@ -203,6 +211,10 @@ class EpisodeWorkflow:
             self._rearm = True
             workflow.logger.info("episode %s ended: %s", self._setup.episode_id, reason.value)
         await self._jobs.cancel_every_live_job()
+
+    def _show(self, *, closing: bool = False) -> None:
+        """Keep the operator's search attributes current (upserts only what matters)."""
+        self._visibility.show(episode_attributes(self._setup, self._s, closing=closing))
 
     def _should_wake(self) -> bool:
         if self._rearm:

@@ -16,6 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from posttrain_env.contracts.episodes import EpisodeSetup, ServerSpend
     from posttrain_env.contracts.jobs import CheckScript, JobRole, RepoRef, ResolveDatasets
     from posttrain_env.errors import ErrorType, ToolError, tool_error_of
+    from posttrain_env.models import JobState
     from workflows.account import AccountWorkflow, Exposure
     from workflows.episode_rules import check_room_for_a_job, take_snapshot
     from workflows.episode_state import EpisodeCarry, JobRecord
@@ -112,9 +113,13 @@ class EpisodeJobs:
         if record is None or record.final:
             return False
         take_snapshot(self._s, record, snap)
+        if record.state is JobState.cancelling and record.cancel_requested_at is None:
+            record.cancel_requested_at = workflow.now()
         return True
 
     async def cancel(self, record: JobRecord) -> None:
+        if record.cancel_requested_at is None:
+            record.cancel_requested_at = workflow.now()
         handle = workflow.get_external_workflow_handle(record.workflow_id)
         try:
             await handle.signal(JobWorkflow.cancel)

@@ -37,6 +37,9 @@ class JobRecord(BaseModel):
     version: int = 0  # bumps at every change, for jobs_wait
     evaluated_job_id: str | None = None
     base_model_revision: str | None = None  # the commit the job's /base_model holds
+    # When the episode first saw this job cancelling (workflow time): an operator looks for
+    # cancellations pending too long (`PtCancelPendingSince`).
+    cancel_requested_at: datetime | None = None
 
     @property
     def live(self) -> bool:

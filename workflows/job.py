@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         SUBMIT_RETRY,
         SUBMIT_TIMEOUT,
     )
+    from workflows.visibility import Visibility, bounded_memo, job_attributes
     from workflows.waiting import Alarm, wait_until
 
 # How long past its own timeout a job may go unreported before we cancel it ourselves.
@@ -74,10 +75,14 @@ class JobWorkflow:
         self._cancel_requested = False
         self._message = ""
         self._watcher_has_it = False
+        self._cancel_requested_at: datetime | None = None
+        self._visibility = Visibility()
 
     @workflow.run
     async def run(self, inp: JobInput) -> JobSnapshot:
         self._inp = inp
+        self._visibility.enable(bounded_memo({"job_id": inp.job_id, "episode_id": inp.episode_id}))
+        self._show()
         try:
             started = await workflow.execute_activity_method(
                 JobsApi.submit_job,
@@ -185,6 +190,8 @@ class JobWorkflow:
         assert self._job is not None
         if self._state is not JobState.cancelling:
             self._state = JobState.cancelling
+            self._cancel_requested_at = workflow.now()
+            self._show()
             await self._report(self._snapshot(final=False))
         try:
             job = await workflow.execute_activity_method(
@@ -207,6 +214,7 @@ class JobWorkflow:
             return  # still stopping: the backend's `running` does not undo our cancelling
         changed = report or job.state is not self._state
         self._state = job.state
+        self._show()
         if changed and not job.state.terminal:
             await self._report(self._snapshot(final=False))
 
@@ -235,7 +243,23 @@ class JobWorkflow:
             final=final,
         )
 
+    def _show(self) -> None:
+        """Keep the operator's search attributes current (upserts only what changed)."""
+        inp = self._inp
+        self._visibility.show(
+            job_attributes(
+                task_id=inp.task_id,
+                role=inp.role,
+                flavor=inp.flavor,
+                state=self._state,
+                backend_job_id=self._job.ref if self._job else None,
+                cancel_requested_at=self._cancel_requested_at,
+            )
+        )
+
     async def _finish(self, snapshot: JobSnapshot) -> JobSnapshot:
+        self._state = snapshot.state
+        self._show()
         await self._report(snapshot)
         await workflow.wait_condition(workflow.all_handlers_finished)
         return snapshot

@@ -46,6 +46,11 @@ class EpisodeSetup(BaseModel):
     # The Python version the backend's agent jobs run; None: unknown (an episode started
     # before it was recorded), checked as this server's.
     job_python_version: str | None = None
+    # What an operator filters on (search attributes, DESIGN §10): the backend's name, the
+    # deployment's name (POSTTRAIN_DEPLOYMENT) and the campaign the episode belongs to, if any.
+    backend: str | None = None
+    deployment: str | None = None
+    campaign_id: str | None = None
 
 
 class PrepareEpisode(BaseModel):

@@ -1,4 +1,4 @@
-"""`posttrain-env` command line: `demo`, `server`, `worker`, `hub`."""
+"""`posttrain-env` command line: `demo`, `server`, `worker`, `hub`, `temporal`, `episodes`."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> None:
     from posttrain_env.entrypoints.hub_cli import add_hub_commands
 
     add_hub_commands(sub)
+    from posttrain_env.entrypoints.temporal_cli import add_temporal_commands
+
+    add_temporal_commands(sub)
     sub.add_parser(
         "demo",
         help="play one whole t0_artifact episode on this machine (local backend, no token)",
@@ -45,6 +48,10 @@ def main(argv: list[str] | None = None) -> None:
             from posttrain_env.entrypoints.hub_cli import run_hub
 
             status = run_hub(args)
+        elif args.command == "temporal":
+            from posttrain_env.entrypoints.temporal_cli import run_temporal
+
+            status = run_temporal(args)
         elif args.command == "demo":
             from posttrain_env.entrypoints.demo import main as run_demo
 

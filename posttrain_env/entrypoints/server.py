@@ -35,6 +35,7 @@ async def serve(host: str, port: int, *, with_worker: bool) -> None:
     from mcp_gateway.auth import start_refusal
     from posttrain_env.entrypoints.temporal_client import connect
     from posttrain_env.entrypoints.temporal_dev import EmbeddedTemporal, EmbeddedTemporalConfig
+    from posttrain_env.entrypoints.temporal_setup import require_search_attributes
     from posttrain_env.settings import Settings
 
     settings = Settings()
@@ -73,6 +74,7 @@ async def serve(host: str, port: int, *, with_worker: bool) -> None:
             if embedded.config.ui_url:
                 log.info("Temporal UI: %s", embedded.config.ui_url)
         client = await connect(settings)
+        await require_search_attributes(client, settings.temporal_address)
         if backend is not None:
             from posttrain_env.entrypoints.worker import build_worker
 

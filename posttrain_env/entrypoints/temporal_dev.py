@@ -24,6 +24,8 @@ from pathlib import Path
 
 from temporalio.client import Client
 
+from posttrain_env.contracts.visibility import dev_server_flags
+
 PR_SET_PDEATHSIG = 1
 READY_TIMEOUT_S = 30.0
 
@@ -104,6 +106,8 @@ class EmbeddedTemporal:
             str(cfg.port),
             "--log-level",
             "warn",
+            # Registered at every start (idempotent): episodes and jobs upsert them.
+            *dev_server_flags(),
         ]
         command += ["--headless"] if cfg.headless else ["--ui-port", str(cfg.ui_port)]
         with self.log_file.open("ab") as log:

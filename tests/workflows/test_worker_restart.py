@@ -25,6 +25,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
 from posttrain_env.contracts.jobs import JobRole
+from posttrain_env.contracts.visibility import dev_server_flags
 from tests.conftest import binary
 from tests.workflows.harness import Answer, write_task
 from workflows.episode import EpisodeWorkflow
@@ -81,6 +82,7 @@ def spawn_dev_server(db_file: Path, port: int, log: Path) -> subprocess.Popen[by
                 "--headless",
                 "--log-level",
                 "warn",
+                *dev_server_flags(),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,

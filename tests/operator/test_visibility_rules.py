@@ -1,0 +1,120 @@
+"""The operator's search attributes and memo, as pure rules (workflows/visibility.py)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+from posttrain_env.contracts import visibility as sa
+from posttrain_env.contracts.jobs import JobRole, RepoRef
+from posttrain_env.models import EndReason, EpisodeEnd, JobState
+from tests.workflows.test_episode_rules import T0, agent, carry, setup
+from workflows.visibility import (
+    MEMO_VALUE_CHARS,
+    cancel_pending_since,
+    changes,
+    episode_attributes,
+    episode_memo,
+    job_attributes,
+)
+
+
+def test_thirteen_attributes_with_at_most_ten_keywords_as_sql_visibility_allows() -> None:
+    names = [key.name for key in sa.SEARCH_ATTRIBUTES]
+    assert len(names) == len(set(names)) == 13
+    keywords = [k for k in sa.SEARCH_ATTRIBUTES if sa.type_name(k) == "Keyword"]
+    assert len(keywords) == 9
+    assert sa.type_name(sa.REWARD) == "Double" and sa.type_name(sa.STEPS_USED) == "Int"
+    assert sa.type_name(sa.CANCEL_PENDING_SINCE) == "Datetime"
+    flags = sa.dev_server_flags()
+    assert flags[:2] == ["--search-attribute", "PtTask=Keyword"] and len(flags) == 26
+
+
+def test_a_running_episode_shows_task_state_and_spend_and_no_reward() -> None:
+    s = setup().model_copy(update={"backend": "fake", "deployment": "d1", "campaign_id": "c1"})
+    attrs = episode_attributes(s, carry())
+    assert attrs[sa.TASK] == "t0_artifact" and attrs[sa.STATE] == "running"
+    assert attrs[sa.BACKEND] == "fake" and attrs[sa.DEPLOYMENT] == "d1"
+    assert attrs[sa.CAMPAIGN] == "c1"
+    assert attrs[sa.REWARD] is None and attrs[sa.END_REASON] is None
+    assert attrs[sa.SPEND_MICRO_USD] == 0 and attrs[sa.CANCEL_PENDING_SINCE] is None
+
+
+def test_an_ended_episode_is_ending_until_closing_then_ended_with_reason_and_reward() -> None:
+    c = carry()
+    c.end = EpisodeEnd(reason=EndReason.submitted, reward=0.75)
+    attrs = episode_attributes(setup(), c)
+    assert attrs[sa.STATE] == "ending" and attrs[sa.END_REASON] == "submitted"
+    assert attrs[sa.REWARD] == 0.75
+    assert episode_attributes(setup(), c, closing=True)[sa.STATE] == "ended"
+
+
+def test_cancel_pending_since_is_the_oldest_unconfirmed_cancellation() -> None:
+    c = carry()
+    older, newer, done = (
+        agent(JobState.cancelling, "j1"),
+        agent(JobState.cancelling, "j2"),
+        agent(JobState.cancelled, "j3"),
+    )
+    older.cancel_requested_at = T0 + timedelta(minutes=1)
+    newer.cancel_requested_at = T0 + timedelta(minutes=5)
+    done.cancel_requested_at = T0
+    done.final = True
+    c.jobs = {r.job_id: r for r in (older, newer, done)}
+    assert cancel_pending_since(c) == T0 + timedelta(minutes=1)
+    older.state, older.final = JobState.cancelled, True
+    assert cancel_pending_since(c) == T0 + timedelta(minutes=5)
+    newer.state, newer.final = JobState.cancelled, True
+    assert cancel_pending_since(c) is None
+
+
+def test_steps_alone_never_cause_an_upsert_but_ride_along_with_a_change() -> None:
+    s, c = setup(), carry()
+    shown = episode_attributes(s, c)
+    c.steps_used = 7
+    assert changes(shown, episode_attributes(s, c)) == []
+    c.end = EpisodeEnd(reason=EndReason.max_steps, reward=0.0)
+    updates = changes(shown, episode_attributes(s, c))
+    names = {u.key.name for u in updates}
+    assert names == {"PtState", "PtEndReason", "PtReward", "PtStepsUsed"}
+
+
+def test_an_attribute_that_becomes_none_is_unset() -> None:
+    before = job_attributes(
+        task_id="t",
+        role=JobRole.agent,
+        flavor="cpu-basic",
+        state=JobState.cancelling,
+        backend_job_id="hf-1",
+        cancel_requested_at=T0,
+    )
+    after = {**before, sa.STATE: "cancelled", sa.CANCEL_PENDING_SINCE: None}
+    by_name = {u.key.name: u for u in changes(before, after)}
+    assert set(by_name) == {"PtState", "PtCancelPendingSince"}
+    assert by_name["PtCancelPendingSince"].value is None
+    assert by_name["PtState"].value == "cancelled"
+
+
+def test_a_terminal_job_shows_no_pending_cancellation() -> None:
+    attrs = job_attributes(
+        task_id="t",
+        role=JobRole.grader,
+        flavor="cpu-basic",
+        state=JobState.cancelled,
+        backend_job_id="hf-1",
+        cancel_requested_at=T0,
+    )
+    assert attrs[sa.CANCEL_PENDING_SINCE] is None and attrs[sa.ROLE] == "grader"
+
+
+def test_the_memo_holds_ids_only_and_stays_under_two_kib_whatever_the_ids() -> None:
+    long = "é" * 500  # the worst case: many bytes per character
+    s = setup().model_copy(update={"base_model": RepoRef(repo_id=long, revision=long)})
+    s = s.model_copy(update={"episode_id": long})
+    memo = episode_memo(s)
+    assert set(memo) == {"episode_id", "task_id", "base_model", "base_model_commit"}
+    assert all(len(v) <= MEMO_VALUE_CHARS for v in memo.values())
+    for ascii_only in (True, False):
+        assert len(json.dumps(memo, ensure_ascii=ascii_only).encode()) < sa.MAX_MEMO_BYTES
+    plain = episode_memo(setup())
+    assert plain["base_model_commit"] == "a" * 40 and "prompt" not in json.dumps(plain)
