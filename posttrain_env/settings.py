@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     # The embedded Temporal dev server (used when TEMPORAL_ADDRESS is not set): gRPC and UI ports.
     temporal_port: int = Field(default=7233, gt=0, lt=65536)
     temporal_ui_port: int = Field(default=8233, gt=0, lt=65536)
+    # The Temporal UI of an external Temporal (TEMPORAL_ADDRESS), for the links `posttrain-env
+    # episodes show` prints; the embedded server's UI is on temporal_ui_port.
+    temporal_ui_url: str | None = None
     api_keys: str = ""  # comma-separated
     # Host names the gateway answers to besides loopback (comma-separated), e.g. a real domain
     # behind a proxy. Requests naming any other Host or Origin are refused (DNS rebinding).

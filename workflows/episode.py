@@ -76,7 +76,7 @@ class EpisodeWorkflow:
 
     @workflow.run
     async def run(self, inp: EpisodeInput) -> EpisodeEnd:
-        self._visibility.enable(episode_memo(self._setup))
+        self._jobs.visible = self._visibility.enable(episode_memo(self._setup))
         while True:
             self._show()
             await wait_until(self._should_wake, self._next_timer())

@@ -8,7 +8,10 @@ the watcher by signal, the account by signal and, through an activity, by update
 
 from __future__ import annotations
 
+from typing import Any
+
 from temporalio import workflow
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
@@ -21,7 +24,13 @@ with workflow.unsafe.imports_passed_through():
     from workflows.episode_rules import check_room_for_a_job, take_snapshot
     from workflows.episode_state import EpisodeCarry, JobRecord
     from workflows.ids import SIGNAL_LOOK_NOW, job_workflow_id
-    from workflows.job import JobInput, JobSnapshot, JobWorkflow
+    from workflows.job import (
+        JobInput,
+        JobSnapshot,
+        JobWorkflow,
+        job_memo,
+        job_start_attributes,
+    )
     from workflows.policies import READ_RETRY, READ_TIMEOUT
 
 
@@ -33,6 +42,8 @@ class EpisodeJobs:
     def __init__(self, setup: EpisodeSetup, state: EpisodeCarry) -> None:
         self._setup = setup
         self._s = state
+        # Jobs keep the operator's search attributes current (the episode's visibility patch).
+        self.visible = False
 
     async def start(
         self,
@@ -79,25 +90,28 @@ class EpisodeJobs:
             base_model_revision=self._setup.base_model.revision,
         )
         self._s.jobs[job_id] = record
+        job_input = JobInput(
+            job_id=job_id,
+            role=role,
+            episode_id=self._setup.episode_id,
+            task_id=self._setup.task.id,
+            flavor=flavor,
+            timeout_s=timeout_s or timeout_minutes * 60,
+            base_model=self._setup.base_model,
+            script=script,
+            dependencies=dependencies or [],
+            datasets=datasets or [],
+            artifact_ref=artifact_ref,
+            parent_workflow_id=workflow.info().workflow_id,
+            watcher_workflow_id=self._setup.watcher_workflow_id,
+            visible=self.visible,
+        )
         await workflow.start_child_workflow(
             JobWorkflow.run,
-            JobInput(
-                job_id=job_id,
-                role=role,
-                episode_id=self._setup.episode_id,
-                task_id=self._setup.task.id,
-                flavor=flavor,
-                timeout_s=timeout_s or timeout_minutes * 60,
-                base_model=self._setup.base_model,
-                script=script,
-                dependencies=dependencies or [],
-                datasets=datasets or [],
-                artifact_ref=artifact_ref,
-                parent_workflow_id=workflow.info().workflow_id,
-                watcher_workflow_id=self._setup.watcher_workflow_id,
-            ),
+            job_input,
             id=record.workflow_id,
             parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+            **self._visibility_at_start(job_input),
         )
         # Started, failed to start, or (an evaluation whose artifact was refused) final at once.
         await workflow.wait_condition(
@@ -106,6 +120,18 @@ class EpisodeJobs:
         if record.error is not None:
             raise ToolError.from_envelope(record.error)
         return record
+
+    def _visibility_at_start(self, job: JobInput) -> dict[str, Any]:
+        """A visible job's memo and first search attributes, given at its start."""
+        if not job.visible:
+            return {}
+        attrs = job_start_attributes(job)
+        return {
+            "memo": job_memo(job),
+            "search_attributes": TypedSearchAttributes(
+                [SearchAttributePair(key, value) for key, value in attrs.items()]
+            ),
+        }
 
     def take(self, snap: JobSnapshot) -> bool:
         """Apply a job's report; False when it is about no live job of ours."""

@@ -15,6 +15,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
+    from posttrain_env.contracts import visibility as sa
     from posttrain_env.contracts.activities import JobsApi
     from posttrain_env.contracts.jobs import (
         BackendJob,
@@ -35,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
         SUBMIT_RETRY,
         SUBMIT_TIMEOUT,
     )
-    from workflows.visibility import Visibility, bounded_memo, job_attributes
+    from workflows.visibility import Attributes, Visibility, bounded_memo, job_attributes
     from workflows.waiting import Alarm, wait_until
 
 # How long past its own timeout a job may go unreported before we cancel it ourselves.
@@ -52,6 +53,11 @@ CANCEL_REISSUE_MAX_S = 600
 class JobInput(JobSpec):
     parent_workflow_id: str
     watcher_workflow_id: str
+    # Keep the operator's search attributes current. Set by episodes that run the visibility
+    # patch, which also give the job its memo and first attributes at start (so a job's
+    # history holds no patch marker and no memo event: it stays within ~30 events). False in
+    # the inputs of jobs recorded before, which replay without upserts.
+    visible: bool = False
 
 
 class JobSnapshot(BaseModel):
@@ -64,6 +70,20 @@ class JobSnapshot(BaseModel):
     score: ScoreResult | None = None
     message: str = ""
     final: bool = False  # nothing about this job will change any more
+
+
+def job_start_attributes(inp: JobSpec) -> Attributes:
+    """What a job shows from its start (given at child start, see `JobInput.visible`)."""
+    return {
+        sa.TASK: inp.task_id,
+        sa.ROLE: inp.role.value,
+        sa.FLAVOR: inp.flavor,
+        sa.STATE: JobState.queued.value,
+    }
+
+
+def job_memo(inp: JobSpec) -> dict[str, str]:
+    return bounded_memo({"job_id": inp.job_id, "episode_id": inp.episode_id})
 
 
 @workflow.defn
@@ -81,8 +101,8 @@ class JobWorkflow:
     @workflow.run
     async def run(self, inp: JobInput) -> JobSnapshot:
         self._inp = inp
-        self._visibility.enable(bounded_memo({"job_id": inp.job_id, "episode_id": inp.episode_id}))
-        self._show()
+        if inp.visible:
+            self._visibility.enable_unpatched(job_start_attributes(inp))
         try:
             started = await workflow.execute_activity_method(
                 JobsApi.submit_job,
@@ -143,7 +163,9 @@ class JobWorkflow:
     # -- helpers -------------------------------------------------------------------------------
 
     def _submit_request(self) -> SubmitJob:
-        fields = self._inp.model_dump(exclude={"parent_workflow_id", "watcher_workflow_id"})
+        fields = self._inp.model_dump(
+            exclude={"parent_workflow_id", "watcher_workflow_id", "visible"}
+        )
         return SubmitJob(**fields, key=workflow.info().workflow_id, now=workflow.now())
 
     async def _follow_until_terminal(self) -> None:
@@ -245,12 +267,9 @@ class JobWorkflow:
 
     def _show(self) -> None:
         """Keep the operator's search attributes current (upserts only what changed)."""
-        inp = self._inp
         self._visibility.show(
-            job_attributes(
-                task_id=inp.task_id,
-                role=inp.role,
-                flavor=inp.flavor,
+            job_start_attributes(self._inp)
+            | job_attributes(
                 state=self._state,
                 backend_job_id=self._job.ref if self._job else None,
                 cancel_requested_at=self._cancel_requested_at,

@@ -21,7 +21,6 @@ from temporalio.common import SearchAttributeKey, SearchAttributeUpdate
 
 from posttrain_env.contracts import visibility as sa
 from posttrain_env.contracts.episodes import EpisodeSetup
-from posttrain_env.contracts.jobs import JobRole
 from posttrain_env.models import JobState
 from workflows.episode_state import EpisodeCarry
 
@@ -80,17 +79,12 @@ def episode_memo(setup: EpisodeSetup) -> dict[str, str]:
 
 def job_attributes(
     *,
-    task_id: str,
-    role: JobRole,
-    flavor: str,
     state: JobState,
     backend_job_id: str | None,
     cancel_requested_at: datetime | None,
 ) -> Attributes:
+    """What changes on a job (its task, role and flavor are set at its start)."""
     return {
-        sa.TASK: task_id,
-        sa.ROLE: role.value,
-        sa.FLAVOR: flavor,
         sa.STATE: state.value,
         sa.BACKEND_JOB_ID: backend_job_id,
         sa.CANCEL_PENDING_SINCE: None if state.terminal else cancel_requested_at,
@@ -128,6 +122,11 @@ class Visibility:
         if self._on and memo:
             workflow.upsert_memo(memo)
         return self._on
+
+    def enable_unpatched(self, shown: Attributes) -> None:
+        """On, with `shown` already set (at the workflow's start, by its parent)."""
+        self._on = True
+        self._shown = dict(shown)
 
     def show(self, attributes: Attributes) -> None:
         if not self._on:

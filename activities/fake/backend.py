@@ -209,6 +209,14 @@ class FakeBackend:
         with self._state() as state:
             return [job.request for job in state.jobs.values()]
 
+    def confirm_cancellations(self) -> None:
+        """Every job whose cancellation was never to be confirmed confirms it at once (a stuck
+        cancellation that comes unstuck)."""
+        with self._state() as state:
+            for job in state.jobs.values():
+                if job.rule.cancel_confirm_after_s is None:
+                    job.rule = job.rule.model_copy(update={"cancel_confirm_after_s": 0.0})
+
     # -- internals -----------------------------------------------------------------------------
 
     @contextmanager

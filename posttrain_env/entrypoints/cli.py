@@ -11,7 +11,7 @@ import sys
 from pydantic import ValidationError
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posttrain-env")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("worker", help="run a Temporal worker on the task queue `posttrain`")
@@ -26,11 +26,18 @@ def main(argv: list[str] | None = None) -> None:
     from posttrain_env.entrypoints.temporal_cli import add_temporal_commands
 
     add_temporal_commands(sub)
+    from posttrain_env.entrypoints.episodes_cli import add_episodes_commands
+
+    add_episodes_commands(sub)
     sub.add_parser(
         "demo",
         help="play one whole t0_artifact episode on this machine (local backend, no token)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     # The demo prints its own story; the services' INFO lines would drown it.
     level = logging.WARNING if args.command == "demo" else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s")
@@ -52,6 +59,10 @@ def main(argv: list[str] | None = None) -> None:
             from posttrain_env.entrypoints.temporal_cli import run_temporal
 
             status = run_temporal(args)
+        elif args.command == "episodes":
+            from posttrain_env.entrypoints.episodes_cli import run_episodes
+
+            status = run_episodes(args)
         elif args.command == "demo":
             from posttrain_env.entrypoints.demo import main as run_demo
 

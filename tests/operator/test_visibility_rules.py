@@ -6,9 +6,10 @@ import json
 from datetime import timedelta
 
 from posttrain_env.contracts import visibility as sa
-from posttrain_env.contracts.jobs import JobRole, RepoRef
+from posttrain_env.contracts.jobs import JobRole, JobSpec, RepoRef
 from posttrain_env.models import EndReason, EpisodeEnd, JobState
 from tests.workflows.test_episode_rules import T0, agent, carry, setup
+from workflows.job import job_memo, job_start_attributes
 from workflows.visibility import (
     MEMO_VALUE_CHARS,
     cancel_pending_since,
@@ -81,9 +82,6 @@ def test_steps_alone_never_cause_an_upsert_but_ride_along_with_a_change() -> Non
 
 def test_an_attribute_that_becomes_none_is_unset() -> None:
     before = job_attributes(
-        task_id="t",
-        role=JobRole.agent,
-        flavor="cpu-basic",
         state=JobState.cancelling,
         backend_job_id="hf-1",
         cancel_requested_at=T0,
@@ -96,15 +94,23 @@ def test_an_attribute_that_becomes_none_is_unset() -> None:
 
 
 def test_a_terminal_job_shows_no_pending_cancellation() -> None:
-    attrs = job_attributes(
-        task_id="t",
+    attrs = job_attributes(state=JobState.cancelled, backend_job_id="hf-1", cancel_requested_at=T0)
+    assert attrs[sa.CANCEL_PENDING_SINCE] is None and attrs[sa.STATE] == "cancelled"
+
+
+def test_a_job_starts_with_its_task_role_flavor_and_queued() -> None:
+    spec = JobSpec(
         role=JobRole.grader,
+        episode_id="ep-1",
+        task_id="t",
+        job_id="eval-1",
         flavor="cpu-basic",
-        state=JobState.cancelled,
-        backend_job_id="hf-1",
-        cancel_requested_at=T0,
+        timeout_s=60,
+        base_model=RepoRef(repo_id="o/m", revision="a" * 40),
     )
-    assert attrs[sa.CANCEL_PENDING_SINCE] is None and attrs[sa.ROLE] == "grader"
+    attrs = job_start_attributes(spec)
+    assert attrs == {sa.TASK: "t", sa.ROLE: "grader", sa.FLAVOR: "cpu-basic", sa.STATE: "queued"}
+    assert job_memo(spec) == {"job_id": "eval-1", "episode_id": "ep-1"}
 
 
 def test_the_memo_holds_ids_only_and_stays_under_two_kib_whatever_the_ids() -> None:

@@ -1,0 +1,148 @@
+"""An operator's world on the real dev server: our search attributes registered, a worker with
+the fake backend, and the `posttrain-env` command line run as a user runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from activities.fake.backend import FakeBackend, FakeScenario
+from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
+from posttrain_env.entrypoints.cli import build_parser
+from posttrain_env.entrypoints.episodes_cli import run_episodes_async
+from posttrain_env.entrypoints.temporal_client import core_runtime
+from posttrain_env.entrypoints.worker import build_worker
+from posttrain_env.settings import Settings
+from tests.conftest import binary
+from tests.gateway.server import command
+from tests.workflows.harness import write_task
+from workflows.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+
+
+@dataclass
+class Done:
+    status: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+@dataclass
+class Operated:
+    client: Client
+    address: str
+    task_queue: str
+    backend: FakeBackend
+    state_dir: Path
+
+    async def cli(self, *args: str) -> Done:
+        """`posttrain-env <args>` in a process of its own, without blocking the worker."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("POSTTRAIN_", "TEMPORAL_"))}
+        env.update({"TEMPORAL_ADDRESS": self.address, "POSTTRAIN_STATE_DIR": str(self.state_dir)})
+        proc = await asyncio.create_subprocess_exec(
+            *command(),
+            *args,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+        assert proc.returncode is not None
+        return Done(proc.returncode, out.decode(), err.decode())
+
+    async def run(self, *args: str) -> Done:
+        """`posttrain-env <args>` in this process (the same parser and code, without a
+        process start: for the polling loops; `cli` runs the real command)."""
+        parsed = build_parser().parse_args(args)
+        settings = Settings(**{"TEMPORAL_ADDRESS": self.address, "state_dir": self.state_dir})
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = await run_episodes_async(parsed, settings)
+        return Done(status, out.getvalue(), err.getvalue())
+
+    async def temporal_list(self, query: str) -> str:
+        """`temporal workflow list --query` as an operator types it."""
+        proc = await asyncio.create_subprocess_exec(
+            binary("temporal"),
+            "workflow",
+            "list",
+            "--address",
+            self.address,
+            "--query",
+            query,
+            "--output",
+            "json",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+        assert proc.returncode == 0, err.decode()
+        return out.decode()
+
+    async def reset(self, task_id: str = "t_test") -> ResetResult:
+        session = await self.client.start_workflow(
+            SessionWorkflow.run,
+            SessionState(),
+            id=f"session-{uuid.uuid4().hex}",
+            task_queue=self.task_queue,
+        )
+        return await session.execute_update(
+            SessionWorkflow.reset, ResetRequest(task_id=task_id), result_type=ResetResult
+        )
+
+    def handle(self, workflow_id: str) -> WorkflowHandle[Any, Any]:
+        return self.client.get_workflow_handle(workflow_id)
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 60
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        await asyncio.sleep(0.5)
+
+
+@asynccontextmanager
+async def operated(
+    tmp_path: Path, scenario: FakeScenario, tasks: dict[str, dict[str, Any]] | None = None
+) -> AsyncIterator[Operated]:
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=binary("temporal"),
+        runtime=core_runtime(),
+        dev_server_log_level="error",
+        search_attributes=SEARCH_ATTRIBUTES,
+    )
+    try:
+        tasks_dir = tmp_path / "tasks"
+        for task_id, limits in (tasks or {"t_test": {}}).items():
+            write_task(tasks_dir, task_id, **limits)
+        settings = Settings(
+            state_dir=tmp_path / "state", backend="fake", watch_interval_s=1, cancel_confirm_s=5
+        )
+        backend = FakeBackend(settings.state_dir / "fake", scenario)
+        queue = f"tq-{uuid.uuid4().hex[:12]}"
+        worker = build_worker(env.client, settings, backend, task_queue=queue, tasks_dir=tasks_dir)
+        address = env.client.service_client.config.target_host
+        async with worker:
+            yield Operated(env.client, address, queue, backend, settings.state_dir)
+    finally:
+        await env.shutdown()
