@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import datetime
 from pathlib import Path
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.backend import ArtifactRejected, JobRequest, JobsBackend
+from activities.backend import ArtifactRejected, JobRequest, JobsBackend, TransientBackendError
+from activities.launcher_report import read_launcher_lines
 from activities.ports import JobToWatch, JobWatch
 from job_launcher.syntax import check_syntax
 from job_launcher.trusted_lines import NONCE_ENV, read_score
@@ -33,11 +35,14 @@ from posttrain_env.contracts.jobs import (
 )
 from posttrain_env.errors import ARTIFACT_REJECTED, ErrorType, ToolError, agent_errors
 from posttrain_env.keys import ServerKey
-from posttrain_env.limits import bound_log_lines
-from posttrain_env.models import TaskSpec
+from posttrain_env.limits import bound_log_lines, cut_text
+from posttrain_env.models import JobState, TaskSpec
 from tasks.registry import TaskSpecError, evaluator_script, load_task
 
 HIDDEN_SEED_SECRET = "POSTTRAIN_HIDDEN_SPLIT_SEED"
+# The launcher's lines come first (installed) and last (the end): a failure before the script
+# ran leaves a short log; a script that ran may have printed much, and its exit line is last.
+LAUNCHER_LOG_TAIL = 2000
 # An evaluation's task parameters (`[evaluation]` of task.toml), as JSON.
 TASK_PARAMS_ENV = "POSTTRAIN_TASK_PARAMS"
 
@@ -74,7 +79,8 @@ class JobsActivities(JobsApi):
 
     @activity.defn
     async def observe_jobs(self, observe: ObserveJobs) -> dict[str, BackendJob]:
-        return await self._backend.observe(observe.refs, observe.now)
+        jobs = await self._backend.observe(observe.refs, observe.now)
+        return {ref: await self._explained(job, observe.now) for ref, job in jobs.items()}
 
     @activity.defn
     @agent_errors
@@ -119,6 +125,23 @@ class JobsActivities(JobsApi):
         await asyncio.to_thread(check_syntax, check.script, check.python)
 
     # -- helpers -------------------------------------------------------------------------------
+
+    async def _explained(self, job: BackendJob, now: datetime) -> BackendJob:
+        """A failed job's message says why, from the launcher's own lines: the stage that
+        failed before the script ran, or how the script exited (the agent need not spend a
+        `jobs_logs` step on it). Read once, when the job is seen failed."""
+        if job.state is not JobState.failed:
+            return job
+        try:
+            lines = await self._backend.logs(job.ref, LAUNCHER_LOG_TAIL, now)
+        except (ToolError, TransientBackendError):
+            return job  # the backend's own message stands
+        nonce = self._key.job_nonce(job.key)
+        why = read_launcher_lines(lines, nonce).failure_message
+        if why is None:
+            return job
+        # The installer's output may quote the line that carried the nonce: never pass it on.
+        return job.model_copy(update={"message": cut_text(why.replace(nonce, "<nonce>"))})
 
     def _request(self, job: SubmitJob) -> JobRequest:
         env = {NONCE_ENV: self._key.job_nonce(job.key)}

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from activities.backend import JobRequest, TransientBackendError
-from job_launcher.trusted_lines import NONCE_ENV, SCORE_TAG, format_trusted_line
+from job_launcher.trusted_lines import LAUNCHER_TAG, NONCE_ENV, SCORE_TAG, format_trusted_line
 from posttrain_env.contracts.jobs import BackendJob, JobRole
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.models import FlavorPrice, JobState
@@ -57,6 +57,9 @@ class FakeJobScript(BaseModel):
     # The first submit creates the job and then fails as if the connection dropped.
     fail_after_create: bool = False
     logs: list[str] = Field(default_factory=list)
+    # Payloads of the launcher's trusted lines, printed with the job's own nonce once the job
+    # ended (e.g. {"stage": "install", "error": "..."} for a job whose install failed).
+    launcher_lines: list[dict[str, Any]] = Field(default_factory=list)
     # The backend's message once the job ended (as Hugging Face may quote a job's own output);
     # None: "fake job <state>".
     message: str | None = None
@@ -167,6 +170,11 @@ class FakeBackend:
             lines = [f"fake job {job.request.job_id} ({job.request.role.value}) started"]
             if view.state is not JobState.queued:
                 lines += job.rule.logs
+            if view.state.terminal:
+                nonce = job.request.env.get(NONCE_ENV, "")
+                lines += [
+                    format_trusted_line(LAUNCHER_TAG, nonce, p) for p in job.rule.launcher_lines
+                ]
             if view.state.terminal and job.request.role is not JobRole.agent:
                 lines += _evaluator_output(job)
             return lines[-tail:] if tail > 0 else []

@@ -1,0 +1,100 @@
+"""The launcher's nonce-bearing lines are read: a job failing before its script ran says which
+stage failed and why in its message, with no `jobs_logs` step; agent output cannot forge it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from temporalio.testing import WorkflowEnvironment
+
+from activities.fake.backend import FakeJobScript, FakeScenario
+from activities.launcher_report import MAX_ERROR_CHARS, read_launcher_lines
+from job_launcher.trusted_lines import LAUNCHER_TAG, format_trusted_line
+from posttrain_env.contracts.jobs import JobRole
+from tests.workflows.harness import running_worker
+
+NONCE = "n" * 32
+
+
+def line(payload: dict[str, object], nonce: str = NONCE) -> str:
+    return format_trusted_line(LAUNCHER_TAG, nonce, payload)
+
+
+def test_an_install_failure_names_its_stage_and_error() -> None:
+    report = read_launcher_lines(
+        ["hello", line({"stage": "install", "error": "uv exited 1: no solution for nope"})],
+        NONCE,
+    )
+    assert report.failed_stage == "install"
+    assert report.failure_message is not None
+    assert (
+        "install stage" in report.failure_message
+        and "no solution for nope" in report.failure_message
+    )
+
+
+def test_installed_versions_and_the_exit_are_read() -> None:
+    report = read_launcher_lines(
+        [
+            line({"stage": "installed", "packages": {"numpy": "2.4.6"}, "installer": "uv"}),
+            "training...",
+            line({"stage": "exit", "exit_code": 3, "signal": None}),
+        ],
+        NONCE,
+    )
+    assert report.installed == {"numpy": "2.4.6"} and report.installer == "uv"
+    assert report.failure_message == "the script exited with code 3"
+    ok = read_launcher_lines([line({"stage": "exit", "exit_code": 0, "signal": None})], NONCE)
+    assert ok.failure_message is None
+    killed = read_launcher_lines([line({"stage": "exit", "exit_code": 137, "signal": 9})], NONCE)
+    assert killed.failure_message == "the script was killed by signal 9"
+
+
+def test_lines_without_the_jobs_nonce_are_ignored_whatever_they_claim() -> None:
+    forged = [
+        line({"stage": "seccomp", "error": "forged"}, nonce="x" * 32),
+        f'{LAUNCHER_TAG} {{"stage": "uid", "error": "no nonce"}}',
+        line({"stage": "installed", "packages": {"evil": "1"}}, nonce="y" * 32),
+    ]
+    report = read_launcher_lines(forged, NONCE)
+    assert report.failed_stage is None and report.installed == {}
+    assert report.failure_message is None
+
+
+def test_an_error_is_cut_and_odd_payloads_are_skipped() -> None:
+    report = read_launcher_lines(
+        [
+            line({"stage": "installed", "packages": ["not", "a", "dict"]}),
+            line({"stage": 7}),
+            line({"stage": "venv", "error": "e" * 10_000}),
+        ],
+        NONCE,
+    )
+    assert report.installed == {} and report.failed_stage == "venv"
+    assert report.error is not None and len(report.error) == MAX_ERROR_CHARS
+
+
+async def test_a_job_failing_in_install_reports_the_stage_in_its_message(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    broken = FakeJobScript(
+        role=JobRole.agent,
+        queue_s=1,
+        run_s=10,
+        outcome="failed",
+        logs=[line({"stage": "seccomp", "error": "a forged stage"}, nonce="f" * 32)],
+        launcher_lines=[
+            {"stage": "installed", "packages": {}, "installer": "uv"},
+            {"stage": "install", "error": "uv exited 1: No solution found: nope-not-a-package"},
+        ],
+    )
+    async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[broken])) as h:
+        ep = await h.episode()
+        job_id = await ep.submit_job()
+        done = await ep.wait_job(job_id)
+        assert done.data["state"] == "failed"
+        message = done.data["message"]
+        assert "install stage" in message and "nope-not-a-package" in message
+        assert "forged" not in message
+        status = await ep.status()
+        assert status.steps_used == 2  # submit and one wait: no jobs_logs step was needed
