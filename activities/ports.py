@@ -12,6 +12,7 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
+from posttrain_env.contracts.audit import AuditRecord
 from posttrain_env.contracts.episodes import Caps, ServerSpend
 
 
@@ -46,4 +47,10 @@ class ServerAccount(Protocol):
 class EpisodeLiveness(Protocol):
     async def is_running(self, episode_id: str) -> bool:
         """True while the episode's workflow runs (False once it closed, or if it never ran)."""
+        ...
+
+
+class EpisodeTrail(Protocol):
+    async def read(self, episode_id: str) -> AuditRecord:
+        """The episode's audit record as its Temporal history tells it (every run)."""
         ...

@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     # How often the job watcher looks at running jobs. None: 2 s for the local backend (reading
     # files costs nothing), 30 s otherwise (on Hugging Face each look is one Hub listing).
     watch_interval_s: float | None = Field(default=None, gt=0)
+    # Where episodes' audit records are written (default: <state_dir>/audit).
+    audit_dir: Path | None = None
     # Where task specs live (default: the `tasks` package shipped with the server).
     tasks_dir: Path | None = None
     # Continue an episode as new past this many history events (default: when Temporal
@@ -73,6 +75,7 @@ class Settings(BaseSettings):
         "max_live_episodes",
         "spend_cap_usd",
         "tasks_dir",
+        "audit_dir",
         "continue_as_new_events",
         "watch_interval_s",
         mode="before",

@@ -15,9 +15,11 @@ from typing import Any
 
 from pydantic import BaseModel
 from temporalio import workflow
-from temporalio.exceptions import FailureError
+from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
+    from posttrain_env.contracts.activities import AuditApi
+    from posttrain_env.contracts.audit import AuditEnd, WriteAudit
     from posttrain_env.contracts.episodes import EpisodeSetup
     from posttrain_env.errors import ErrorType, ToolError
     from posttrain_env.models import EndReason, EpisodeEnd
@@ -46,9 +48,13 @@ with workflow.unsafe.imports_passed_through():
     from workflows.ids import SIGNAL_EPISODE_CLOSED, SIGNAL_JOB_CHANGED
     from workflows.job import JobSnapshot
     from workflows.ledger import Ledger
+    from workflows.policies import AUDIT_TIMEOUT, READ_RETRY
     from workflows.recent import remember, was_dropped
     from workflows.visibility import Visibility, episode_attributes, episode_memo
     from workflows.waiting import wait_until
+
+
+AUDIT_PATCH = "pt-audit-1"
 
 
 class EpisodeInput(BaseModel):
@@ -94,6 +100,8 @@ class EpisodeWorkflow:
         await self._reply_if_due()
         await self._announce_close()
         await self._jobs.account_retire()
+        if workflow.patched(AUDIT_PATCH):
+            await self._write_audit()
         self._show(closing=True)
         assert self._s.end is not None
         return self._s.end
@@ -211,6 +219,27 @@ class EpisodeWorkflow:
             self._rearm = True
             workflow.logger.info("episode %s ended: %s", self._setup.episode_id, reason.value)
         await self._jobs.cancel_every_live_job()
+
+    async def _write_audit(self) -> None:
+        """The audit record, written by an activity that reads this history itself (only
+        ids and the end cross Temporal). A failure to write it never fails the episode."""
+        end = self._s.end
+        assert end is not None
+        try:
+            await workflow.execute_activity_method(
+                AuditApi.write_audit,
+                WriteAudit(
+                    episode_id=self._setup.episode_id,
+                    end=AuditEnd(
+                        reason=end.reason.value, reward=end.reward, invalid_score=end.invalid_score
+                    ),
+                    now=workflow.now(),
+                ),
+                start_to_close_timeout=AUDIT_TIMEOUT,
+                retry_policy=READ_RETRY,
+            )
+        except ActivityError as err:
+            workflow.logger.warning("no audit record for %s: %s", self._setup.episode_id, err)
 
     def _show(self, *, closing: bool = False) -> None:
         """Keep the operator's search attributes current (upserts only what matters)."""

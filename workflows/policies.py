@@ -42,3 +42,6 @@ READ_RETRY = RetryPolicy(
     maximum_attempts=5,
     non_retryable_error_types=NON_RETRYABLE,
 )
+
+# Writing an episode's audit record reads its whole history (every run): minutes at most.
+AUDIT_TIMEOUT = timedelta(minutes=5)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
+from posttrain_env.contracts.audit import WriteAudit
 from posttrain_env.contracts.episodes import EpisodeSetup, PrepareEpisode, ServerSpend
 from posttrain_env.contracts.jobs import (
     BackendJob,
@@ -90,4 +91,14 @@ class ReaperApi:
 
     @activity.defn
     async def cancel_orphan_job(self, orphan: OrphanJob) -> BackendJob:
+        raise Unimplemented
+
+
+class AuditApi:
+    """Write an episode's audit record when it ends (`activities.audit.AuditActivities`)."""
+
+    @activity.defn
+    async def write_audit(self, request: WriteAudit) -> str:
+        """Read the episode's history and the backend's job facts; write the record; its
+        file's name."""
         raise Unimplemented

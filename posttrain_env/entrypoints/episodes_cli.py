@@ -4,6 +4,7 @@
                                 [--stuck 10m] [--campaign C] [--limit N] [--json]
     posttrain-env episodes show <episode_id> [--json]
     posttrain-env episodes cancel <episode_id>
+    posttrain-env episodes export <episode_id>
 
 Built on the search attributes episodes and jobs upsert (`posttrain_env/contracts/visibility.py`),
 so `list` works whether or not a worker runs; `show` asks a worker for the live status too.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -25,7 +27,8 @@ if TYPE_CHECKING:
 
     from posttrain_env.settings import Settings
 
-EPISODES_HELP = "list, show and cancel episodes (the operator's view)"
+_EPISODE_ID = re.compile(r"ep-[0-9a-f]{16}")
+EPISODES_HELP = "list, show, cancel and export episodes (the operator's view)"
 STATUS_QUERY_TIMEOUT = timedelta(seconds=10)
 
 
@@ -44,6 +47,10 @@ def add_episodes_commands(subparsers: argparse._SubParsersAction) -> None:  # py
     show = commands.add_parser("show", help="one episode: steps, jobs, spend, end, reward")
     show.add_argument("episode_id")
     show.add_argument("--json", action="store_true")
+    export = commands.add_parser(
+        "export", help="the episode's audit record as JSON, validated against its schema"
+    )
+    export.add_argument("episode_id")
     cancel = commands.add_parser(
         "cancel", help="end an episode now (reward None; its jobs are cancelled and confirmed)"
     )
@@ -68,10 +75,14 @@ async def run_episodes_async(args: argparse.Namespace, settings: Settings) -> in
             return await show_episode(client, settings, args.episode_id, as_json=args.json)
         if args.episodes_command == "cancel":
             return await cancel_episode(client, args.episode_id)
+        if args.episodes_command == "export":
+            record = await export_record(client, settings, args.episode_id)
+            print(json.dumps(record, indent=2))
+            return 0
     except FilterError as exc:
         print(f"posttrain-env episodes: {exc}", file=sys.stderr)
         return 2
-    except EpisodeNotFound as exc:
+    except (EpisodeNotFound, InvalidRecord) as exc:
         print(f"posttrain-env episodes: {exc}", file=sys.stderr)
         return 1
     return 2
@@ -79,6 +90,10 @@ async def run_episodes_async(args: argparse.Namespace, settings: Settings) -> in
 
 class EpisodeNotFound(LookupError):
     pass
+
+
+class InvalidRecord(ValueError):
+    """An audit record that does not validate against the published schema."""
 
 
 async def operator_client(settings: Settings) -> Client:
@@ -270,6 +285,53 @@ def render_summary(s: dict[str, Any]) -> str:
     if s.get("ui"):
         lines.append(f"  Temporal UI: {s['ui']}")
     return "\n".join(lines)
+
+
+# -- export ------------------------------------------------------------------------------------
+
+
+async def export_record(client: Client, settings: Settings, episode_id: str) -> dict[str, Any]:
+    """The audit record: the file written when the episode ended, or (while it runs, or when
+    none was written) read from Temporal now. Validated against the published schema. Raises
+    EpisodeNotFound, InvalidRecord."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from activities.audit import record_path
+    from posttrain_env.entrypoints.audit_trail import read_trail
+
+    if not _EPISODE_ID.fullmatch(episode_id):
+        raise EpisodeNotFound(f"{episode_id!r} is not an episode id (ep-<16 hex>)")
+    path = record_path(settings.audit_dir or settings.state_dir / "audit", episode_id)
+    if path.exists():
+        record = json.loads(path.read_text())
+    else:
+        try:
+            record = (await read_trail(client, episode_id)).model_dump(mode="json")
+        except RPCError as err:
+            if err.status is RPCStatusCode.NOT_FOUND:
+                raise EpisodeNotFound(
+                    f"no audit record of {episode_id!r} in {path.parent} and no such episode "
+                    "in Temporal"
+                ) from None
+            raise
+    validate_record(record)
+    return record
+
+
+def validate_record(record: dict[str, Any]) -> None:
+    """Raises InvalidRecord naming the first place the record breaks the schema."""
+    import jsonschema
+
+    from posttrain_env.contracts.audit import SCHEMA_PATH
+
+    schema = json.loads(SCHEMA_PATH.read_text())
+    try:
+        jsonschema.validate(record, schema, cls=jsonschema.Draft202012Validator)
+    except jsonschema.ValidationError as err:
+        where = "/".join(str(p) for p in err.absolute_path) or "(the record)"
+        raise InvalidRecord(
+            f"the audit record breaks its schema at {where}: {err.message}"
+        ) from None
 
 
 # -- cancel ------------------------------------------------------------------------------------

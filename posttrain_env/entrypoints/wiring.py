@@ -7,6 +7,7 @@ Every workflow-to-workflow call that an activity makes is listed in this module:
 - `TemporalAccount.admit`: update-with-start of the `AccountWorkflow` (`admit`);
 - `TemporalAccount.check_exposure`: update of the `AccountWorkflow` (`check_exposure`);
 - `TemporalEpisodeLiveness.is_running`: describe of an `EpisodeWorkflow` (the reaper);
+- `TemporalEpisodeTrail.read`: describe and history of an `EpisodeWorkflow` (the audit record);
 - `ensure_reaper_schedule`: the Schedule that starts `ReaperWorkflow` (hf backend only).
 
 Workflows reach each other directly (signals and children) and list those calls in their own
@@ -39,6 +40,7 @@ from temporalio.service import RPCError
 
 from activities.backend import JobsBackend
 from activities.ports import JobToWatch
+from posttrain_env.contracts.audit import AuditRecord
 from posttrain_env.contracts.episodes import Caps, ServerSpend
 from posttrain_env.errors import update_failure, workflow_is_gone
 from posttrain_env.settings import Settings
@@ -50,6 +52,18 @@ from workflows.watcher import WatcherInput, WatcherWorkflow, WatchRequest
 log = logging.getLogger(__name__)
 
 REAPER_EVERY = timedelta(minutes=10)
+
+
+class TemporalEpisodeTrail:
+    """`activities.ports.EpisodeTrail`: an episode's record, read from its history."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    async def read(self, episode_id: str) -> AuditRecord:
+        from posttrain_env.entrypoints.audit_trail import read_trail
+
+        return await read_trail(self._client, episode_id)
 
 
 # -- backends ------------------------------------------------------------------------------------

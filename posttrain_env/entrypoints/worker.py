@@ -14,6 +14,7 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.audit import AuditActivities
 from activities.backend import JobsBackend
 from activities.episodes import EpisodeActivities, EpisodeConfig
 from activities.jobs import JobsActivities
@@ -22,6 +23,7 @@ from posttrain_env.entrypoints.temporal_setup import require_search_attributes
 from posttrain_env.entrypoints.wiring import (
     TemporalAccount,
     TemporalEpisodeLiveness,
+    TemporalEpisodeTrail,
     TemporalJobWatch,
     WatcherSettings,
     make_backend,
@@ -92,6 +94,12 @@ def build_worker(
             deployment=settings.deployment,
         ),
     )
+    audit = AuditActivities(
+        TemporalEpisodeTrail(client),
+        backend,
+        key,
+        settings.audit_dir or settings.state_dir / "audit",
+    )
     workflows = list(WORKFLOWS)
     activities: list[Callable[..., Any]] = [
         jobs.submit_job,
@@ -103,6 +111,7 @@ def build_worker(
         jobs.check_script,
         episodes.prepare_episode,
         episodes.reserve_server_spend,
+        audit.write_audit,
     ]
     if backend.name == "hf":
         workflows_hf, activities_hf = _orphan_reaper(client, backend, queue)

@@ -29,7 +29,6 @@ def setup_command(address: str, state_dir: Path) -> subprocess.CompletedProcess[
     )
 
 
-@pytest.mark.slow  # two server starts: ~80 s on a loaded 2-core machine
 async def test_server_refuses_without_attributes_and_starts_after_temporal_setup(
     tmp_path: Path,
 ) -> None:

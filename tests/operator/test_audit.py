@@ -1,0 +1,100 @@
+"""An episode's audit record: written when it ends, holding every call and job, valid against
+the published schema, and carrying no secret."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from activities.fake.backend import FakeJobScript, FakeScenario
+from posttrain_env.contracts.audit import SCHEMA_PATH, audit_schema
+from posttrain_env.contracts.jobs import JobRole
+from posttrain_env.entrypoints.episodes_cli import InvalidRecord, export_record, validate_record
+from posttrain_env.keys import ServerKey
+from tests.workflows.harness import running_worker
+
+SCRIPT = "# train\nprint('training')\n"
+AGENT = FakeJobScript(
+    role=JobRole.agent,
+    queue_s=1,
+    run_s=10,
+    launcher_lines=[
+        {"stage": "installed", "packages": {"numpy": "2.4.6"}, "installer": "uv"},
+        {"stage": "exit", "exit_code": 0, "signal": None},
+    ],
+)
+EVALS = FakeJobScript(queue_s=1, run_s=30, score=0.625)
+
+
+def test_the_published_schema_is_the_models_schema() -> None:
+    assert json.loads(SCHEMA_PATH.read_text()) == audit_schema()
+
+
+def test_a_record_that_breaks_the_schema_is_refused_naming_where() -> None:
+    with pytest.raises(InvalidRecord, match="calls"):
+        validate_record({"episode_id": "ep-1", "task_id": "t", "base_model": "m",
+                         "base_model_revision": "r", "calls": "not a list"})  # fmt: skip
+
+
+async def test_a_scripted_episodes_record_holds_every_call_and_job_and_no_secret(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[AGENT, EVALS])) as h:
+        ep = await h.episode()
+        job_id = await ep.submit_job(script=SCRIPT, dependencies=["numpy>=2"])
+        assert (await ep.wait_job(job_id, step=timedelta(seconds=31))).data["state"] == "succeeded"
+        dev = await ep.call_over(timedelta(minutes=5), "dev_evaluate", job_id=job_id)
+        assert dev.data["score"] == 0.625, dev.data
+        refused = await ep.call("jobs_status", job_id="job-nope")
+        assert refused.data["error"]["type"] == "unknown_job"
+        final = await ep.call_over(timedelta(minutes=5), "submit", job_id=job_id)
+        assert final.done and final.reward == 0.625
+        end = await ep.handle.result()
+        steps = (await ep.status()).steps_used
+        settled = final.metadata["service_spend"]["settled"]["usd"]
+
+        path = h.settings.state_dir / "audit" / f"{ep.episode_id}.json"
+        text = path.read_text()
+        record = json.loads(text)
+        validate_record(record)
+        assert await export_record(h.client, h.settings, ep.episode_id) == record
+
+    assert end["reason"] == "submitted"
+    assert record["end"] == {"reason": "submitted", "reward": 0.625, "invalid_score": None}
+    assert record["task_id"] == "t_test" and record["backend"] == "fake"
+    calls = record["calls"]
+    assert len(calls) == steps
+    assert calls[0]["tool"] == "jobs_submit" and calls[-1]["tool"] == "submit"
+    digest = hashlib.sha256(SCRIPT.encode()).hexdigest()
+    assert calls[0]["arguments"]["script"] == {"sha256": digest}
+    assert record["scripts"] == {digest: SCRIPT}
+    assert [c["error_type"] for c in calls if c["error_type"]] == ["unknown_job"]
+    assert all(c["answered_at"] for c in calls)
+
+    jobs = {job["role"]: job for job in record["jobs"]}
+    assert set(jobs) == {"agent", "dev", "grader"} and len(record["jobs"]) == 3
+    agent = jobs["agent"]
+    assert agent["job_id"] == job_id and agent["script_sha256"] == digest
+    assert agent["dependencies"] == ["numpy>=2"]
+    assert agent["installed"] == {"numpy": "2.4.6"} and agent["installer"] == "uv"
+    assert agent["backend_job_id"] and agent["final_state"] == "succeeded"
+    assert [c["state"] for c in agent["state_changes"]][-1] == "succeeded"
+    assert agent["reserved_micro_usd"] == 167 * 5 and agent["settled_micro_usd"] == 167 * 1
+    assert agent["base_model_revision"] == record["base_model_revision"]
+    assert jobs["grader"]["settled_micro_usd"] is None  # graders are not charged
+    evaluations = {e["split"]: e for e in record["evaluations"]}
+    assert evaluations["dev"]["score"] == 0.625 and evaluations["dev"]["valid"] is True
+    assert evaluations["hidden"]["evaluated_job_id"] == job_id
+    assert record["final_spend_micro_usd"] / 1e6 == pytest.approx(settled)
+
+    key = ServerKey.load_or_create(h.settings.state_dir / "server.key")
+    secrets = [key.hidden_split_seed(ep.episode_id)]
+    secrets += [key.job_nonce(job["workflow_id"]) for job in record["jobs"]]
+    for secret in secrets:
+        assert secret not in text
+    assert "HF_TOKEN" not in text and "POSTTRAIN_NONCE" not in text
