@@ -208,6 +208,10 @@ async def test_filters_find_exactly_their_episodes_and_the_readme_commands_run(
             assert words[0] == "posttrain-env", line
             done = await op.cli(*words[1:])
             assert done.status == 0, (line, done.stderr)
+            if words[1:3] == ["episodes", "export"]:  # a running episode: read from Temporal
+                record = done.json()
+                assert record["episode_id"] == campaign_id and record["campaign_id"] == "c-1"
+                assert record["end"] is None and record["calls"] == []
         assert "already registered" in (await op.cli("temporal", "setup")).stdout
 
         async def campaign_cancelled() -> bool:
