@@ -181,6 +181,7 @@ async def test_filters_find_exactly_their_episodes_and_the_readme_commands_run(
         assert await ids("--stuck", "1s") == set()
         (row,) = (await op.run("episodes", "list", "--end-reason", "time_limit", "--json")).json()
         assert row["reward"] == 0.0 and row["task"] == "t_short" and row["status"] == "Completed"
+        assert row["steps_used"] == 0 and row["spend_usd"] == 0.0
 
         # Bad input: a clear message and status 2, never a query with the value in it.
         for bad, why in (
