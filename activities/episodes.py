@@ -14,6 +14,7 @@ from posttrain_env.contracts.episodes import Caps, EpisodeSetup, PrepareEpisode,
 from posttrain_env.contracts.jobs import RepoRef
 from posttrain_env.errors import ErrorType, ToolError, agent_errors
 from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES
+from posttrain_env.models import TaskSpec
 from tasks.registry import TaskSpecError, load_task
 
 
@@ -28,6 +29,28 @@ class EpisodeConfig(BaseModel):
     spend_cap_micro_usd: int | None = None
     continue_as_new_events: int | None = None
     continue_as_new_bytes: int = CONTINUE_AS_NEW_HISTORY_BYTES
+
+
+async def pinned_base_model(
+    backend: JobsBackend, task: TaskSpec, revision: str | None = None
+) -> RepoRef:
+    """The repo the backend mounts as the task's base model, at a commit. A branch or tag
+    becomes a commit here, once per episode (or once per campaign, which pins every rollout to
+    it with `revision`): every job of the episode, and every answer about its base model, names
+    that commit. Raises ToolError(not_allowed) for a task the backend cannot run."""
+    model = task.base_model
+    repo_id, default = model.repo_id, model.revision
+    if backend.uses_local_models:
+        if model.local is None:
+            raise ToolError(
+                ErrorType.not_allowed,
+                f"task {task.id!r} has no local base model; it needs the hf backend",
+                field="task_id",
+            )
+        repo_id, default = model.local, model.local_revision
+    return RepoRef(
+        repo_id=repo_id, revision=await backend.resolve_model(repo_id, revision or default)
+    )
 
 
 class EpisodeActivities(EpisodesApi):
@@ -45,19 +68,7 @@ class EpisodeActivities(EpisodesApi):
         except TaskSpecError as err:
             raise ToolError(ErrorType.invalid_argument, str(err), field="task_id") from None
         prices = {p.name: p for p in await self._backend.hardware()}
-        model = task.base_model
-        repo_id, revision = model.repo_id, model.revision
-        if self._backend.uses_local_models:
-            if model.local is None:
-                raise ToolError(
-                    ErrorType.not_allowed,
-                    f"task {task.id!r} has no local base model; it needs the hf backend",
-                    field="task_id",
-                )
-            repo_id, revision = model.local, model.local_revision
-        # A branch or tag becomes a commit here, once per episode: every job of the episode,
-        # and every answer about its base model, names that commit.
-        commit = await self._backend.resolve_model(repo_id, revision)
+        base_model = await pinned_base_model(self._backend, task, request.base_model_revision)
         config = self._config
         caps = Caps(
             account_workflow_id=config.account_workflow_id,
@@ -69,7 +80,7 @@ class EpisodeActivities(EpisodesApi):
         return EpisodeSetup(
             episode_id=request.episode_id,
             task=task,
-            base_model=RepoRef(repo_id=repo_id, revision=commit),
+            base_model=base_model,
             prices={
                 name: prices[name] for name in [*task.flavors, task.eval_flavor] if name in prices
             },

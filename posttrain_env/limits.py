@@ -69,6 +69,24 @@ MAX_JOBS_PER_EPISODE = 256
 # well as when Temporal suggests it.
 CONTINUE_AS_NEW_HISTORY_BYTES = 8 * MIB
 
+# -- campaigns (a spec, its agents' turns, what a campaign carries) --------------------------------
+# A campaign's rollouts (tasks x agents x epochs), and how many may be in flight at once.
+MAX_CAMPAIGN_ROLLOUTS = 100_000
+MAX_CONCURRENCY = 1_000
+MAX_CAMPAIGN_TASKS = 64
+MAX_CAMPAIGN_AGENTS = 64
+# An agent's arguments, as JSON: they travel in every rollout's input (workflow history).
+MAX_AGENT_ARGS_BYTES = 16 * KIB
+# Turns per rollout (each turn is one agent reply), and tool calls in one turn.
+MAX_AGENT_TURNS = 10_000
+MAX_AGENT_CALLS_PER_TURN = 16
+# What an agent's process may print as its turn (a script argument is at most 256 KiB).
+MAX_AGENT_TURN_BYTES = 4 * MIB
+# A tool's answer as an LLM agent reads it (its context is finite); longer ones are cut.
+MAX_TOOL_MESSAGE_CHARS = 20_000
+# In-flight rollouts named in a campaign's status (the counts cover them all).
+MAX_STATUS_ROLLOUTS_LISTED = 100
+
 
 def cut_text(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     """`text`, cut to at most `limit` characters with a marker saying how much was dropped."""

@@ -189,6 +189,9 @@ class EndReason(enum.StrEnum):
     score_failed = "score_failed"
     reset = "reset"
     cancelled = "cancelled"
+    # A rollout's agent stopped without submitting (or ran out of turns or of its LLM budget):
+    # reward 0, as for the other limits. Only the grader's failure gives reward None.
+    abandoned = "abandoned"
 
 
 class EpisodeEnd(BaseModel):

@@ -37,6 +37,12 @@ class Settings(BaseSettings):
         default="default", validation_alias=AliasChoices("TEMPORAL_NAMESPACE")
     )
     task_queue: str = "posttrain"
+    # Agent turns run on this queue only, in `posttrain-env agent-worker` (never beside the
+    # broker's secrets).
+    agent_task_queue: str = "posttrain-agents"
+    # Campaign folders (records, conversations); default `<state dir>/campaigns`. The server's
+    # worker and the agent worker must both see it.
+    campaigns_dir: Path | None = None
     # The embedded Temporal dev server (used when TEMPORAL_ADDRESS is not set): gRPC and UI ports.
     temporal_port: int = Field(default=7233, gt=0, lt=65536)
     temporal_ui_port: int = Field(default=8233, gt=0, lt=65536)
@@ -67,6 +73,7 @@ class Settings(BaseSettings):
         "max_live_episodes",
         "spend_cap_usd",
         "tasks_dir",
+        "campaigns_dir",
         "continue_as_new_events",
         "watch_interval_s",
         mode="before",
@@ -74,6 +81,14 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
+
+    @property
+    def campaign_root(self) -> Path:
+        return self.campaigns_dir or self.state_dir / "campaigns"
+
+    @property
+    def server_key_path(self) -> Path:
+        return self.state_dir / "server.key"
 
     @property
     def spend_cap_micro_usd(self) -> int | None:

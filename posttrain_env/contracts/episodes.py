@@ -51,7 +51,11 @@ class EpisodeSetup(BaseModel):
 class PrepareEpisode(BaseModel):
     task_id: str
     episode_id: str
+    # The workflow told when the episode closes (`EpisodeClosed`): a session, or a rollout.
     session_workflow_id: str | None = None
+    # A commit of the backend's base model, pinned by a campaign for all its rollouts; None:
+    # the task's revision, resolved now.
+    base_model_revision: str | None = None
 
 
 class ServerSpend(BaseModel):

@@ -7,6 +7,8 @@ Every workflow-to-workflow call that an activity makes is listed in this module:
 - `TemporalAccount.admit`: update-with-start of the `AccountWorkflow` (`admit`);
 - `TemporalAccount.check_exposure`: update of the `AccountWorkflow` (`check_exposure`);
 - `TemporalEpisodeLiveness.is_running`: describe of an `EpisodeWorkflow` (the reaper);
+- `TemporalEpisodeCalls.send`: update of an `EpisodeWorkflow` (`call_tool`, to ACCEPTED), a
+  rollout's tool call; `.result_of` and `.status`: its queries; `.is_running`: describe;
 - `ensure_reaper_schedule`: the Schedule that starts `ReaperWorkflow` (hf backend only).
 
 Workflows reach each other directly (signals and children) and list those calls in their own
@@ -33,16 +35,19 @@ from temporalio.client import (
     ScheduleSpec,
     WithStartWorkflowOperation,
     WorkflowUpdateFailedError,
+    WorkflowUpdateStage,
 )
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
 
 from activities.backend import JobsBackend
 from activities.ports import JobToWatch
+from posttrain_env.contracts.episode_calls import EpisodeStatus, ToolCall, ToolResult
 from posttrain_env.contracts.episodes import Caps, ServerSpend
 from posttrain_env.errors import update_failure, workflow_is_gone
 from posttrain_env.settings import Settings
 from workflows.account import AccountState, AccountWorkflow, Admission, ExposureCheck
+from workflows.episode import EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 from workflows.reaper import ReaperInput, ReaperWorkflow
 from workflows.watcher import WatcherInput, WatcherWorkflow, WatchRequest
@@ -211,6 +216,42 @@ class TemporalEpisodeLiveness:
                 return False
             raise
         return description.status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
+
+
+class TemporalEpisodeCalls:
+    """`EpisodeCalls`: a rollout's tool calls, as the gateway makes them (update id
+    `<episode_id>:<request_id>`), sent to ACCEPTED only: the answer is read back later."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def _handle(self, episode_id: str):  # type: ignore[no-untyped-def]
+        return self._client.get_workflow_handle_for(
+            EpisodeWorkflow.run, episode_workflow_id(episode_id)
+        )
+
+    async def send(self, episode_id: str, call: ToolCall) -> bool:
+        try:
+            await self._handle(episode_id).start_update(
+                EpisodeWorkflow.call_tool,
+                call,
+                id=f"{episode_id}:{call.request_id}",
+                wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+            )
+        except (WorkflowUpdateFailedError, RPCError) as err:
+            if workflow_is_gone(err):
+                return False
+            raise
+        return True
+
+    async def result_of(self, episode_id: str, request_id: str) -> ToolResult | None:
+        return await self._handle(episode_id).query(EpisodeWorkflow.result_of, request_id)
+
+    async def status(self, episode_id: str) -> EpisodeStatus:
+        return await self._handle(episode_id).query(EpisodeWorkflow.status)
+
+    async def is_running(self, episode_id: str) -> bool:
+        return await TemporalEpisodeLiveness(self._client).is_running(episode_id)
 
 
 # -- the orphan reaper's Schedule (hf backend) ---------------------------------------------------
