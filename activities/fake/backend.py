@@ -44,6 +44,8 @@ class FakeJobScript(BaseModel):
 
     role: JobRole | None = None  # match: None matches any role
     script_contains: str | None = None  # match: a marker in the job's script
+    # match (evaluations): a marker in the script of the agent job whose outputs it evaluates
+    evaluated_script_contains: str | None = None
     queue_s: float = 5.0
     run_s: float = 60.0
     outcome: Literal["succeeded", "failed"] = "succeeded"
@@ -82,11 +84,14 @@ class FakeScenario(BaseModel):
         path = os.environ.get("POSTTRAIN_FAKE_SCENARIO")
         return cls.model_validate_json(Path(path).read_text()) if path else cls()
 
-    def rule_for(self, role: JobRole, script: str) -> FakeJobScript:
+    def rule_for(self, role: JobRole, script: str, evaluated_script: str = "") -> FakeJobScript:
         for rule in self.jobs:
             if rule.role not in (None, role):
                 continue
             if rule.script_contains is not None and rule.script_contains not in script:
+                continue
+            marker = rule.evaluated_script_contains
+            if marker is not None and marker not in evaluated_script:
                 continue
             return rule
         return FakeJobScript()
@@ -124,7 +129,10 @@ class FakeBackend:
 
     async def submit(self, request: JobRequest) -> BackendJob:
         with self._state() as state:
-            rule = self.scenario.rule_for(request.role, request.script)
+            evaluated = state.jobs.get(request.artifact_ref or "")
+            rule = self.scenario.rule_for(
+                request.role, request.script, evaluated.request.script if evaluated else ""
+            )
             self._maybe_fail(state, rule, request.key, "submit")
             ref = "fake-" + hashlib.sha256(request.key.encode()).hexdigest()[:24]
             if ref in state.jobs:  # a second start of the same key: a broker bug, not a retry
