@@ -21,7 +21,7 @@ from posttrain_env.errors import (
 )
 from posttrain_env.limits import MAX_UPDATE_BYTES
 from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import EpisodeStatus, ToolCall, ToolResult
+from workflows.episode_contract import EpisodeStatus, ToolCall, ToolResult, episode_over
 
 # Built in the ground (a rollout's activity builds its calls the same way); the edge's name.
 from workflows.episode_contract import tool_call as tool_call
@@ -67,6 +67,8 @@ async def _answer_after_the_end(client: Client, episode_id: str, call: ToolCall)
     handle = client.get_workflow_handle_for(EpisodeWorkflow.run, episode_workflow_id(episode_id))
     try:
         answered = await handle.query(EpisodeWorkflow.result_of, call.request_id)
+        if answered is None:  # a submit of the graded job, sent again: its grading's answer
+            answered = await handle.query(EpisodeWorkflow.answer_again, call)
         status: EpisodeStatus = await handle.query(EpisodeWorkflow.status)
         again = answered is None and await handle.query(EpisodeWorkflow.answered, call.request_id)
     except RPCError as err:
@@ -75,7 +77,7 @@ async def _answer_after_the_end(client: Client, episode_id: str, call: ToolCall)
         raise
     if answered is not None:  # the call was made before the end: the same answer again
         return answered
-    error = ToolError(ErrorType.episode_over, "the episode is over; call reset to start another")
+    error = episode_over(call.path, status.end)
     if again:
         error = ToolError(
             ErrorType.already_answered,

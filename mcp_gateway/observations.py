@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from openenv.core.env_server.mcp_types import CallToolObservation, ListToolsObservation, Tool
-from openenv.core.env_server.types import Observation
-
+from mcp_gateway.wire import CallToolObservation, ListToolsObservation, Observation, Tool
 from posttrain_env.errors import is_error
 from posttrain_env.models import ServiceSpend
 from posttrain_env.tools import tool_catalog

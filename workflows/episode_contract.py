@@ -17,6 +17,7 @@ from posttrain_env.contracts.episode_calls import (
     ToolCall,
     ToolPath,
     ToolResult,
+    episode_over,
     tool_call,
 )
 
@@ -30,5 +31,6 @@ __all__ = [
     "ToolCall",
     "ToolPath",
     "ToolResult",
+    "episode_over",
     "tool_call",
 ]

@@ -151,4 +151,3 @@ async def running_campaigns(
             yield harness
         finally:
             await harness.terminate_all()
-
