@@ -217,6 +217,11 @@ class FakeBackend:
         with self._state() as state:
             return [job.request for job in state.jobs.values()]
 
+    def views(self, now: datetime) -> list[BackendJob]:
+        """Every job as it stands at workflow time `now` (tests: nothing left live)."""
+        with self._state() as state:
+            return [_view(job, now) for job in state.jobs.values()]
+
     # -- internals -----------------------------------------------------------------------------
 
     @contextmanager

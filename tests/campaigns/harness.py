@@ -87,6 +87,7 @@ class Campaigns:
 
     async def run_until_final(self, campaign_id: str, max_steps: int = 2000) -> CampaignStatus:
         """Skip time in unaligned steps (see SKIP_STEP) until the campaign has ended."""
+        status = await self.status(campaign_id)
         for _ in range(max_steps):
             status = await self.status(campaign_id)
             if status.phase.final:
@@ -97,6 +98,7 @@ class Campaigns:
     async def skip_until(
         self, campaign_id: str, check: Any, max_steps: int = 500
     ) -> CampaignStatus:
+        status = await self.status(campaign_id)
         for _ in range(max_steps):
             status = await self.status(campaign_id)
             if check(status):
