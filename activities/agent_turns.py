@@ -153,7 +153,7 @@ class AgentTurnActivities(AgentsApi):
         proc.stdin.write(request.model_dump_json().encode())
         await proc.stdin.drain()
         proc.stdin.close()
-        reading = asyncio.ensure_future(proc.stdout.read(MAX_AGENT_TURN_BYTES + 1))
+        reading = asyncio.ensure_future(_read_capped(proc.stdout, MAX_AGENT_TURN_BYTES + 1))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while not reading.done():
@@ -176,3 +176,18 @@ class AgentTurnActivities(AgentsApi):
             )
         await proc.wait()
         return out
+
+
+async def _read_capped(stream: asyncio.StreamReader, cap: int) -> bytes:
+    """Everything up to end of file, or the first `cap` bytes and more. A single `read(cap)`
+    would return what one pipe buffer holds (64 KiB) and leave a larger turn unread, its
+    process blocked on writing the rest."""
+    chunks: list[bytes] = []
+    total = 0
+    while total < cap:
+        chunk = await stream.read(cap - total)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
