@@ -14,13 +14,14 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.fake.backend import FakeJobScript, FakeScenario
+from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
 from posttrain_env.campaigns.records import Outcome, read_records
 from posttrain_env.contracts.jobs import JobRole
 from tests.gateway.server import ServerProcess, command
@@ -40,6 +41,7 @@ QUICK = FakeScenario(
     ]
 )
 CAMPAIGN = "cli-smoke"
+LIVE = ("queued", "running", "cancelling")
 ROLLOUTS = 6
 
 
@@ -137,12 +139,11 @@ def rollout_status(workers: Workers, rollout_id: str) -> RolloutStatus:
 def test_campaign_cli_survives_sigkilled_workers_and_runs_every_rollout_once(
     stack: Workers, tmp_path: Path
 ) -> None:
-    spec = tmp_path / "spec.toml"
-    spec.write_text(
-        (REPO / "examples" / "campaign.toml").read_text().replace("epochs = 2", "epochs = 3")
-    )
     stack.start()
-    started = cli(stack, "run", str(spec), "--id", CAMPAIGN, "--detach")
+    # The README's example, one epoch more (a flag overrides the spec).
+    started = cli(
+        stack, "run", "examples/campaign.toml", "--id", CAMPAIGN, "--detach", "--epochs", "3"
+    )
     assert started.returncode == 0, started
     assert f"campaign {CAMPAIGN}: {ROLLOUTS} rollouts" in started.stdout
 
@@ -206,3 +207,16 @@ def test_campaign_cli_survives_sigkilled_workers_and_runs_every_rollout_once(
     shown = cli(stack, "status", CAMPAIGN)
     assert "completed" in shown.stdout and "scored 3" in shown.stdout, shown
     assert json.loads(cli(stack, "status", CAMPAIGN, "--json").stdout)["finished"] == ROLLOUTS
+
+    # `campaign cancel` from the command line: it waits for the end; no job is left live.
+    other = cli(stack, "run", "examples/campaign.toml", "--id", "cli-cancel", "--detach")
+    assert other.returncode == 0, other
+    deadline = time.monotonic() + 120
+    while len(stack.server.requests(JobRole.agent)) == len(requests):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    cancelled = cli(stack, "cancel", "cli-cancel", timeout=300)
+    assert cancelled.returncode == 1 and "cancelled" in cancelled.stdout, cancelled
+    backend = FakeBackend(stack.server.state_dir / "fake", QUICK)
+    live = [job for job in backend.views(datetime.now(UTC)) if job.state.value in LIVE]
+    assert live == []
