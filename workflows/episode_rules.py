@@ -149,7 +149,11 @@ def take_snapshot(carry: EpisodeCarry, record: JobRecord, snap: JobSnapshot) -> 
         record.score = snap.score
         record.final = True
         if record.role is not JobRole.grader:
-            record.settlement = carry.ledger.settle(record.job_id, record.running_s)
+            if snap.backend is not None and snap.backend.vanished:
+                # Its real running time is unknown: never 0, always the worst case.
+                record.settlement = carry.ledger.settle_at_reservation(record.job_id)
+            else:
+                record.settlement = carry.ledger.settle(record.job_id, record.running_s)
 
 
 # -- views -------------------------------------------------------------------------------------

@@ -20,7 +20,13 @@ DATASET = RepoRef(repo_id="org/public-data", revision="d" * 40)
 
 
 def make_backend(hub: FakeHub, **config: object) -> HfBackend:
-    options: dict = {"cancel_confirm_interval_s": 0.0, **config}
+    # No real waiting between looks: the fake Hub answers at once.
+    options: dict = {
+        "cancel_confirm_interval_s": 0.0,
+        "submit_look_interval_s": 0.0,
+        "submit_settle_s": 0.0,
+        **config,
+    }
     return HfBackend(
         hub.api(TOKEN),  # type: ignore[arg-type]
         hub.api(False),  # type: ignore[arg-type]
