@@ -4,9 +4,10 @@ call under a budget that ends before its activity does, errors translated.
 A Temporal activity that times out or is cancelled stops awaiting, but a thread cannot be
 stopped: without a budget its request would go on, and a job-creation request that completed
 after the retry had started a job would start a second, paid one. So every call gets a
-`CallBudget` (the activity's start-to-close timeout minus a margin, or HUB_CALL_TIMEOUT_S
-outside an activity) that `activities/hf/http.py` enforces on each of its requests, and a
-cancelled activity marks its call abandoned so that no further request of it starts.
+`CallBudget` (what is left of the activity's start-to-close timeout minus a margin, or
+HUB_CALL_TIMEOUT_S outside an activity) that `activities/hf/http.py` enforces on each of its
+requests, and a cancelled activity marks its call abandoned so that no further request of it
+starts.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from typing import TypeVar
 
 from temporalio import activity
@@ -27,19 +28,8 @@ from activities.hf.http import CURRENT_BUDGET, CallBudget, HubHttpLimits
 T = TypeVar("T")
 
 
-def call_seconds(limits: HubHttpLimits) -> float:
-    """How long a call that starts now may take: inside an activity, what is left of its
-    start-to-close timeout less the margin; outside, HUB_CALL_TIMEOUT_S."""
-    if not activity.in_activity():
-        return limits.call_s
-    info = activity.info()
-    timeout = info.start_to_close_timeout
-    if timeout is None:
-        return limits.call_s
-    # Elapsed since the server started the attempt. On a time-skipping test server the attempt's
-    # start can lie ahead of the wall clock: never less than nothing.
-    elapsed = (datetime.now(UTC) - info.started_time).total_seconds()
-    return max(0.0, timeout.total_seconds() - max(0.0, elapsed) - limits.activity_margin_s)
+# Activity attempts whose start this worker remembers (a few seconds each; oldest forgotten).
+_REMEMBERED_ATTEMPTS = 4096
 
 
 class HubCalls:
@@ -48,6 +38,27 @@ class HubCalls:
         self._pool = ThreadPoolExecutor(
             max_workers=self.limits.threads, thread_name_prefix="hf-hub"
         )
+        self._attempt_started: OrderedDict[tuple[bytes, int], float] = OrderedDict()
+
+    def call_seconds(self) -> float:
+        """How long a call that starts now may take. Inside an activity: what is left of its
+        start-to-close timeout, less the margin, measured on this worker's own clock from the
+        attempt's first Hub call (the server's clock may differ from ours; the margin covers
+        the moments before that first call). Outside an activity: HUB_CALL_TIMEOUT_S."""
+        limits = self.limits
+        if not activity.in_activity():
+            return limits.call_s
+        info = activity.info()
+        if info.start_to_close_timeout is None:
+            return limits.call_s
+        now = time.monotonic()
+        attempt = (info.task_token, info.attempt)
+        started = self._attempt_started.setdefault(attempt, now)
+        self._attempt_started.move_to_end(attempt)
+        while len(self._attempt_started) > _REMEMBERED_ATTEMPTS:
+            self._attempt_started.popitem(last=False)
+        left = info.start_to_close_timeout.total_seconds() - (now - started)
+        return max(0.0, left - limits.activity_margin_s)
 
     async def call(
         self,
@@ -87,7 +98,7 @@ class HubCalls:
         keep: tuple[type[Exception], ...],
         namespace: object,
     ) -> T:
-        budget = CallBudget(deadline=time.monotonic() + call_seconds(self.limits))
+        budget = CallBudget(deadline=time.monotonic() + self.call_seconds())
 
         def in_thread() -> T:
             CURRENT_BUDGET.set(budget)  # in a copy of the caller's context: never leaks
