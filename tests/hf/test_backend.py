@@ -8,13 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from huggingface_hub import JobInfo
+from huggingface_hub import JobInfo, set_client_factory
+from huggingface_hub.utils import get_session
+from huggingface_hub.utils._http import default_client_factory
 from pydantic import SecretStr
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.backend import TransientBackendError
 from activities.hf.backend import HfBackend
+from activities.hf.http import BoundedTransport
 from activities.hf.labels import HfRef
 from activities.hf.stages import backend_job
 from activities.jobs import JobsActivities
@@ -441,12 +444,19 @@ def test_without_hf_token_the_backend_refuses_to_start(tmp_path: Path) -> None:
 
 def test_the_wiring_keeps_the_token_in_the_broker_api_only(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path, backend="hf", hf_token=SecretStr("hf_x"))
-    backend = hf_backend(settings)
-    assert isinstance(backend, HfBackend)
-    assert backend._api.token == "hf_x" and backend._public.token is False
-    # One deployment label per server key: every worker sharing the key agrees on it.
-    again = hf_backend(settings)
-    assert isinstance(again, HfBackend) and again.deployment == backend.deployment
+    try:
+        backend = hf_backend(settings)
+        assert isinstance(backend, HfBackend)
+        assert backend._api.token == "hf_x" and backend._public.token is False
+        # One deployment label per server key: every worker sharing the key agrees on it.
+        again = hf_backend(settings)
+        assert isinstance(again, HfBackend) and again.deployment == backend.deployment
+        # Every Hub request of the process goes through the bounded transport.
+        client = get_session()
+        assert isinstance(client._transport, BoundedTransport)
+        assert None not in client.timeout.as_dict().values()
+    finally:
+        set_client_factory(default_client_factory)
 
 
 async def test_the_namespace_defaults_to_the_tokens_user(hub: FakeHub) -> None:

@@ -270,10 +270,11 @@ async def test_a_429_fails_the_activity_at_once_with_the_reset_as_the_next_attem
 async def test_server_errors_fail_at_once_and_keep_a_retry_after(
     http_hub: HubHttp, status: int, headers: dict[str, str], delay: timedelta | None
 ) -> None:
-    http_hub.answer("hardware", status, times=6, headers=headers)
-    elapsed, error = await timed(http_backend(http_hub).hardware())
+    # list_jobs is paginated: the library's http_backoff would retry it five times.
+    http_hub.answer("list_jobs", status, times=6, headers=headers)
+    elapsed, error = await timed(http_backend(http_hub).observe(["alice/0abc"], T0))
     assert isinstance(error, HubTransientError) and error.next_retry_delay == delay
-    assert len(http_hub.requests_to("hardware")) == 1 and elapsed < SLACK_S
+    assert len(http_hub.requests_to("list_jobs")) == 1 and elapsed < SLACK_S
 
 
 # -- exactly one job per submit ------------------------------------------------------------------
