@@ -56,7 +56,7 @@ from activities.hf.labels import (
     key_label,
     label_value,
 )
-from activities.hf.missing import VANISHED_AFTER_LOOKS, VANISHED_AFTER_S, MissingJobs
+from activities.hf.missing import MissingJobs
 from activities.hf.prices import DEFAULT_TTL_S, PriceCache
 from activities.hf.stages import LIVE_STAGES, backend_job, stage_of, vanished_job
 from activities.hf.submission import (
@@ -68,16 +68,16 @@ from activities.hf.submission import (
 from job_launcher.builder import LauncherConfig
 from posttrain_env.contracts.jobs import BackendJob, JobRole
 from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.limits import (
+    SUBMIT_LOOK_INTERVAL_S,
+    SUBMIT_SETTLE_LOOKS,
+    SUBMIT_SETTLE_S,
+    VANISHED_AFTER_LOOKS,
+    VANISHED_AFTER_S,
+)
 from posttrain_env.models import FlavorPrice
 
 log = logging.getLogger(__name__)
-
-# A retried submit looks for its earlier attempt's job at least this many times, this far apart,
-# and for at least this long (from the retry's start: the earlier create was sent before it).
-# The window and the job's creation together fit easily in the submit activity's 120 s.
-SUBMIT_SETTLE_LOOKS = 3
-SUBMIT_LOOK_INTERVAL_S = 5.0
-SUBMIT_SETTLE_S = 30.0
 
 
 @dataclass(frozen=True)

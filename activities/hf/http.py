@@ -36,31 +36,27 @@ from huggingface_hub import set_client_factory
 from huggingface_hub.utils import parse_ratelimit_headers
 from huggingface_hub.utils._http import hf_request_event_hook
 
-# Seconds. Each is shorter than the shortest activity that calls the Hub (observe_jobs and
-# cancel_job: 15 s), so one stalled request can fail its activity attempt but never outlast it.
-HUB_CONNECT_TIMEOUT_S = 5.0
-HUB_READ_TIMEOUT_S = 10.0  # between two bytes of an answer
-HUB_WRITE_TIMEOUT_S = 10.0
-HUB_POOL_TIMEOUT_S = 5.0  # waiting for a free connection of the shared client
-# A whole Hub call (all of its requests) made outside an activity, e.g. by the smoke script.
-HUB_CALL_TIMEOUT_S = 60.0
-# Inside an activity, a call must be over this long before the activity's own timeout: Temporal
-# may schedule the retry as soon as that timeout passes, and clocks differ by a little.
-HUB_ACTIVITY_MARGIN_S = 2.0
-# Threads for Hub calls (huggingface_hub is synchronous): a pool of their own, so calls stuck
-# until their deadline can never starve the event loop's default executor, which the SDK and
-# other activities use. A call waiting for a thread spends its own budget while it waits.
-HUB_CALL_THREADS = 8
+from posttrain_env.limits import (
+    HUB_ACTIVITY_MARGIN_S,
+    HUB_CALL_THREADS,
+    HUB_CALL_TIMEOUT_S,
+    HUB_CONNECT_TIMEOUT_S,
+    HUB_MAX_RETRY_AFTER_S,
+    HUB_POOL_TIMEOUT_S,
+    HUB_READ_TIMEOUT_S,
+    HUB_WRITE_TIMEOUT_S,
+)
+
 # The statuses huggingface_hub's `http_backoff` retries itself (its
 # `_DEFAULT_RETRY_ON_STATUS_CODES`): answered to it as an exception so that it cannot.
 NOT_RETRIED_HERE = frozenset({408, 429, 500, 502, 503, 504})
-# A rate limit's reset is honoured up to this long; the Hub's windows are minutes at most.
-MAX_RETRY_AFTER_S = 600.0
 _ERROR_BODY_BYTES = 4096  # of an answer turned into HubBusy: enough for the Hub's message
 
 
 @dataclass(frozen=True)
 class HubHttpLimits:
+    """The bounds of Hub calls (defaults: `posttrain_env/limits.py`); tests shorten them."""
+
     connect_s: float = HUB_CONNECT_TIMEOUT_S
     read_s: float = HUB_READ_TIMEOUT_S
     write_s: float = HUB_WRITE_TIMEOUT_S
@@ -236,7 +232,7 @@ def _busy(response: httpx2.Response, what: str) -> HubBusy:
 def retry_after_s(response: httpx2.Response) -> float | None:
     """How long the Hub asks us to wait: the reset of an exhausted rate limit (`RateLimit`
     header, read with the library's own parser) or `Retry-After` in seconds; +1 s as the
-    library adds, capped at MAX_RETRY_AFTER_S."""
+    library adds, capped at HUB_MAX_RETRY_AFTER_S."""
     wait: float | None = None
     limit = parse_ratelimit_headers(response.headers)
     if response.status_code == 429 and limit is not None and limit.remaining == 0:
@@ -244,7 +240,7 @@ def retry_after_s(response: httpx2.Response) -> float | None:
     else:
         value = response.headers.get("Retry-After", "").strip()
         wait = float(value) if value.isdigit() else None
-    return None if wait is None else min(wait + 1.0, MAX_RETRY_AFTER_S)
+    return None if wait is None else min(wait + 1.0, HUB_MAX_RETRY_AFTER_S)
 
 
 # -- the client factory ----------------------------------------------------------------------------

@@ -15,10 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-# Production defaults (HfBackendConfig): three looks over at least five minutes. The watcher
-# looks every 30 s, so a job is settled as vanished about five minutes after its first 404.
-VANISHED_AFTER_LOOKS = 3
-VANISHED_AFTER_S = 300.0
+from posttrain_env.limits import VANISHED_AFTER_LOOKS, VANISHED_AFTER_S
+
 # Jobs remembered at most; the oldest are forgotten first (their count simply starts again).
 MAX_REMEMBERED = 10_000
 

@@ -20,7 +20,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.backend import TransientBackendError
 from activities.hf.backend import HfBackend
 from activities.hf.errors import HubTransientError
-from activities.hf.http import HubHttpLimits
+from activities.hf.http import NOT_RETRIED_HERE, HubHttpLimits
 from activities.hf.labels import HfRef
 from activities.hf.reaper import ReaperActivities
 from activities.jobs import JobsActivities
@@ -28,10 +28,20 @@ from activities.ports import JobToWatch
 from posttrain_env.contracts.jobs import JobRole, ObserveJobs, SubmitJob
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.keys import ServerKey
+from posttrain_env.limits import (
+    HUB_MAX_RETRY_AFTER_S,
+    SUBMIT_LOOK_INTERVAL_S,
+    SUBMIT_SETTLE_LOOKS,
+    SUBMIT_SETTLE_S,
+    VANISHED_AFTER_LOOKS,
+    VANISHED_AFTER_S,
+)
 from posttrain_env.models import JobState
 from tests.hf.conftest import DATASET, FAST_HTTP, MODEL, http_backend, request
 from tests.hf.fake_hub import T0, JobPlan
 from tests.hf.http_hub import HubHttp
+from workflows.policies import OBSERVE_TIMEOUT, READ_TIMEOUT, SUBMIT_TIMEOUT
+from workflows.watcher import WatcherInput
 
 SLACK_S = 0.5  # scheduling and the fake's own work, on a busy machine
 
@@ -432,11 +442,34 @@ async def test_a_ref_made_before_namespaces_were_stored_still_works(http_hub: Hu
     assert (await backend.observe([old_form], T0))[old_form].state is JobState.running
 
 
-def test_every_default_http_bound_is_shorter_than_the_shortest_hub_activity() -> None:
-    from workflows.policies import OBSERVE_TIMEOUT, READ_TIMEOUT, SUBMIT_TIMEOUT
+# -- the limits themselves ---------------------------------------------------------------------
 
+
+def test_every_default_http_bound_is_shorter_than_the_shortest_hub_activity() -> None:
     limits = HubHttpLimits()
     shortest = min(OBSERVE_TIMEOUT, READ_TIMEOUT, SUBMIT_TIMEOUT).total_seconds()
     for bound in (limits.connect_s, limits.read_s, limits.write_s, limits.pool_s):
         assert 0 < bound < shortest
-    assert limits.threads >= 4 and 0 < limits.activity_margin_s < shortest / 2
+    assert limits.threads >= 4 and 0 < limits.activity_margin_s < shortest / 4
+
+
+def test_a_retried_submits_wait_leaves_most_of_its_activity_for_the_create() -> None:
+    wait = SUBMIT_SETTLE_S + SUBMIT_SETTLE_LOOKS * SUBMIT_LOOK_INTERVAL_S
+    assert wait <= SUBMIT_TIMEOUT.total_seconds() / 2
+
+
+def test_a_job_is_declared_vanished_only_after_several_watcher_looks() -> None:
+    assert VANISHED_AFTER_LOOKS >= 3 and VANISHED_AFTER_S >= 4 * WatcherInput().interval_s
+
+
+def test_the_library_retries_no_status_that_reaches_it() -> None:
+    from huggingface_hub.utils._http import _DEFAULT_RETRY_ON_STATUS_CODES
+
+    assert set(_DEFAULT_RETRY_ON_STATUS_CODES) <= NOT_RETRIED_HERE
+
+
+async def test_a_rate_limit_reset_is_honoured_up_to_its_cap(http_hub: HubHttp) -> None:
+    http_hub.answer("list_jobs", 429, headers={"RateLimit": '"api";r=0;t=86400'})
+    _, error = await timed(http_backend(http_hub).observe(["alice/0abc"], T0))
+    assert isinstance(error, HubTransientError)
+    assert error.next_retry_delay == timedelta(seconds=HUB_MAX_RETRY_AFTER_S)
