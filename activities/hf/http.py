@@ -26,6 +26,7 @@ makes the call, so it reaches the transport through the library without any of i
 from __future__ import annotations
 
 import contextvars
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -219,9 +220,10 @@ def _unreachable(err: Exception, what: str, budget: CallBudget | None) -> HubNot
 def _busy(response: httpx2.Response, what: str) -> HubBusy:
     said = ""
     try:
-        body = response.read()[:_ERROR_BODY_BYTES]
-        said = body.decode("utf-8", "replace").strip()
-    except HubNotAnswering:
+        said = response.read()[:_ERROR_BODY_BYTES].decode("utf-8", "replace").strip()
+        error = json.loads(said).get("error") if said.startswith("{") else None
+        said = error if isinstance(error, str) else said  # the Hub's {"error": "..."}
+    except (HubNotAnswering, ValueError):
         pass
     finally:
         response.close()
