@@ -136,11 +136,11 @@ async def smoke(namespace: str | None, dev_evaluate: bool, workdir: Path) -> int
         if dev_evaluate:
             await call("dev_evaluate", job_id=job_id)
         final = await call("submit", job_id=job_id)
-        print(f"reward {final.reward}, end {final.metadata.get('episode_end')}")
-        spend = final.metadata.get("service_spend", {})
-        print(f"settled spend: ${spend.get('settled', {}).get('usd', 0):.6f} {spend}")
+        spend = final.metadata.service_spend
+        print(f"reward {final.reward}, end {final.metadata.episode_end}")
+        print(f"settled spend: ${spend.settled.usd:.6f} {spend.model_dump(mode='json')}")
         await _hub_durations(backend, episode_id)
-        settled = float(spend.get("settled", {}).get("usd", 0))
+        settled = spend.settled.usd
         return 0 if final.reward is not None and settled < SPEND_LIMIT_USD else 1
 
 

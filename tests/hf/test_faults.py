@@ -18,10 +18,13 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.backend import TransientBackendError
+from activities.hf import calls as hub_calls
 from activities.hf.backend import HfBackend
+from activities.hf.calls import HubCalls
 from activities.hf.errors import HubTransientError
 from activities.hf.http import NOT_RETRIED_HERE, HubHttpLimits
 from activities.hf.labels import HfRef
+from activities.hf.missing import MAX_REMEMBERED, MissingJobs
 from activities.hf.reaper import ReaperActivities
 from activities.jobs import JobsActivities
 from activities.ports import JobToWatch
@@ -29,6 +32,8 @@ from posttrain_env.contracts.jobs import JobRole, ObserveJobs, SubmitJob
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.keys import ServerKey
 from posttrain_env.limits import (
+    HUB_ACTIVITY_MARGIN_S,
+    HUB_CALL_TIMEOUT_S,
     HUB_MAX_RETRY_AFTER_S,
     SUBMIT_LOOK_INTERVAL_S,
     SUBMIT_SETTLE_LOOKS,
@@ -473,3 +478,43 @@ async def test_a_rate_limit_reset_is_honoured_up_to_its_cap(http_hub: HubHttp) -
     _, error = await timed(http_backend(http_hub).observe(["alice/0abc"], T0))
     assert isinstance(error, HubTransientError)
     assert error.next_retry_delay == timedelta(seconds=HUB_MAX_RETRY_AFTER_S)
+
+
+def test_a_call_outside_an_activity_gets_the_call_timeout_and_inside_one_what_it_leaves() -> None:
+    calls = HubCalls()
+    try:
+        assert calls.call_seconds() == HUB_CALL_TIMEOUT_S
+        inside = in_activity(timeout_s=15.0).run(calls.call_seconds)
+        assert 15.0 - HUB_ACTIVITY_MARGIN_S - SLACK_S < inside <= 15.0 - HUB_ACTIVITY_MARGIN_S
+    finally:
+        calls._pool.shutdown()
+
+
+def test_an_attempts_budget_counts_from_its_first_call_and_old_attempts_are_forgotten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(hub_calls, "_REMEMBERED_ATTEMPTS", 2)
+    calls = HubCalls(dataclasses.replace(FAST_HTTP, activity_margin_s=0.0))
+    try:
+        first = in_activity(timeout_s=10.0)
+        assert first.run(calls.call_seconds) <= 10.0
+        time.sleep(0.2)
+        # A later call of the same attempt gets only what the attempt has left.
+        assert first.run(calls.call_seconds) <= 9.8
+        for _ in range(2):
+            in_activity(timeout_s=10.0).run(calls.call_seconds)
+        assert len(calls._attempt_started) == 2  # the oldest attempt was forgotten
+        assert (first.info.task_token, first.info.attempt) not in calls._attempt_started
+    finally:
+        calls._pool.shutdown()
+
+
+def test_missing_jobs_are_remembered_up_to_a_bound_and_the_oldest_count_starts_again() -> None:
+    missing = MissingJobs(after_looks=2, after_s=0.0)
+    assert missing.answered_404("job-0", T0) is None
+    for n in range(1, MAX_REMEMBERED + 1):
+        missing.answered_404(f"job-{n}", T0)
+    assert len(missing._missing) == MAX_REMEMBERED
+    # job-0 was forgotten: its next 404 is a first one again, not the second that settles it.
+    assert missing.answered_404("job-0", T0) is None
+    assert missing.answered_404("job-0", T0) is not None

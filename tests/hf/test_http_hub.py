@@ -59,9 +59,10 @@ async def test_every_request_is_sent_through_the_bounded_transport_with_finite_t
     assert len(pages) == 3 and [p for p in pages if ("cursor", "2") in p.params]
     for seen in http_hub.seen:
         # paginated calls pass timeout=None to httpx2 explicitly: replaced by ours
+        read, connect = seen.timeout["read"], seen.timeout["connect"]
         assert all(value is not None for value in seen.timeout.values()), seen.route
-        assert seen.timeout["read"] <= FAST_HTTP.read_s, seen.route
-        assert seen.timeout["connect"] <= FAST_HTTP.connect_s, seen.route
+        assert read is not None and read <= FAST_HTTP.read_s, seen.route
+        assert connect is not None and connect <= FAST_HTTP.connect_s, seen.route
 
 
 async def test_a_finished_job_is_not_cancelled_and_a_running_one_is_confirmed(
