@@ -143,6 +143,7 @@ class HfBackend:
         self._missing = MissingJobs(
             self._config.vanished_after_looks, self._config.vanished_after_s
         )
+        self.job_python_version = self._config.python
 
     # -- JobsBackend ---------------------------------------------------------------------------
 

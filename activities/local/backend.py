@@ -16,6 +16,7 @@ import asyncio
 import os
 import random
 import shutil
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,6 +61,22 @@ class LocalLimits:
     size_every_s: float = 0.5
 
 
+def python_version(python: str) -> str:
+    """The "major.minor" version of the interpreter at `python` (its jobs' scripts are checked
+    for it). Raises RuntimeError when it does not run."""
+    try:
+        done = subprocess.run(
+            [python, "-I", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise RuntimeError(f"the job interpreter {python} does not run: {exc}") from None
+    return done.stdout.strip()
+
+
 class LocalBackend:
     """Implements activities.backend.JobsBackend with jobs on this machine."""
 
@@ -80,12 +97,15 @@ class LocalBackend:
         supervisor_python: str | None = None,
     ) -> None:
         """`state_dir` is the backend's own folder (`<POSTTRAIN_STATE_DIR>/local`).
-        `find_links`/`no_index`: test-only package sources, never anything an agent sets."""
+        `find_links`: folders of wheels that installs use besides PyPI (the server's
+        POSTTRAIN_LOCAL_FIND_LINKS); `no_index`: those folders only (tests). Never anything
+        an agent sets."""
         self.state_dir = state_dir
         self.jobs_dir = state_dir / "jobs"
         self.hub = LocalHub(state_dir / "hub")
         self.limits = limits or LocalLimits()
         self.store = JobStore(self.jobs_dir, supervisor_python or sys.executable)
+        self.job_python_version = python_version(job_python)
         uv_cache = state_dir / "uv-cache"
         uv_cache.mkdir(exist_ok=True)
         os.chmod(uv_cache, 0o700)  # root's (or the server user's) alone; jobs never mount it

@@ -43,6 +43,9 @@ class EpisodeSetup(BaseModel):
     continue_as_new_events: int | None = None
     # Continue as new past this many bytes of history, whatever the event count.
     continue_as_new_bytes: int = CONTINUE_AS_NEW_HISTORY_BYTES
+    # The Python version the backend's agent jobs run; None: unknown (an episode started
+    # before it was recorded), checked as this server's.
+    job_python_version: str | None = None
 
 
 class PrepareEpisode(BaseModel):

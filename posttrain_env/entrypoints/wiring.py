@@ -78,7 +78,11 @@ def local_backend(settings: Settings) -> JobsBackend:
             "need one that their unprivileged uid can run (e.g. /usr/bin/python3)"
         )
     try:
-        return LocalBackend(settings.state_dir / "local", job_python=python)
+        return LocalBackend(
+            settings.state_dir / "local",
+            job_python=python,
+            find_links=settings.local_find_link_list,
+        )
     except (RuntimeError, FileNotFoundError) as exc:
         raise SystemExit(f"the local backend cannot run here: {exc}") from None
 

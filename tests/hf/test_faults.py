@@ -17,7 +17,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.backend import TransientBackendError
+from activities.backend import ArtifactRejected, TransientBackendError
 from activities.hf import calls as hub_calls
 from activities.hf.backend import HfBackend
 from activities.hf.calls import HubCalls
@@ -29,7 +29,7 @@ from activities.hf.reaper import ReaperActivities
 from activities.jobs import JobsActivities
 from activities.ports import JobToWatch
 from posttrain_env.contracts.jobs import JobRole, ObserveJobs, SubmitJob
-from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.errors import ToolError
 from posttrain_env.keys import ServerKey
 from posttrain_env.limits import (
     HUB_ACTIVITY_MARGIN_S,
@@ -403,11 +403,11 @@ async def test_outputs_over_the_cap_are_still_refused(http_hub: HubHttp) -> None
     agent = await backend.submit(request())
     folder = HfRef.decode(agent.ref).folder
     hub.buckets["alice/jobs-artifacts"][f"{folder}/outputs/model.safetensors"] = 2 * 1024**3
-    with pytest.raises(ToolError) as refused:
+    with pytest.raises(ArtifactRejected, match="over this task's cap"):
         await backend.submit(
             request(JobRole.dev, n=2, artifact_ref=agent.ref, artifact_cap_bytes=1024**3)
         )
-    assert refused.value.type is ErrorType.not_allowed
+    assert len(http_hub.requests_to("create_job")) == 1  # the agent's job only
 
 
 # -- a namespace changed while jobs run ---------------------------------------------------------
