@@ -206,6 +206,21 @@ async def test_a_trickling_answer_is_cut_at_the_calls_deadline(http_hub: HubHttp
     assert elapsed < 1.0 + SLACK_S
 
 
+async def test_a_slow_script_upload_outside_our_client_creates_no_job_after_the_deadline(
+    http_hub: HubHttp,
+) -> None:
+    # hf_xet uploads the script with its own client, which no deadline of ours reaches: the
+    # thread waits for it, and the call stops at its next Hub request.
+    backend = http_backend(http_hub, limits=dataclasses.replace(FAST_HTTP, call_s=0.5))
+    await backend.hardware()  # prices cached: the submit's first request is the bucket's
+    http_hub.xet_upload_s = 0.8
+    _, error = await timed(backend.submit(request()))
+    assert isinstance(error, TransientBackendError) and "time ran out" in str(error)
+    assert http_hub.blobs  # the upload itself finished, late
+    assert not http_hub.requests_to("bucket_batch") and not http_hub.requests_to("create_job")
+    assert not http_hub.hub.jobs
+
+
 async def test_a_cancelled_call_starts_no_further_request(http_hub: HubHttp) -> None:
     limits = dataclasses.replace(FAST_HTTP, read_s=10.0, call_s=10.0)
     backend = http_backend(http_hub, limits=limits)
