@@ -56,3 +56,9 @@ def test_the_arithmetic_benchmark_runs_and_prints_its_figures() -> None:
     out = run("bench/arith_tiny.py", "--quick", timeout=1800)
     assert "t0_arithmetic_format_tiny" in out and "items/s" in out, out
     assert "generated tokens/s" in out and "one grading" in out, out
+
+
+def test_the_campaign_scale_benchmark_runs_and_prints_its_figures() -> None:
+    out = run("bench/campaign_scale.py", "--rollouts", "3", "--concurrency", "2")
+    assert "phase: completed" in out and "rollouts_per_minute" in out, out
+    assert "rollout_events_median" in out and "worker_peak_rss_mib" in out, out
