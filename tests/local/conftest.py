@@ -27,6 +27,7 @@ TEST_BWRAP = os.environ.get("POSTTRAIN_TEST_BWRAP") or None
 SMALL = LocalLimits(
     artifact_cap_bytes=4 << 20,
     disk_cap_bytes=16 << 20,
+    max_files=2000,
     nproc=64,
     memory_bytes=1 << 30,
     file_bytes=8 << 20,

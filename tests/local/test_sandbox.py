@@ -215,7 +215,9 @@ def test_a_job_filling_its_outputs_is_stopped_at_the_artifact_cap(jobs: Jobs) ->
     assert list((jobs.folder(job.ref) / "artifact").iterdir()) == []
 
 
-def test_a_job_filling_tmp_is_stopped_at_the_disk_cap(jobs: Jobs) -> None:
+def test_a_job_filling_tmp_gets_enospc_at_its_disk_size_and_its_message_says_so(
+    jobs: Jobs,
+) -> None:
     script = """
     import itertools
     chunk = b"x" * (1 << 20)
@@ -225,8 +227,12 @@ def test_a_job_filling_tmp_is_stopped_at_the_disk_cap(jobs: Jobs) -> None:
     """
     job = jobs.run(script)
     assert job.state.value == "failed"
-    assert "over the disk cap" in job.message
-    assert not (jobs.folder(job.ref) / "tmp").exists()  # scratch is freed at the end
+    assert job.message == (
+        "it ran out of disk: /data, /tmp and its packages share 16 MiB (ENOSPC): "
+        "the job exited with status 1; see its log"
+    )
+    assert "No space left on device" in "\n".join(jobs.logs(job.ref))
+    assert not (jobs.folder(job.ref) / "fs").exists()  # its filesystem is gone with it
 
 
 def test_no_file_can_grow_past_the_file_size_limit(jobs: Jobs) -> None:
@@ -249,17 +255,13 @@ report(outcome=outcome, size=os.stat("/tmp/big").st_size)
     assert jobs.report(job.ref) == {"outcome": "EFBIG", "size": 8 << 20}
 
 
-def test_memory_beyond_the_limit_cannot_be_allocated(jobs: Jobs) -> None:
-    script = (
-        REPORT
-        + """
-try:
-    block = bytearray(2 << 30)
-    report(allocated=True)
-except MemoryError:
-    report(allocated=False)
-"""
+def test_one_allocation_past_the_jobs_memory_limit_is_killed_and_the_job_fails_saying_so(
+    jobs: Jobs,
+) -> None:
+    job = jobs.run("block = bytearray(2 << 30)\nprint('allocated')\n")
+    assert job.state.value == "failed"
+    assert job.message == (
+        "it went over its memory limit of 1.0 GiB (cpu-basic on this machine) and the kernel "
+        "killed 1 of its processes: the job exited with status 137; see its log"
     )
-    job = jobs.run(script)
-    assert job.state.value == "succeeded", jobs.logs(job.ref)
-    assert jobs.report(job.ref) == {"allocated": False}
+    assert "allocated" not in jobs.logs(job.ref)
