@@ -41,3 +41,9 @@ def test_the_gateway_latency_benchmark_runs_and_prints_its_table() -> None:
 def test_the_episode_wall_benchmark_runs_and_prints_its_phases() -> None:
     out = run("bench/episode_wall.py", "--runs", "1")
     assert "training script (run phase)" in out and "machinery" in out and "target" in out, out
+
+
+def test_the_local_contention_benchmark_runs_and_prints_its_table() -> None:
+    out = run("bench/local_contention.py", "--runs", "1", "--containments", "groups,none")
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith(("groups", "none"))]
+    assert rows == ["groups", "none"] and "target" in out, out

@@ -80,7 +80,8 @@ def find_containment(state_dir: Path, supervisor_python: str, size_every_s: floa
         (
             "cpu",
             f"jobs run at a lower priority (nice {FALLBACK_NICENESS}) instead of with a "
-            "weight and a quota, so a busy job slows other jobs and the server",
+            "weight and a quota, so a busy job slows other jobs and the server (more so "
+            "where the kernel groups processes by session: each session weighs as one user)",
         ),
     ):
         if controller in missing:

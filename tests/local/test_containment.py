@@ -21,7 +21,7 @@ import pytest
 from activities.local.backend import LocalBackend
 from activities.local.cgroups import Placement
 from activities.local.containment import Containment
-from activities.local.resources import jobs_memory_bytes
+from activities.local.resources import Capacity, jobs_memory_bytes
 from posttrain_env.contracts.jobs import RepoRef
 from tasks.registry import TASKS_DIR, evaluator_script, load_task
 from tests.local.conftest import (
@@ -30,6 +30,7 @@ from tests.local.conftest import (
     TEST_BWRAP,
     Jobs,
     job_uid,
+    leftovers,
     now,
     wait_for,
     write_model,
@@ -61,33 +62,6 @@ def read_int(path: Path) -> int:
 
 def logged(jobs: Jobs, ref: str, text: str) -> bool:
     return any(text in line for line in jobs.logs(ref, 2000))
-
-
-def leftovers(jobs: Jobs, ref: str) -> list[str]:
-    """Whatever of a finished job is still on this machine: its control groups, its parent
-    group, its filesystem image, folders or mounts, a loop device on its image."""
-    found = []
-    for placement in jobs.backend.containment.placements:
-        for path in (placement.job(ref), placement.parent):
-            if os.path.exists(path):
-                found.append(path)
-    folder = jobs.folder(ref)
-    for name in ("fs", "shm", "fs.img"):
-        if (folder / name).exists():
-            found.append(str(folder / name))
-    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
-        try:
-            if str(folder) in backing.read_text():
-                found.append(str(backing))
-        except OSError:
-            continue
-    for mountinfo in Path("/proc").glob("[0-9]*/mountinfo"):
-        try:
-            if str(folder) in mountinfo.read_text():
-                found.append(str(mountinfo))
-        except OSError:
-            continue
-    return found
 
 
 def allocated_bytes(folder: Path) -> int:
@@ -193,10 +167,54 @@ def test_a_job_past_its_memory_limit_is_killed_and_fails_saying_so_and_others_ru
     assert leftovers(jobs, hog.ref) == [] and leftovers(jobs, other.ref) == []
 
 
+def test_all_jobs_together_stay_within_their_share_of_the_machine_and_the_grower_is_killed(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    # A machine of 512 MiB for this backend: all its jobs together may hold 384 MiB (the rest
+    # is the server's reserve), each job 256 MiB.
+    limits = dataclasses.replace(SMALL, memory_bytes=256 * MIB)
+    backend = LocalBackend(
+        state_dir,
+        job_python=JOB_PYTHON,
+        limits=limits,
+        bwrap=TEST_BWRAP,
+        capacity=Capacity(cpus=2.0, memory_bytes=512 * MIB),
+    )
+    jobs = Jobs(backend, write_model(tmp_path / "model-src"))
+    steady = jobs.submit(
+        """
+        import time
+        held = bytearray(150 << 20)
+        print("holding", flush=True)
+        time.sleep(600)
+        """,
+        episode_id="ep-steady",
+    )
+    wait_for(lambda: logged(jobs, steady.ref, "holding"))
+    grower = jobs.run(
+        """
+        blocks = []
+        for n in range(25):  # up to 250 MiB: within its own 256 MiB, not beside the other
+            blocks.append(bytearray(10 << 20))
+        print("grew", flush=True)
+        """,
+        episode_id="ep-grower",
+        timeout=60,
+    )
+    assert grower.state.value == "failed"
+    assert grower.message.startswith(
+        "all local jobs together reached their memory limit of 384 MiB and the kernel killed"
+    ), grower.message
+    assert jobs.view(steady.ref).state.value == "running"
+    asyncio.run(jobs.backend.cancel(steady.ref, now()))
+    assert result_of(jobs, steady.ref)["usage"]["oom_kills"] == 0
+
+
 HOG = """
 import os, time
 for _ in range(15):  # 16 busy processes: as many as the issue's hog could start, and more
     if os.fork() == 0:
+        os.setsid()  # a session each: with autogroup, each session weighs as much as a user's
         break
 else:
     print("spinning", flush=True)
