@@ -33,6 +33,15 @@ CPU_PERIOD_US = 100_000
 class CgroupError(Exception):
     """A control group could not be made, limited or removed (the message says which)."""
 
+    def __init__(self, message: str, errno_: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno_
+
+    @property
+    def vanished(self) -> bool:
+        """The group (or its parent) was removed under us: trying again may work."""
+        return self.errno in (errno.ENOENT, errno.ENODEV)
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -123,20 +132,23 @@ class JobGroups:
         """Make the parent (if absent) and the job's group in every placement, with limits.
         Raises CgroupError naming the file that refused."""
         for placement in self.placements:
+            folder = placement.job(self.name)
             for attempt in range(20):
-                _ensure_parent(placement, parent)
                 try:
-                    os.mkdir(placement.job(self.name), 0o755)
+                    _ensure_parent(placement, parent)
+                    os.mkdir(folder, 0o755)
                     break
                 except FileExistsError:
                     break  # a retried start of the same job: reuse its group
-                except FileNotFoundError:
-                    # The last job of the parent removed it between our two steps: again.
-                    time.sleep(0.005 * (attempt + 1))
                 except OSError as exc:
-                    raise CgroupError(f"cannot make {placement.job(self.name)}: {exc}") from None
-            else:
-                raise CgroupError(f"cannot make {placement.job(self.name)}: parent keeps vanishing")
+                    error = CgroupError(f"cannot make {folder}: {exc}", exc.errno)
+                    if not error.vanished or attempt == 19:
+                        raise error from None
+                except CgroupError as error:
+                    if not error.vanished or attempt == 19:
+                        raise
+                # The last job in the parent removed it while we were making it: again.
+                time.sleep(0.002 * (attempt + 1))
             _write_limits(placement, placement.job(self.name), job, swap_off=True)
 
     def join(self, pid: int) -> None:
@@ -237,7 +249,7 @@ def _ensure_parent(placement: Placement, limits: GroupLimits) -> None:
     except FileExistsError:
         pass
     except OSError as exc:
-        raise CgroupError(f"cannot make {placement.parent}: {exc}") from None
+        raise CgroupError(f"cannot make {placement.parent}: {exc}", exc.errno) from None
     if placement.version == 2:
         # Children of the parent may only use controllers enabled in its subtree_control.
         _write(placement.parent, "cgroup.subtree_control", f"+{placement.controller}")
@@ -295,7 +307,9 @@ def _write(folder: str, name: str, value: str) -> None:
         with open(os.path.join(folder, name), "w") as fh:
             fh.write(value)
     except OSError as exc:
-        raise CgroupError(f"cannot write {value!r} to {folder}/{name}: {exc.strerror}") from None
+        raise CgroupError(
+            f"cannot write {value!r} to {folder}/{name}: {exc.strerror}", exc.errno
+        ) from None
 
 
 def _write_optional(folder: str, name: str, value: str) -> None:

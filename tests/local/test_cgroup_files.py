@@ -129,3 +129,36 @@ def test_this_processes_own_groups_are_found_from_proc(tmp_path: Path) -> None:
         assert placement.parent.endswith("/posttrain-jobs-test")
         assert os.path.isdir(os.path.dirname(placement.parent))
         assert not os.path.exists(placement.parent)  # found, not made
+
+
+def test_jobs_starting_and_ending_at_once_share_the_parent_without_losing_a_group() -> None:
+    # The last job to leave removes the parent while others are making it: each start must
+    # still get its group (on this machine's real v1 hierarchies).
+    import secrets
+    import threading
+
+    placements, _ = cgroups.find_placements(f"posttrain-jobs-race-{secrets.token_hex(4)}")
+    assert placements
+    errors: list[BaseException] = []
+
+    def churn(worker: int) -> None:
+        for n in range(25):
+            groups = JobGroups(placements, f"job-{worker}-{n}")
+            try:
+                groups.create(
+                    GroupLimits(memory_bytes=1 << 30, cpu_weight=100),
+                    GroupLimits(memory_bytes=64 << 20, processes=16, cpus=1.0),
+                )
+                assert groups.exist()
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                assert groups.remove(timeout_s=2) == []
+
+    threads = [threading.Thread(target=churn, args=(w,)) for w in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert not any(os.path.exists(p.parent) for p in placements)
