@@ -421,7 +421,7 @@ def test_a_fork_bomb_stops_at_the_pids_limit_and_is_accounted_to_the_jobs_group(
 import os, time
 first = os.getpid()
 refused = 0
-while refused < 50:  # every process keeps forking until the kernel refuses
+while refused < 20:  # every process keeps forking until the kernel refuses
     try:
         os.fork()
     except BlockingIOError:
@@ -433,10 +433,11 @@ if os.getpid() == first:
 time.sleep(600)
 """
     )
-    job = jobs.submit(script, timeout_s=5)
+    # The bomb only gets its own group's share of a busy machine: give it time to report.
+    job = jobs.submit(script, timeout_s=15)
     uid = job_uid(jobs, job.ref)
     group = Path(placements(jobs)["pids"].job(job.ref))
-    wait_for(lambda: logged(jobs, job.ref, "REPORT "))
+    wait_for(lambda: logged(jobs, job.ref, "REPORT "), timeout=15)
     # Held by the job's own pids group (the outer sandbox, its init, the launcher and the job).
     assert read_int(group / "pids.current") == SMALL.nproc
     assert read_int(group / "pids.max") == SMALL.nproc
@@ -445,9 +446,9 @@ time.sleep(600)
     assert jobs.report(job.ref)["processes"] <= SMALL.nproc
     usage = result_of(jobs, job.ref)["usage"]
     assert usage["processes_peak"] == SMALL.nproc
-    assert usage["fork_refusals"] >= 50
+    assert usage["fork_refusals"] >= 20
     assert ended.message.startswith(
-        f"timed out after 5 s; it reached its limit of {SMALL.nproc} processes and threads ("
+        f"timed out after 15 s; it reached its limit of {SMALL.nproc} processes and threads ("
     )
     assert live_pids_of_uid(uid) == []
     assert leftovers(jobs, job.ref) == []

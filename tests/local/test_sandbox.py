@@ -9,7 +9,6 @@ from collections.abc import Iterator
 import pytest
 
 from tests.local.conftest import Jobs, job_uid
-from tests.processes import live_pids_of_uid
 
 REPORT = "import json\ndef report(**v):\n    print('REPORT ' + json.dumps(v), flush=True)\n"
 
@@ -171,34 +170,6 @@ report(entries=sorted(entries))
         ["/model/sub", False],
         ["/model/sub/notes.txt", False],
     ]
-
-
-def test_a_fork_bomb_is_held_by_the_process_limit_and_ended_with_the_job(jobs: Jobs) -> None:
-    script = (
-        REPORT
-        + """
-import os, time
-first = os.getpid()
-refused = 0
-while refused < 50:  # every process keeps forking until the kernel refuses
-    try:
-        os.fork()
-    except BlockingIOError:
-        refused += 1
-        time.sleep(0.01)
-if os.getpid() == first:
-    time.sleep(0.5)
-    report(processes=len([p for p in os.listdir("/proc") if p.isdigit()]))
-time.sleep(600)
-"""
-    )
-    job = jobs.submit(script, timeout_s=5)
-    uid = job_uid(jobs, job.ref)
-    ended = jobs.wait_end(job.ref, timeout=30)
-    assert ended.state.value == "timed_out"
-    # The sandbox's init, the launcher's supervisor and at most nproc processes of the job's uid.
-    assert jobs.report(job.ref)["processes"] <= jobs.backend.limits.nproc + 3
-    assert live_pids_of_uid(uid) == []
 
 
 def test_a_job_filling_its_outputs_is_stopped_at_the_artifact_cap(jobs: Jobs) -> None:

@@ -5,11 +5,24 @@ from __future__ import annotations
 import os
 import stat
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from activities.local.jobfiles import collect_artifact, usage
 from activities.local.scratch import remove_tree
 from posttrain_env.limits import MAX_ARTIFACT_DEPTH
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Iterator[Path]:
+    """A folder for deep trees, removed here: pytest's own clean-up of old temporary folders
+    uses shutil.rmtree, which a tree this deep crashes (in every later session on the host)."""
+    folder = tmp_path / "scratch"
+    folder.mkdir()
+    yield folder
+    remove_tree(folder)
 
 
 def deep_tree(top: Path, depth: int, name: str = "d") -> Path:
@@ -30,14 +43,14 @@ def deep_tree(top: Path, depth: int, name: str = "d") -> Path:
 
 
 def test_remove_tree_removes_a_tree_deeper_than_the_recursion_limit_and_path_max(
-    tmp_path: Path,
+    scratch: Path,
 ) -> None:
     depth = 1500
     assert depth > sys.getrecursionlimit()
-    root = deep_tree(tmp_path / "job", depth, name="folder-" + "x" * 20)  # 42 KB of path
+    root = deep_tree(scratch / "job", depth, name="folder-" + "x" * 20)  # 42 KB of path
     remove_tree(root)
     assert not root.exists()
-    assert list(tmp_path.iterdir()) == []
+    assert list(scratch.iterdir()) == []
 
 
 def test_remove_tree_never_follows_links_and_opens_folders_a_job_locked(tmp_path: Path) -> None:
@@ -67,9 +80,9 @@ def test_remove_tree_does_not_clobber_a_job_file_named_like_its_own_moves(tmp_pa
 
 
 def test_collecting_a_deep_tree_keeps_what_a_checkpoint_needs_and_counts_the_rest(
-    tmp_path: Path,
+    tmp_path: Path, scratch: Path
 ) -> None:
-    outputs = deep_tree(tmp_path / "outputs", 1500)
+    outputs = deep_tree(scratch / "outputs", 1500)
     (outputs / "model.safetensors").write_bytes(b"weights")
     (outputs / "sub").mkdir()
     (outputs / "sub" / "notes.txt").write_text("notes")
