@@ -95,7 +95,8 @@ class LocalBackend:
         self.containment: Containment = find_containment(
             state_dir, supervisor_python or sys.executable, self.limits.size_every_s
         )
-        self.store.sweep()  # what jobs of an earlier server left behind, if anything
+        # What jobs of an earlier server left behind, if anything (a supervisor killed with it).
+        self.store.sweep(self.containment.placements)
         uv_cache = state_dir / "uv-cache"
         uv_cache.mkdir(exist_ok=True)
         os.chmod(uv_cache, 0o700)  # root's (or the server user's) alone; jobs never mount it

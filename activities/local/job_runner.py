@@ -129,8 +129,13 @@ class Supervisor:
                 usage = self.groups.usage()
             self.look_at_filesystems()
             if self.spec.get("collect"):
-                state, message, collected = self.collect(state, message)
-                notes.append(collected)
+                try:
+                    state, message, collected = self.collect(state, message)
+                    notes.append(collected)
+                except OSError as exc:
+                    state, message = "failed", f"collecting the job's outputs failed: {exc}"
+                    scratch.remove_tree(self.folder / jf.ARTIFACT)
+                    os.mkdir(self.folder / jf.ARTIFACT, 0o755)  # empty, never half
         except BaseException as exc:  # whatever happened, the job gets a result
             state, message = "failed", f"the job's supervisor failed: {type(exc).__name__}: {exc}"
             traceback.print_exc()
@@ -138,8 +143,12 @@ class Supervisor:
             for problem in self.release():
                 self.say(f"cleanup: {problem}")
         finished = time.time()
-        message = self.explain(state, message or state, exit_code, usage)
-        self.say(f"job {state} after {finished - self.started:.1f} s" + "".join(notes))
+        message = message or state
+        try:
+            message = self.explain(state, message, exit_code, usage)
+            self.say(f"job {state} after {finished - self.started:.1f} s" + "".join(notes))
+        except Exception:  # the result below matters more than its wording
+            traceback.print_exc()
         jf.create_json(
             self.folder / jf.RESULT,
             {

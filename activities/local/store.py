@@ -12,13 +12,14 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from activities.local import jobfiles as jf
 from activities.local import scratch
-from activities.local.cgroups import JobGroups
+from activities.local.cgroups import JobGroups, Placement
 from activities.local.plan import JobPlan
 from posttrain_env.contracts.jobs import BackendJob
 from posttrain_env.errors import ErrorType, ToolError
@@ -65,19 +66,26 @@ class JobStore:
                 uids.add(int(spec.get("uid", 0)))
         return uids
 
-    def sweep(self) -> None:
-        """Release what finished jobs left behind when their supervisor was killed (control
-        groups, folders), e.g. before this server restarted. Cheap when there is nothing."""
+    def sweep(self, placements: Sequence[Placement]) -> None:
+        """Release what ended jobs left behind when their supervisor was killed (control
+        groups, folders), e.g. before this server restarted. Per ended job, a read of its
+        job.json and a few stat calls when there is nothing to release."""
         for folder in self.jobs_dir.iterdir():
             if not REF.fullmatch(folder.name) or not (folder / jf.RESULT).exists():
                 continue
+            spec = jf.read_json(folder / jf.JOB) or {}
+            # The groups the job was given, and where this server puts jobs now: a server
+            # restarted in another group of its own (a new container, a systemd unit) has
+            # other placements than the spec's.
+            recorded = [Placement(**item) for item in spec.get("cgroups") or []]
+            groups = JobGroups(list(dict.fromkeys([*recorded, *placements])), folder.name)
+            leftovers = [folder / name for name in (scratch.FS, scratch.SHM, scratch.IMAGE)]
+            if not groups.exist() and not any(p.exists() for p in leftovers):
+                continue
             if jf.is_alive(jf.read_json(folder / jf.SUPERVISOR)):
                 continue  # still tearing down
-            spec = jf.read_json(folder / jf.JOB) or {}
-            groups = JobGroups.from_spec(spec.get("cgroups") or [], folder.name)
-            leftovers = [folder / name for name in (scratch.FS, scratch.SHM, scratch.IMAGE)]
-            if groups.exist() or any(p.exists() for p in leftovers):
-                release_leftovers(folder, spec, wait_s=0.5)
+            release_leftovers(folder, spec, wait_s=0.5)
+            groups.remove(timeout_s=0.5)
 
     # -- create ----------------------------------------------------------------------------------
 

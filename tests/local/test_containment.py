@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,9 @@ from typing import Any
 import pytest
 
 from activities.local.backend import LocalBackend
-from activities.local.cgroups import Placement
+from activities.local.cgroups import JobGroups, Placement
 from activities.local.containment import Containment
+from activities.local.jobfiles import is_alive, read_json
 from activities.local.resources import Capacity, jobs_memory_bytes
 from posttrain_env.contracts.jobs import RepoRef
 from tasks.registry import TASKS_DIR, evaluator_script, load_task
@@ -501,3 +503,32 @@ def test_every_job_runs_in_its_groups_agent_jobs_and_evaluations_alike(
         assert any(line.endswith(f":{controller}:/") for line in lines), lines
     usage = result_of(jobs, job.ref)["usage"]
     assert usage["processes_peak"] >= 2 and usage["memory_peak_bytes"] > 0
+
+
+def test_a_new_backend_releases_what_an_ended_job_left_behind(jobs: Jobs, state_dir: Path) -> None:
+    job = jobs.run("print('done')")
+    assert job.state.value == "succeeded"
+    folder = jobs.folder(job.ref)
+    wait_for(lambda: not is_alive(read_json(folder / "supervisor.json")))
+    # As if its supervisor had been killed while releasing: its groups and folders are back,
+    # and groups where an earlier server (in another group of its own) had put it.
+    earlier = f"posttrain-jobs-earlier-{secrets.token_hex(4)}"
+    elsewhere = [
+        Placement(p.controller, p.version, os.path.join(os.path.dirname(p.parent), earlier))
+        for p in jobs.backend.containment.placements
+    ]
+    try:
+        for placement in [*jobs.backend.containment.placements, *elsewhere]:
+            os.makedirs(placement.job(job.ref))
+        spec = json.loads((folder / "job.json").read_text())
+        cgroups = [dataclasses.asdict(p) for p in elsewhere]
+        (folder / "job.json").write_text(json.dumps({**spec, "cgroups": cgroups}))
+        (folder / "fs" / "tmp").mkdir(parents=True)
+        (folder / "fs.img").write_bytes(b"\0" * 4096)
+        assert len(leftovers(jobs, job.ref)) == 8  # 3 groups, 3 parents, filesystem, image
+        restarted = LocalBackend(state_dir, job_python=JOB_PYTHON, limits=SMALL, bwrap=TEST_BWRAP)
+        assert restarted.containment.placements == jobs.backend.containment.placements
+        assert leftovers(jobs, job.ref) == []
+        assert not any(os.path.exists(p.parent) for p in elsewhere)
+    finally:
+        JobGroups(elsewhere, job.ref).remove(timeout_s=1)
