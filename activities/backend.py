@@ -31,11 +31,19 @@ class TransientBackendError(Exception):
     """A failure that a retry may fix (HTTP 429, 5xx, a dropped connection)."""
 
 
+class ArtifactRejected(Exception):
+    """An evaluation refused before it starts because of the evaluated job's outputs (over the
+    task's cap, or refused by the backend's own checks): the artifact's fault, so the evaluation
+    scores 0 with `artifact_valid: false`, never `score_failed` (DESIGN §10)."""
+
+
 class JobsBackend(Protocol):
     name: str
     prices_simulated: bool
     # True: the task's generated local model (`[base_model] local`) replaces its Hub repo.
     uses_local_models: bool
+    # The Python version agent jobs run ("3.12"): their scripts' syntax is checked for it.
+    job_python_version: str
 
     async def submit(self, request: JobRequest) -> BackendJob:
         """Start a job. Callers look for an existing job with the key first (find_by_key)."""

@@ -52,7 +52,7 @@ class EpisodeActivities(EpisodesApi):
             raise ToolError(ErrorType.invalid_argument, str(err), field="task_id") from None
         prices = {p.name: p for p in await self._backend.hardware()}
         model = task.base_model
-        repo_id = model.repo_id
+        repo_id, revision = model.repo_id, model.revision
         if self._backend.uses_local_models:
             if model.local is None:
                 raise ToolError(
@@ -60,8 +60,10 @@ class EpisodeActivities(EpisodesApi):
                     f"task {task.id!r} has no local base model; it needs the hf backend",
                     field="task_id",
                 )
-            repo_id = model.local
-        commit = await self._backend.resolve_model(repo_id, model.revision)
+            repo_id, revision = model.local, model.local_revision
+        # A branch or tag becomes a commit here, once per episode: every job of the episode,
+        # and every answer about its base model, names that commit.
+        commit = await self._backend.resolve_model(repo_id, revision)
         config = self._config
         caps = Caps(
             account_workflow_id=config.account_workflow_id,
@@ -84,6 +86,7 @@ class EpisodeActivities(EpisodesApi):
             session_workflow_id=request.session_workflow_id,
             continue_as_new_events=config.continue_as_new_events,
             continue_as_new_bytes=config.continue_as_new_bytes,
+            job_python_version=self._backend.job_python_version,
             job_limits=self._job_limits(task.flavors, task.eval_flavor),
         )
 

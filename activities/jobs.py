@@ -6,16 +6,21 @@ activity, and handed to the backend; none is returned to a workflow (DESIGN §9)
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
-from activities.backend import JobRequest, JobsBackend
+from activities.backend import ArtifactRejected, JobRequest, JobsBackend
 from activities.ports import JobToWatch, JobWatch
+from job_launcher.syntax import check_syntax
 from job_launcher.trusted_lines import NONCE_ENV, read_score
 from posttrain_env.contracts.activities import JobsApi
 from posttrain_env.contracts.jobs import (
     BackendJob,
+    CheckScript,
     JobLogs,
     JobRef,
     JobRole,
@@ -26,12 +31,15 @@ from posttrain_env.contracts.jobs import (
     ScoreResult,
     SubmitJob,
 )
-from posttrain_env.errors import ErrorType, ToolError, agent_errors
+from posttrain_env.errors import ARTIFACT_REJECTED, ErrorType, ToolError, agent_errors
 from posttrain_env.keys import ServerKey
 from posttrain_env.limits import bound_log_lines
+from posttrain_env.models import TaskSpec
 from tasks.registry import TaskSpecError, evaluator_script, load_task
 
 HIDDEN_SEED_SECRET = "POSTTRAIN_HIDDEN_SPLIT_SEED"
+# An evaluation's task parameters (`[evaluation]` of task.toml), as JSON.
+TASK_PARAMS_ENV = "POSTTRAIN_TASK_PARAMS"
 
 
 class JobsActivities(JobsApi):
@@ -48,7 +56,10 @@ class JobsActivities(JobsApi):
     async def submit_job(self, job: SubmitJob) -> BackendJob:
         """Start the job unless one with its key exists (a retried submit), then watch it."""
         found = await self._backend.find_by_key(job.key, job.now)
-        started = found if found is not None else await self._backend.submit(self._request(job))
+        try:
+            started = found or await self._backend.submit(self._request(job))
+        except ArtifactRejected as err:
+            raise ApplicationError(str(err), type=ARTIFACT_REJECTED, non_retryable=True) from None
         if not started.state.terminal:
             await self._watch.watch(
                 JobToWatch(
@@ -102,6 +113,11 @@ class JobsActivities(JobsApi):
             for repo_id in datasets.repo_ids
         ]
 
+    @activity.defn
+    @agent_errors
+    async def check_script(self, check: CheckScript) -> None:
+        await asyncio.to_thread(check_syntax, check.script, check.python)
+
     # -- helpers -------------------------------------------------------------------------------
 
     def _request(self, job: SubmitJob) -> JobRequest:
@@ -109,17 +125,28 @@ class JobsActivities(JobsApi):
         secrets: dict[str, str] = {}
         script = job.script
         if job.role is not JobRole.agent:
-            script = self._evaluator_script(job.task_id)
+            task = self._task(job.task_id)
+            script = self._evaluator_script(task)
+            # The task's evaluation parameters (public: the same for every episode).
+            env[TASK_PARAMS_ENV] = json.dumps(task.evaluation, sort_keys=True)
         if job.role is JobRole.grader:
             secrets[HIDDEN_SEED_SECRET] = self._key.hidden_split_seed(job.episode_id)
         # A SubmitJob is a JobRequest without its secrets: copy it, then add them.
         fields = job.model_dump(exclude={"script"})
         return JobRequest(**fields, script=script, env=env, secrets=secrets)
 
-    def _evaluator_script(self, task_id: str) -> str:
+    def _task(self, task_id: str) -> TaskSpec:
+        try:
+            return load_task(task_id, self._tasks_dir)
+        except TaskSpecError as err:
+            raise ToolError(
+                ErrorType.not_allowed, f"evaluations are unavailable for this task: {err}"
+            ) from None
+
+    def _evaluator_script(self, task: TaskSpec) -> str:
         try:
             # One file: the shared evaluator helpers are embedded (DESIGN §9, "Evaluators").
-            return evaluator_script(load_task(task_id, self._tasks_dir), self._tasks_dir)
+            return evaluator_script(task, self._tasks_dir)
         except TaskSpecError as err:
             raise ToolError(
                 ErrorType.not_allowed, f"evaluations are unavailable for this task: {err}"

@@ -18,9 +18,12 @@ Public API:
         script has no block). Every other header setting (`requires-python`, `[tool.uv]` indexes,
         `exclude-newer`, …) is ignored. Raises ToolError(invalid_script) for a malformed block.
 
-    validate_script(script) -> None
+    validate_text(script) -> None
         UTF-8 encodable, at most MAX_SCRIPT_BYTES, not blank, no control characters but tab,
-        newline, carriage return and form feed, compiles. Raises ToolError(invalid_script).
+        newline, carriage return and form feed. Raises ToolError(invalid_script).
+
+    validate_script(script) -> None
+        validate_text, and compiles with this interpreter. Raises ToolError(invalid_script).
 
     merged_dependencies(script, dependencies) -> list[str]
         The validated union of `dependencies` and the script's header dependencies, duplicates
@@ -146,8 +149,9 @@ def script_dependencies(script: str) -> list[str]:
     return list(deps)
 
 
-def validate_script(script: str) -> None:
-    """Raise ToolError(invalid_script) unless the script is UTF-8, small enough and compiles."""
+def validate_text(script: str) -> None:
+    """Raise ToolError(invalid_script) unless the script is UTF-8, small enough, not blank and
+    free of control characters (the rules that do not depend on a Python version)."""
     if not isinstance(script, str):
         raise ToolError(ErrorType.invalid_script, "the script must be a string of Python code")
     try:
@@ -173,6 +177,12 @@ def validate_script(script: str) -> None:
             f"the script contains the control character {name} (line {line}); only tab, "
             "newline, carriage return and form feed are allowed",
         )
+
+
+def validate_script(script: str) -> None:
+    """validate_text, and the script compiles with this interpreter (the launcher's builder;
+    an episode checks the syntax of the job's own Python: job_launcher.syntax)."""
+    validate_text(script)
     try:
         compile(script, "script.py", "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:

@@ -14,13 +14,6 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Header, Request, WebSocket
 from fastapi.responses import JSONResponse
-from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
-from openenv.core.env_server.types import (
-    EnvironmentMetadata,
-    Observation,
-    SchemaResponse,
-    State,
-)
 from starlette.routing import Route
 from temporalio.client import Client
 from temporalio.service import RPCError
@@ -28,19 +21,30 @@ from temporalio.service import RPCError
 from mcp_gateway import jsonrpc
 from mcp_gateway.auth import ApiKeyGuard
 from mcp_gateway.bounds import JSON_OBJECT_BODY, read_json_object
+from mcp_gateway.episode_control import EpisodeControl
 from mcp_gateway.episode_mcp import EpisodeMcp
 from mcp_gateway.episodes_route import router as episodes_router
 from mcp_gateway.guard import HostOriginGuard
 from mcp_gateway.openenv_ws import serve_openenv_ws
 from mcp_gateway.protocol import OpenEnvProtocol
 from mcp_gateway.sessions import Sessions
+from mcp_gateway.wire import (
+    CallToolAction,
+    CallToolObservation,
+    EnvironmentMetadata,
+    Observation,
+    SchemaResponse,
+    State,
+)
 from posttrain_env.errors import GatewayCode, SessionError
 from posttrain_env.keys import ServerKey
 from posttrain_env.limits import MAX_BODY_BYTES
 from posttrain_env.settings import Settings
+from posttrain_env.version import installed_version
 
 log = logging.getLogger(__name__)
 SESSION_HEADER = "X-Session-Id"
+VERSION = installed_version()
 DESCRIPTION = (
     "An agent post-trains a language model with training jobs it submits through tools; a "
     "hidden-split score of its submitted checkpoint is the reward. Budgets in micro-USD, "
@@ -69,13 +73,15 @@ def create_app(settings: Settings, client: Client) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         key = ServerKey.load_or_create(settings.state_dir / "server.key")
+        app.state.key = key
         app.state.protocol = OpenEnvProtocol(Sessions(client, settings.task_queue), key)
+        app.state.episodes = EpisodeControl(client)
         async with episode_mcp.serving(client, key):
             yield
 
     # Every request body over the limit is refused with 413 before it is read whole.
     app = FastAPI(
-        title="posttrain_env", version="0.1.0", lifespan=lifespan, max_body_size=MAX_BODY_BYTES
+        title="posttrain_env", version=VERSION, lifespan=lifespan, max_body_size=MAX_BODY_BYTES
     )
     # The standard MCP endpoint of each episode, behind its episode token (not the API keys).
     episode_mcp = EpisodeMcp()
@@ -91,7 +97,7 @@ def create_app(settings: Settings, client: Client) -> FastAPI:
 
     @app.get("/metadata")
     async def metadata() -> EnvironmentMetadata:
-        return EnvironmentMetadata(name="posttrain_env", description=DESCRIPTION, version="0.1.0")
+        return EnvironmentMetadata(name="posttrain_env", description=DESCRIPTION, version=VERSION)
 
     @app.get("/schema")
     async def schema() -> SchemaResponse:

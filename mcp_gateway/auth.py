@@ -5,9 +5,10 @@ MCP endpoint (DESIGN §6 item 6, §9 "MCP-only clients").
   anything but loopback or runs the `hf` backend. When set, every route but the open ones needs
   `Authorization: Bearer <key>` or `X-API-Key: <key>`, else 401. Open: `/health`, `/metadata`,
   `/schema` and `/openapi.json` (they describe the server, hold no episode, and are what
-  `openenv validate` reads first), and `/episodes/<id>/mcp`, which takes its episode's token.
+  `openenv validate` reads first), and an episode's own routes (`/episodes/<id>/mcp`, `GET` and
+  `DELETE /episodes/<id>`), which take its episode's token.
 - An episode token is an HMAC of the episode id under the server key (`ServerKey`), so any
-  replica can check it and nothing is stored. It opens only its own episode's endpoint.
+  replica can check it and nothing is stored. It opens only its own episode's routes.
 
 Keys and tokens are compared in constant time and never logged; refusals say what is missing
 without echoing what was sent.
@@ -20,15 +21,15 @@ import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from mcp_gateway.refusals import refuse
 from posttrain_env.keys import ServerKey
 
 EPISODE_ID = re.compile(r"ep-[0-9a-f]{16}")
 OPEN_PATHS = frozenset({"/health", "/metadata", "/schema", "/openapi.json"})
-# An episode's MCP endpoint: behind its own check, the episode token (`episode_mcp`).
-EPISODE_MCP_PATH = re.compile(r"/episodes/[^/]+/mcp")
+# An episode's own routes (its MCP endpoint, GET and DELETE): behind its episode token instead.
+EPISODE_ROUTES = re.compile(r"/episodes/[^/]+(?:/mcp)?")
 
 
 def headers_of(scope: Scope) -> dict[str, str]:
@@ -55,6 +56,25 @@ def episode_token_ok(key: ServerKey, episode_id: str, token: str | None) -> bool
     return token is not None and hmac.compare_digest(
         token.encode(), key.episode_token(episode_id).encode()
     )
+
+
+TOKEN_NEEDED = (
+    "send `Authorization: Bearer <episode_token>` with this episode's token (from POST /episodes "
+    "or the reset metadata)"
+)
+
+
+def episode_refusal(
+    key: ServerKey, episode_id: str, headers: Mapping[str, str]
+) -> tuple[int, str] | None:
+    """Why a request to an episode's own route is refused (status, message), or None: an id
+    that cannot be an episode is not found (Temporal is not asked), a missing or wrong token is
+    unauthorized."""
+    if not EPISODE_ID.fullmatch(episode_id):
+        return 404, "no such episode"
+    if not episode_token_ok(key, episode_id, bearer(headers)):
+        return 401, TOKEN_NEEDED
+    return None
 
 
 def is_loopback(host: str) -> bool:
@@ -84,22 +104,6 @@ def start_refusal(host: str, backend: str, api_keys: list[str]) -> str | None:
     return None
 
 
-async def refuse(scope: Scope, receive: Receive, send: Send, status: int, message: str) -> None:
-    """A JSON refusal for HTTP; for a WebSocket the same response as the handshake's answer
-    where the server supports it (uvicorn does), else a close before accept (HTTP 403)."""
-    response = JSONResponse(
-        {"detail": {"code": "UNAUTHORIZED" if status == 401 else "NOT_FOUND", "message": message}},
-        status,
-        headers={"WWW-Authenticate": "Bearer"} if status == 401 else None,
-    )
-    if scope["type"] == "websocket" and "websocket.http.response" not in scope.get(
-        "extensions", {}
-    ):
-        await send({"type": "websocket.close", "code": 1008})
-        return
-    await response(scope, receive, send)
-
-
 class ApiKeyGuard:
     """Every route but the open ones needs an API key, when keys are configured."""
 
@@ -109,7 +113,7 @@ class ApiKeyGuard:
 
     def allowed(self, scope: Scope) -> bool:
         path = scope["path"]
-        if not self._keys or path in OPEN_PATHS or EPISODE_MCP_PATH.fullmatch(path):
+        if not self._keys or path in OPEN_PATHS or EPISODE_ROUTES.fullmatch(path):
             return True
         headers = headers_of(scope)
         given = bearer(headers) or headers.get("x-api-key", "").strip()

@@ -23,7 +23,14 @@ from posttrain_env.errors import (
 )
 from posttrain_env.limits import MAX_ARGUMENTS_BYTES, MAX_TOOL_NAME_CHARS, MAX_UPDATE_BYTES
 from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import EpisodeStatus, Oversized, ToolCall, ToolPath, ToolResult
+from workflows.episode_contract import (
+    EpisodeStatus,
+    Oversized,
+    ToolCall,
+    ToolPath,
+    ToolResult,
+    episode_over,
+)
 from workflows.ids import episode_workflow_id
 
 
@@ -93,6 +100,8 @@ async def _answer_after_the_end(client: Client, episode_id: str, call: ToolCall)
     handle = client.get_workflow_handle_for(EpisodeWorkflow.run, episode_workflow_id(episode_id))
     try:
         answered = await handle.query(EpisodeWorkflow.result_of, call.request_id)
+        if answered is None:  # a submit of the graded job, sent again: its grading's answer
+            answered = await handle.query(EpisodeWorkflow.answer_again, call)
         status: EpisodeStatus = await handle.query(EpisodeWorkflow.status)
         again = answered is None and await handle.query(EpisodeWorkflow.answered, call.request_id)
     except RPCError as err:
@@ -101,7 +110,7 @@ async def _answer_after_the_end(client: Client, episode_id: str, call: ToolCall)
         raise
     if answered is not None:  # the call was made before the end: the same answer again
         return answered
-    error = ToolError(ErrorType.episode_over, "the episode is over; call reset to start another")
+    error = episode_over(call.path, status.end)
     if again:
         error = ToolError(
             ErrorType.already_answered,

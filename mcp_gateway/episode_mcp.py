@@ -42,18 +42,23 @@ from starlette.types import Message, Receive, Scope, Send
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from mcp_gateway.auth import EPISODE_ID, bearer, episode_token_ok, headers_of, refuse
+from mcp_gateway.auth import episode_refusal, headers_of
 from mcp_gateway.bounds import MalformedJson, parse_json
 from mcp_gateway.episode_calls import UnknownEpisode, call_tool, tool_call
+from mcp_gateway.refusals import refuse
 from mcp_gateway.sessions import request_id_of
 from posttrain_env.errors import ErrorType, SessionError, ToolError, is_error
 from posttrain_env.keys import ServerKey
 from posttrain_env.limits import MAX_BODY_BYTES
 from posttrain_env.tools import tool_catalog
+from posttrain_env.version import installed_version
 from workflows.episode_contract import ToolResult
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 5.0  # the contract is "at least every 10 s"
+SERVER_NAME = "posttrain-env"  # with the installed version: the `serverInfo` clients see
+# What the result's second text block says of the episode (all of it is in `_meta` too).
+PROGRESS_KEYS = ("steps_used", "steps_left", "time_left_s", "done")
 INSTRUCTIONS = (
     "You post-train a language model with training jobs you submit through these tools; "
     "call task_info first. Every tool call is a step of the episode (max_steps); submit ends it."
@@ -64,7 +69,9 @@ class EpisodeMcp:
     """The per-episode MCP endpoint as an ASGI app; `serving(client, key)` runs it."""
 
     def __init__(self) -> None:
-        self.server: Server[Any, Request] = Server("posttrain_env", instructions=INSTRUCTIONS)
+        self.server: Server[Any, Request] = Server(
+            SERVER_NAME, version=installed_version(), instructions=INSTRUCTIONS
+        )
         self.server.list_tools()(self._list_tools)
         self.server.call_tool(validate_input=False)(self._call_tool)
         # The gateway's HostOriginGuard, outermost, already checks Host and Origin on this
@@ -95,19 +102,10 @@ class EpisodeMcp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The route `/episodes/{episode_id}/mcp`: a well-formed id, then its token."""
         episode_id = scope.get("path_params", {}).get("episode_id", "")
-        if not EPISODE_ID.fullmatch(episode_id):
-            await refuse(scope, receive, send, 404, "no such episode")
-            return
         assert self._key is not None, "serving() was not entered"
-        if not episode_token_ok(self._key, episode_id, bearer(headers_of(scope))):
-            await refuse(
-                scope,
-                receive,
-                send,
-                401,
-                "send `Authorization: Bearer <episode_token>` with this episode's token "
-                "(from POST /episodes or the reset metadata)",
-            )
+        refusal = episode_refusal(self._key, episode_id, headers_of(scope))
+        if refusal is not None:
+            await refuse(scope, receive, send, *refusal, jsonrpc=True)
             return
         if scope.get("method") == "POST":
             # The SDK's own parser fails with a 500 on deeply nested JSON: check it first, and
@@ -147,7 +145,10 @@ class EpisodeMcp:
         try:
             answer = await self._wait_reporting_progress(work, name, meta.get("progressToken"))
         except UnknownEpisode:
-            gone = ToolError(ErrorType.episode_over, "this episode no longer exists")
+            gone = ToolError(
+                ErrorType.episode_over,
+                "this episode no longer exists; start another with POST /episodes",
+            )
             return _result(gone.envelope())
         except SessionError as err:  # permanent (e.g. too large to send): say so, typed
             return _result(ToolError(ErrorType.invalid_argument, err.message).envelope())
@@ -202,9 +203,20 @@ def replay(body: bytes, receive: Receive) -> Receive:
 
 
 def _result(data: dict[str, Any], meta: dict[str, Any] | None = None) -> types.CallToolResult:
+    """The tool's data as structured content and as JSON text; the episode's progress in
+    `_meta` and, for clients that pass only a result's text to the model (Inspect), as a second
+    text block `{"episode": {"steps_used", "steps_left", "time_left_s", "done"}}`."""
+    content: list[types.ContentBlock] = [types.TextContent(type="text", text=_json(data))]
+    if meta is not None:
+        progress = {key: meta[key] for key in PROGRESS_KEYS if key in meta}
+        content.append(types.TextContent(type="text", text=_json({"episode": progress})))
     return types.CallToolResult(
-        content=[types.TextContent(type="text", text=json.dumps(data, separators=(",", ":")))],
+        content=content,
         structuredContent=data,
         isError=is_error(data),
         _meta=meta,
     )
+
+
+def _json(value: dict[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"))

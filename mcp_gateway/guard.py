@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mcp_gateway.refusals import EPISODE_MCP_PATH, refuse
+
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 access_log = logging.getLogger("posttrain_env.access")
 
@@ -66,15 +68,8 @@ class HostOriginGuard:
                 # Closing before accepting makes the server answer the handshake with 403.
                 await send({"type": "websocket.close", "code": 1008})
             else:
-                body = f'{{"detail": "{refusal}"}}'.encode()
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 403,
-                        "headers": [(b"content-type", b"application/json")],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
+                mcp = EPISODE_MCP_PATH.fullmatch(scope["path"]) is not None
+                await refuse(scope, receive, send, 403, refusal, jsonrpc=mcp)
             access_log.warning("%s %s refused: %s", _method(scope), scope["path"], refusal)
             return
         try:

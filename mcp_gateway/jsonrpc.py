@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse
 from pydantic import ValidationError
 
 from mcp_gateway.bounds import MalformedJson, parse_json
 from mcp_gateway.protocol import OpenEnvProtocol
+from mcp_gateway.wire import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse
 from posttrain_env.errors import SessionError
 
 log = logging.getLogger(__name__)

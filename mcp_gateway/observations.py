@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from openenv.core.env_server.mcp_types import CallToolObservation, ListToolsObservation, Tool
-from openenv.core.env_server.types import Observation
-
+from mcp_gateway.wire import CallToolObservation, ListToolsObservation, Observation, Tool
 from posttrain_env.errors import is_error
 from posttrain_env.models import ServiceSpend
 from posttrain_env.tools import tool_catalog
@@ -101,9 +99,7 @@ def state_body(status: EpisodeStatus | None) -> dict[str, Any]:
         "steps_left": status.steps_left,
         "time_left_s": status.time_left_s,
         "done": status.done,
-        "episode_end": status.end.model_dump(mode="json", exclude_none=True)
-        if status.end
-        else None,
+        "episode_end": status.end.view() if status.end else None,
         "service_spend": status.service_spend.model_dump(mode="json"),
         "jobs": status.jobs,
     }

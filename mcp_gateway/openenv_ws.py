@@ -13,8 +13,6 @@ import json
 import logging
 from typing import Any
 
-from openenv.core.env_server.mcp_types import JsonRpcRequest
-from openenv.core.env_server.types import WSErrorCode
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from temporalio.service import RPCError
@@ -22,6 +20,7 @@ from temporalio.service import RPCError
 from mcp_gateway import jsonrpc
 from mcp_gateway.bounds import MalformedJson, parse_json
 from mcp_gateway.protocol import OpenEnvProtocol
+from mcp_gateway.wire import JsonRpcRequest, WSErrorCode
 from posttrain_env.errors import GatewayCode, SessionError
 
 log = logging.getLogger(__name__)
@@ -39,23 +38,26 @@ async def serve_openenv_ws(websocket: WebSocket, protocol: OpenEnvProtocol) -> N
     requested = websocket.query_params.get("session_id")
     owns_session = requested is None
     ids = protocol.session_ids
+    # A peer that has already gone is no error: sending or closing then raises
+    # WebSocketDisconnect, which ends the loop quietly. The stock clients drop their socket right
+    # after a `close` frame, so our answering close often meets a closed connection.
     try:
-        session_id = ids.mint() if owns_session else ids.check(requested)
-    except SessionError as err:
-        await _send_error(websocket, err.message, err.code)
-        await websocket.close(code=1008)
-        return
-    try:
+        try:
+            session_id = ids.mint() if owns_session else ids.check(requested)
+        except SessionError as err:
+            await _send_error(websocket, err.message, err.code)
+            await websocket.close(code=1008)
+            return
         while True:
             raw = await websocket.receive_text()
             reply, stop = await _answer(websocket, protocol, session_id, raw, owns_session)
             if reply is not None:
                 await websocket.send_text(json.dumps(reply))
             if stop:
-                break
+                await websocket.close()
+                return
     except WebSocketDisconnect:
         return  # a dropped connection does nothing (DESIGN §9)
-    await websocket.close()
 
 
 async def _answer(

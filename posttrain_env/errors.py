@@ -52,8 +52,11 @@ class ErrorType(enum.StrEnum):
 
 
 ERROR_TYPES = frozenset(t.value for t in ErrorType)
-# Errors that retrying cannot fix: every agent-facing error type (activity retry policies).
-NON_RETRYABLE = sorted(ERROR_TYPES)
+# Not an agent-facing error: an evaluation refused because of its artifact, before it started
+# (activities.backend.ArtifactRejected). The job's workflow turns it into a score of 0.
+ARTIFACT_REJECTED = "artifact_rejected"
+# Errors that retrying cannot fix (activity retry policies).
+NON_RETRYABLE = sorted(ERROR_TYPES | {ARTIFACT_REJECTED})
 
 
 class ToolError(Exception):
@@ -124,6 +127,16 @@ def agent_errors(fn: F) -> F:
             raise application_error(err) from None
 
     return cast(F, wrapper)  # the same signature: what an interface declares stays checkable
+
+
+def artifact_rejection(err: FailureError) -> str | None:
+    """Why an evaluation's start was refused because of its artifact, or None."""
+    from temporalio.exceptions import ActivityError, ApplicationError
+
+    cause = err.cause if isinstance(err, ActivityError) else err
+    if isinstance(cause, ApplicationError) and cause.type == ARTIFACT_REJECTED:
+        return cause.message
+    return None
 
 
 def tool_error_of(err: FailureError) -> ToolError:

@@ -198,6 +198,10 @@ class EpisodeEnd(BaseModel):
     invalid_score: str | None = None
     contamination: dict[str, Any] | None = None
 
+    def view(self) -> dict[str, Any]:
+        """As clients see it: `reward` always present (null: no reward), other fields when set."""
+        return {**self.model_dump(mode="json", exclude_none=True), "reward": self.reward}
+
 
 class FlavorPrice(BaseModel):
     """A hardware flavor with its price locked for the episode's reservations."""
@@ -222,14 +226,19 @@ class FlavorPrice(BaseModel):
 # ---------------------------------------------------------------------------------------------
 
 
+EvaluationParam = int | float | str | bool | list[str] | list[int]
+
+
 class BaseModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     repo_id: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
     # A commit, or a branch/tag that is resolved to a commit once per episode and recorded.
     revision: str = "main"
-    # Name of a generated tiny model the local backend uses instead; None: Hugging Face only.
+    # Name of a model of the local hub (a generated tiny model) the local backend uses instead;
+    # None: Hugging Face only. `local_revision` is its own revision (or branch, resolved once).
     local: str | None = None
+    local_revision: str = "main"
 
 
 class TaskSpec(BaseModel):
@@ -253,8 +262,13 @@ class TaskSpec(BaseModel):
     # None: the backend's default cap (20 GiB on Hugging Face, 2 GiB local).
     artifact_cap_bytes: int | None = Field(default=None, gt=0)
     dataset_denylist: list[str] = Field(default_factory=list)
-    # Relative to the task's folder; checked when an evaluation starts.
+    # Relative to the task's folder (or to its family's); checked when an evaluation starts.
     evaluator: str = "evaluator.py"
+    # The task whose folder holds this task's evaluator (and reference solution): members of a
+    # family share them and differ only in their parameters. None: the task's own folder.
+    family: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_]*$")
+    # The evaluator's parameters (the `[evaluation]` table), handed to every evaluation job.
+    evaluation: dict[str, EvaluationParam] = Field(default_factory=dict)
 
     @property
     def budget_micro_usd(self) -> int:

@@ -23,6 +23,7 @@ from posttrain_env.limits import (
     LOCAL_MEMORY_SHARE,
 )
 from posttrain_env.models import MICRO
+from posttrain_env.pip_config import pip_find_links
 
 
 def default_state_dir() -> Path:
@@ -54,6 +55,10 @@ class Settings(BaseSettings):
     allowed_hosts: str = ""
     cancel_confirm_s: int = Field(default=120, gt=0)
     job_python: str = "/usr/bin/python3"
+    # Folders of wheels that local jobs and evaluators install from besides PyPI (comma-
+    # separated), e.g. a CPU build of torch; the server's setting, never anything a job sets.
+    # Unset: the find-links of this machine's pip configuration; empty: none.
+    local_find_links: str | None = None
     max_live_episodes: int | None = Field(default=None, gt=0)
     spend_cap_usd: float | None = Field(default=None, gt=0)
     # How often the job watcher looks at running jobs. None: 2 s for the local backend (reading
@@ -90,6 +95,12 @@ class Settings(BaseSettings):
     @property
     def spend_cap_micro_usd(self) -> int | None:
         return None if self.spend_cap_usd is None else round(self.spend_cap_usd * MICRO)
+
+    @property
+    def local_find_link_list(self) -> list[str]:
+        if self.local_find_links is None:
+            return pip_find_links()
+        return [path.strip() for path in self.local_find_links.split(",") if path.strip()]
 
     @property
     def allowed_host_list(self) -> list[str]:

@@ -80,7 +80,9 @@ JOBS_WAIT = Tool(
     (
         "Wait until the job's state changes or `timeout_s` seconds pass (at most "
         f"{MAX_WAIT_TIMEOUT_S}), then return the job with `changed` telling which happened. "
-        "Waiting costs a step but no money."
+        "Waiting costs a step but no money. If your client gives up on a tool call sooner than "
+        "`timeout_s` (some stop waiting after 5 or 60 s), pass a smaller `timeout_s` and wait "
+        "again: the job runs on either way."
     ),
 )
 JOBS_STATUS = Tool(
@@ -110,7 +112,9 @@ DEV_EVALUATE = Tool(
     (
         "Score a succeeded job's artifact on the public dev split (an evaluation job charged to "
         "your budget; the number of dev evaluations per episode is limited). Use it to check your "
-        "work before you submit."
+        "work before you submit. The call lasts as long as the evaluation job (minutes); if your "
+        "client gives up sooner, the evaluation goes on: call dev_evaluate again with the same "
+        "job_id to wait for its result. A job is evaluated and charged once."
     ),
 )
 SUBMIT = Tool(
@@ -118,7 +122,9 @@ SUBMIT = Tool(
     JobIdArgs,
     (
         "Submit a succeeded job's artifact. It is scored on a hidden split; that score is your "
-        "reward and the episode ends. You can submit only once."
+        "reward and the episode ends. You can submit only once. The call lasts as long as the "
+        "grading job (minutes); if your client gives up sooner, the grading goes on: call "
+        "submit again with the same job_id to wait for its result (it is graded once)."
     ),
 )
 

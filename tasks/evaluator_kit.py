@@ -15,13 +15,14 @@ for anything malformed, before reading any tensor data. Nothing from an artifact
     read_header(path) -> dict           validated header of one .safetensors file
     safetensors_files(folder) -> list   the regular *.safetensors files directly in a folder
     read_tensor_set(folder) -> dict     every tensor of every such file, names unique
+    structure_problem(base, got) -> str why names, dtypes or shapes differ ("" if they match)
     read_bytes(info, fd) / iter_chunks  tensor data
     write_safetensors(path, tensors)    a canonical file (sorted names, aligned header)
     double_exactly(dtype, data)         every element × 2, exactly, in its own dtype
     is_doubled(dtype, base, got)        `got` == double_exactly(base), any NaN matching a NaN
     choose_subset(names, k, seed)       k names chosen by a seed (splits)
     score_line(nonce, payload)          the one trusted `POSTTRAIN_SCORE <nonce> {json}` line
-    run_isolated(fn, *args)             fn in a forked child with a memory cap; crash → reported
+    run_isolated(fn, *args)             fn in a forked child with memory and CPU caps
 """
 
 import errno
@@ -29,6 +30,7 @@ import hashlib
 import json
 import os
 import resource
+import signal
 import stat
 import struct
 import sys
@@ -41,6 +43,16 @@ from typing import Any, NamedTuple
 MAX_HEADER_BYTES = 100_000_000
 # More files than any real checkpoint is split into; a folder of thousands is an attack.
 MAX_SAFETENSORS_FILES = 256
+# Every bound below keeps the work done on an artifact's bytes independent of what they say, so
+# a crafted file scores 0 quickly and a grader's timeout can only be the infrastructure's.
+# No tensor of a language model has more dimensions than this.
+MAX_TENSOR_DIMS = 16
+# No dimension, offset or length fits in more digits than a 64-bit integer has (20); parsing a
+# longer decimal costs quadratic time in the digits, which a header must not be able to buy.
+MAX_INT_DIGITS = 20
+# CPU seconds an isolated child may spend (`run_isolated`): far above any legitimate reading of
+# a checkpoint, far below a grader's timeout.
+ISOLATED_CPU_SECONDS = 300
 # Bytes per element of every dtype the reference implementation knows and that is byte-sized.
 # Sub-byte dtypes (F4, F6_*) are refused as unknown: no task here uses them.
 DTYPE_SIZES = {
@@ -140,6 +152,26 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _bounded_int(text: str) -> int:
+    """json's integer parser, refusing integers longer than any real header needs."""
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ArtifactError(f"the header holds a {len(text)}-digit integer")
+    return int(text)
+
+
+def _tensor_bytes(item_bytes: int, shape: list[int], limit: int) -> int:
+    """The bytes a tensor of `shape` needs, or `limit + 1` as soon as it would exceed `limit`
+    (a zero dimension makes it empty whatever follows)."""
+    if 0 in shape:
+        return 0
+    size = item_bytes
+    for dim in shape:
+        size *= dim
+        if size > limit:
+            return limit + 1
+    return size
+
+
 def read_header(path: Path, *, max_header_bytes: int = MAX_HEADER_BYTES) -> dict[str, TensorInfo]:
     """The tensors of one .safetensors file, validated; raises ArtifactError if malformed.
 
@@ -168,7 +200,9 @@ def read_header(path: Path, *, max_header_bytes: int = MAX_HEADER_BYTES) -> dict
     finally:
         os.close(fd)
     try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+        header = json.loads(
+            raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys, parse_int=_bounded_int
+        )
     except ArtifactError as exc:
         raise ArtifactError(f"{name}: {exc}") from None
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
@@ -193,6 +227,11 @@ def read_header(path: Path, *, max_header_bytes: int = MAX_HEADER_BYTES) -> dict
             raise ArtifactError(f"{name}: tensor {shown!r} has an unknown dtype {dtype!r:.40}")
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
             raise ArtifactError(f"{name}: tensor {shown!r} has an invalid shape")
+        if len(shape) > MAX_TENSOR_DIMS:
+            raise ArtifactError(
+                f"{name}: tensor {shown!r} has {len(shape)} dimensions; at most "
+                f"{MAX_TENSOR_DIMS} are allowed"
+            )
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2
@@ -203,9 +242,12 @@ def read_header(path: Path, *, max_header_bytes: int = MAX_HEADER_BYTES) -> dict
                 f"{name}: tensor {shown!r} has data_offsets outside the "
                 f"{data_len}-byte data section"
             )
-        size = DTYPE_SIZES[dtype]
-        for dim in shape:
-            size *= dim
+        size = _tensor_bytes(DTYPE_SIZES[dtype], shape, limit=data_len)
+        if size > data_len:
+            raise ArtifactError(
+                f"{name}: tensor {shown!r}'s dtype and shape need more than the whole "
+                f"{data_len}-byte data section"
+            )
         if size != offsets[1] - offsets[0]:
             raise ArtifactError(
                 f"{name}: tensor {shown!r} holds {offsets[1] - offsets[0]} bytes but its dtype "
@@ -262,6 +304,32 @@ def read_tensor_set(folder: Path) -> dict[str, TensorInfo]:
                 )
             merged[key] = info
     return merged
+
+
+def structure_problem(
+    base: dict[str, TensorInfo], got: dict[str, TensorInfo], listed: int = 8
+) -> str:
+    """Why `got`'s tensor names, dtypes or shapes differ from `base`'s ("" when they match)."""
+    missing = sorted(set(base) - set(got))
+    extra = sorted(set(got) - set(base))
+    differing = sorted(
+        name
+        for name in set(base) & set(got)
+        if (base[name].dtype, base[name].shape) != (got[name].dtype, got[name].shape)
+    )
+    parts = []
+    for label, names in (
+        ("missing", missing),
+        ("extra", extra),
+        ("with another dtype or shape", differing),
+    ):
+        if names:
+            shown = ", ".join(repr(shorten(name)) for name in names[:listed])
+            more = f" and {len(names) - listed} more" if len(names) > listed else ""
+            parts.append(f"{len(names)} tensors {label}: {shown}{more}")
+    if not parts:
+        return ""
+    return "the checkpoint's tensors differ from the base model's: " + "; ".join(parts)
 
 
 def open_files(tensors: dict[str, TensorInfo]) -> dict[str, int]:
@@ -413,12 +481,19 @@ class Isolated(NamedTuple):
     problem: str = ""
 
 
-def run_isolated(fn: Callable[..., Any], *args: Any, memory_bytes: int = 4 << 30) -> Isolated:
-    """Run `fn(*args)` in a forked child whose address space is capped at `memory_bytes`.
+def run_isolated(
+    fn: Callable[..., Any],
+    *args: Any,
+    memory_bytes: int | None = 4 << 30,
+    cpu_seconds: int | None = ISOLATED_CPU_SECONDS,
+) -> Isolated:
+    """Run `fn(*args)` in a forked child whose address space is capped at `memory_bytes` and
+    whose CPU time at `cpu_seconds` (None: no cap, e.g. on a GPU, where CUDA reserves far more
+    address space than any cap would allow).
 
     The child sends fn's JSON-serialisable result back through a pipe. A child that raises,
-    runs out of memory, is killed by a signal or exits without a result gives ok=False and a
-    description: the caller decides whose fault that is. Linux/POSIX only (os.fork).
+    runs out of memory or CPU time, is killed by a signal or exits without a result gives
+    ok=False and a description: the caller decides whose fault that is. Linux/POSIX only.
     """
     sys.stdout.flush()
     sys.stderr.flush()
@@ -428,9 +503,10 @@ def run_isolated(fn: Callable[..., Any], *args: Any, memory_bytes: int = 4 << 30
         status = 70
         try:
             os.close(read_end)
-            _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-            cap = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
-            resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+            if memory_bytes is not None:
+                _cap(resource.RLIMIT_AS, memory_bytes)
+            if cpu_seconds is not None:
+                _cap(resource.RLIMIT_CPU, cpu_seconds)  # the soft limit: SIGXCPU ends the child
             try:
                 message = {"ok": True, "value": fn(*args)}
             except MemoryError:
@@ -456,6 +532,8 @@ def run_isolated(fn: Callable[..., Any], *args: Any, memory_bytes: int = 4 << 30
     _, wait_status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(wait_status):
         signal_number = os.WTERMSIG(wait_status)
+        if signal_number == signal.SIGXCPU:  # the soft CPU limit's signal, whose default kills
+            return Isolated(False, None, f"the evaluation used up its {cpu_seconds} s of CPU time")
         return Isolated(False, None, f"the evaluation was killed by signal {signal_number}")
     try:
         message = json.loads(b"".join(chunks))
@@ -467,3 +545,10 @@ def run_isolated(fn: Callable[..., Any], *args: Any, memory_bytes: int = 4 << 30
     if message.get("traceback"):
         print(message["traceback"], file=sys.stderr)
     return Isolated(False, None, str(message.get("problem", "the evaluation failed")))
+
+
+def _cap(limit: int, value: int) -> None:
+    """Lower a resource limit of this process (never raise it above the hard limit)."""
+    _soft, hard = resource.getrlimit(limit)
+    cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
+    resource.setrlimit(limit, (cap, hard))

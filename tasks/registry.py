@@ -76,9 +76,10 @@ def load_task(task_id: str, tasks_dir: Path = TASKS_DIR) -> TaskSpec:
 
 
 def evaluator_path(spec: TaskSpec, tasks_dir: Path = TASKS_DIR) -> Path:
-    """The task's evaluator script. Raises TaskSpecError if it is missing or outside the task."""
-    task_dir = tasks_dir / spec.id
-    shown_spec = _shown(task_dir / SPEC_FILE, tasks_dir)
+    """The task's evaluator script, in the task's folder or its family's (`family`). Raises
+    TaskSpecError if it is missing or outside that folder."""
+    shown_spec = _shown(tasks_dir / spec.id / SPEC_FILE, tasks_dir)
+    task_dir = tasks_dir / (spec.family or spec.id)
     problem = _evaluator_problem(spec.evaluator)
     if problem:
         raise TaskSpecError(f"{shown_spec}: field 'evaluator': {problem}")

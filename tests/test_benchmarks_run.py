@@ -6,12 +6,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(*args: str) -> str:
+def run(*args: str, timeout: float = 240) -> str:
     done = subprocess.run(
-        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=240, check=False
+        [sys.executable, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
@@ -47,3 +54,11 @@ def test_the_local_contention_benchmark_runs_and_prints_its_table() -> None:
     out = run("bench/local_contention.py", "--runs", "1", "--containments", "groups,none")
     rows = [line.split()[0] for line in out.splitlines() if line.startswith(("groups", "none"))]
     assert rows == ["groups", "none"] and "target" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_arithmetic_benchmark_runs_and_prints_its_figures() -> None:
+    out = run("bench/arith_tiny.py", "--quick", timeout=1800)
+    assert "t0_arithmetic_format_tiny" in out and "items/s" in out, out
+    assert "generated tokens/s" in out and "one grading" in out, out

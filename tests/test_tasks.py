@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from posttrain_env.models import BaseModelSpec, FlavorPrice, TaskSpec
-from tasks.registry import TASKS_DIR, TaskSpecError, evaluator_path, list_tasks, load_task
+from tasks.registry import (
+    TASKS_DIR,
+    TaskSpecError,
+    evaluator_path,
+    evaluator_script,
+    list_tasks,
+    load_task,
+)
 
 VALID_SPEC = """\
 id = "{task_id}"
@@ -48,7 +55,7 @@ def test_tasks_dir_is_the_tasks_package() -> None:
 
 
 def test_the_shipped_tasks_are_listed() -> None:
-    assert list_tasks() == ["t0_arithmetic_format", "t0_artifact"]
+    assert list_tasks() == ["t0_arithmetic_format", "t0_arithmetic_format_tiny", "t0_artifact"]
 
 
 def test_t0_artifact_loads_with_the_issue_values() -> None:
@@ -93,6 +100,20 @@ def test_t0_arithmetic_format_loads_with_the_issue_values() -> None:
     assert spec.eval_flavor in spec.flavors
     assert spec.eval_timeout_minutes == 30
     assert "ANSWER: <integer>" in spec.prompt
+    assert evaluator_path(spec) == TASKS_DIR / "t0_arithmetic_format" / "evaluator.py"
+
+
+def test_the_tiny_arithmetic_member_shares_the_familys_evaluator_on_the_local_backend() -> None:
+    tiny, full = load_task("t0_arithmetic_format_tiny"), load_task("t0_arithmetic_format")
+    assert tiny.family == "t0_arithmetic_format"
+    assert evaluator_path(tiny) == evaluator_path(full)
+    assert evaluator_script(tiny) == evaluator_script(full)
+    assert tiny.base_model.local == "tiny-arith-lm" and full.base_model.local is None
+    assert tiny.eval_flavor == "cpu-basic" and tiny.evaluation["max_operand"] == 20
+    # The same rules and answer format; only the distribution's size differs.
+    for phrase in ("ANSWER: <integer>", "chat template", "greedily", "hidden split"):
+        assert phrase in tiny.prompt and phrase in full.prompt
+    assert set(tiny.evaluation) == set(full.evaluation)
 
 
 def test_the_limits_view_lists_the_priced_flavors_in_spec_order() -> None:
@@ -243,7 +264,8 @@ def test_an_unknown_task_id_names_the_known_ones() -> None:
     with pytest.raises(TaskSpecError) as caught:
         load_task("t9_nothing")
     assert str(caught.value) == (
-        "unknown task 't9_nothing'; known tasks: t0_arithmetic_format, t0_artifact"
+        "unknown task 't9_nothing'; known tasks: t0_arithmetic_format, "
+        "t0_arithmetic_format_tiny, t0_artifact"
     )
 
 

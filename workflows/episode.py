@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         EpisodeStatus,
         ToolCall,
         ToolResult,
+        episode_over,
     )
     from workflows.episode_jobs import EpisodeJobs
     from workflows.episode_rules import (
@@ -112,10 +113,9 @@ class EpisodeWorkflow:
         if self._s.end is None and self._deadline_passed() and not self._s.submitting:
             await self._end(EndReason.time_limit, 0.0)
         if self._s.end is not None:
-            ended = ToolError(
-                ErrorType.episode_over, "the episode is over; call reset to start another"
+            return self.answer_again(call) or self._answer(
+                call, episode_over(call.path, self._s.end).envelope()
             )
-            return self._answer(call, ended.envelope())
         if self._s.steps_used >= self._setup.task.max_steps:
             limit = ToolError(
                 ErrorType.limit_reached,
@@ -179,6 +179,13 @@ class EpisodeWorkflow:
     def result_of(self, request_id: str) -> ToolResult | None:
         """The answer to a finished request, while it is among the recent ones remembered."""
         return self._s.recent.get(request_id)
+
+    @workflow.query
+    def answer_again(self, call: ToolCall) -> ToolResult | None:
+        """After the end, the answer a long call sent again still gets (a `submit` of the graded
+        job: its grading's answer), or None; also asked of a completed episode by the gateway."""
+        again = self._tools.answer_after_the_end(call.tool, call.arguments)
+        return self._answer(call, again) if again is not None else None
 
     @workflow.query
     def answered(self, request_id: str) -> bool:

@@ -11,12 +11,24 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.limits import MAX_REQUEST_ID_CHARS, MAX_TOOL_NAME_CHARS
 from posttrain_env.models import EndReason, EpisodeEnd, ServiceSpend
 
 # Where a call came from. The episode answers every path alike; the path is kept as data (for
 # the audit record) and the edge drops what its transport does not carry (`StepMetadata`).
 ToolPath = Literal["step", "mcp", "openenv_mcp"]
+
+
+def episode_over(path: ToolPath, end: EpisodeEnd | None) -> ToolError:
+    """The answer to a call after the end: how it ended, and what to do next on this path (an
+    MCP-only client has no reset)."""
+    ended = f" (it ended: {end.reason.value})" if end is not None else ""
+    if path == "mcp":
+        hint = "GET /episodes/<episode_id> shows its end and spend; POST /episodes starts another"
+    else:
+        hint = "call reset to start another"
+    return ToolError(ErrorType.episode_over, f"the episode is over{ended}; {hint}")
 
 
 class Oversized(BaseModel):
@@ -67,7 +79,7 @@ class StepMetadata(BaseModel):
         if path == "step":
             view["service_spend"] = self.service_spend.model_dump(mode="json")
             if self.episode_end is not None:
-                view["episode_end"] = self.episode_end.model_dump(mode="json", exclude_none=True)
+                view["episode_end"] = self.episode_end.view()
         return view
 
 

@@ -14,7 +14,7 @@ from temporalio.exceptions import ActivityError, FailureError
 with workflow.unsafe.imports_passed_through():
     from posttrain_env.contracts.activities import EpisodesApi, JobsApi
     from posttrain_env.contracts.episodes import EpisodeSetup, ServerSpend
-    from posttrain_env.contracts.jobs import JobRole, RepoRef, ResolveDatasets
+    from posttrain_env.contracts.jobs import CheckScript, JobRole, RepoRef, ResolveDatasets
     from posttrain_env.errors import ErrorType, ToolError, tool_error_of
     from workflows.account import AccountWorkflow, Exposure
     from workflows.episode_rules import check_room_for_a_job, take_snapshot
@@ -22,6 +22,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.ids import SIGNAL_LOOK_NOW, job_workflow_id
     from workflows.job import JobInput, JobSnapshot, JobWorkflow
     from workflows.policies import READ_RETRY, READ_TIMEOUT
+
+
+# An episode that recorded no job Python (started before it was) is checked as this server's.
+SERVER_PYTHON = "3.11"
 
 
 class EpisodeJobs:
@@ -71,6 +75,7 @@ class EpisodeJobs:
             reserved_micro_usd=reserved,
             evaluated_job_id=evaluated_job_id,
             created_at=workflow.now(),
+            base_model_revision=self._setup.base_model.revision,
         )
         self._s.jobs[job_id] = record
         await workflow.start_child_workflow(
@@ -93,7 +98,10 @@ class EpisodeJobs:
             id=record.workflow_id,
             parent_close_policy=workflow.ParentClosePolicy.ABANDON,
         )
-        await workflow.wait_condition(lambda: record.submitted or record.error is not None)
+        # Started, failed to start, or (an evaluation whose artifact was refused) final at once.
+        await workflow.wait_condition(
+            lambda: record.submitted or record.error is not None or record.final
+        )
         if record.error is not None:
             raise ToolError.from_envelope(record.error)
         return record
@@ -124,6 +132,19 @@ class EpisodeJobs:
             await handle.signal(SIGNAL_LOOK_NOW)
         except FailureError:
             pass  # no watcher is running, so no job of ours is live
+
+    async def check_syntax(self, script: str) -> None:
+        """Raise ToolError(invalid_script) unless the script parses as the job's Python."""
+        python = self._setup.job_python_version or SERVER_PYTHON
+        try:
+            await workflow.execute_activity_method(
+                JobsApi.check_script,
+                CheckScript(script=script, python=python),
+                start_to_close_timeout=READ_TIMEOUT,
+                retry_policy=READ_RETRY,
+            )
+        except ActivityError as err:
+            raise tool_error_of(err) from None
 
     async def resolve_datasets(self, repo_ids: list[str]) -> list[RepoRef]:
         if not repo_ids:

@@ -52,14 +52,26 @@ def check_flavor_and_timeout(setup: EpisodeSetup, flavor: str, minutes: int) -> 
 
 
 def check_concurrency(setup: EpisodeSetup, carry: EpisodeCarry) -> None:
-    """Raise ToolError unless one more agent job may be live."""
+    """Raise ToolError unless one more job may be live: agent jobs and dev evaluations count
+    alike toward the task's `max_concurrent_jobs` (graders do not: they are the episode's)."""
     task = setup.task
-    live = [r for r in carry.jobs.values() if r.role is JobRole.agent and r.live]
+    live = [r for r in carry.jobs.values() if r.role is not JobRole.grader and r.live]
     if len(live) >= task.max_concurrent_jobs:
+        evaluations = sum(r.role is JobRole.dev for r in live)
         raise ToolError(
             ErrorType.limit_reached,
-            f"{len(live)} jobs are live and this task allows {task.max_concurrent_jobs} at "
-            "once; wait for or cancel one",
+            f"{len(live)} jobs are live ({evaluations} of them dev evaluations) and this task "
+            f"allows {task.max_concurrent_jobs} at once; wait for or cancel one",
+        )
+
+
+def check_not_grading(carry: EpisodeCarry, tool: str) -> None:
+    """While `submit` grades, nothing may start or change work (reads still answer)."""
+    if carry.submitting:
+        raise ToolError(
+            ErrorType.not_allowed,
+            f"{tool} is not allowed while the submission is being graded; the episode ends when "
+            "grading does (jobs_status, jobs_wait and jobs_logs still answer)",
         )
 
 

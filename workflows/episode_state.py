@@ -36,6 +36,7 @@ class JobRecord(BaseModel):
     final: bool = False  # terminal, settled, nothing more to come
     version: int = 0  # bumps at every change, for jobs_wait
     evaluated_job_id: str | None = None
+    base_model_revision: str | None = None  # the commit the job's /base_model holds
 
     @property
     def live(self) -> bool:

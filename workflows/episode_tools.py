@@ -16,7 +16,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from job_launcher.requirements import merged_dependencies, validate_script
+    from job_launcher.requirements import merged_dependencies, validate_script, validate_text
     from posttrain_env.contracts.activities import JobsApi
     from posttrain_env.contracts.episodes import EpisodeSetup
     from posttrain_env.contracts.jobs import JobLogs, JobRole
@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         check_concurrency,
         check_dev_evaluation,
         check_flavor_and_timeout,
+        check_not_grading,
         job_view,
         succeeded_agent_job,
     )
@@ -59,10 +60,14 @@ with workflow.unsafe.imports_passed_through():
     from workflows.waiting import wait_until
 
 A = TypeVar("A", bound=ToolArgs)
+# Patch ids (workflow.patched): changes to the commands this code makes.
+SYNTAX_OF_THE_JOBS_PYTHON = "jobs-submit-checks-syntax-for-the-jobs-python"
 Answer = dict[str, Any]
 # How a tool ends the episode: reason, reward, why a score was invalid.
 EndEpisode = Callable[[EndReason, float | None, str | None], Awaitable[None]]
 _HANDLERS: dict[str, Callable[[Any, Any], Awaitable[Answer]]] = {}
+# A long call sent again attaches to the work in flight (see EpisodeTools, "sent again").
+ATTACH_REPEATED_CALLS = "attach-repeated-long-calls"
 
 
 def handles(
@@ -115,8 +120,13 @@ class EpisodeTools:
 
     @handles(JOBS_SUBMIT)
     async def jobs_submit(self, args: JobsSubmitArgs) -> Answer:
+        check_not_grading(self._s, JOBS_SUBMIT.name)
         check_flavor_and_timeout(self._setup, args.flavor, args.timeout_minutes)
-        validate_script(args.script)
+        if workflow.patched(SYNTAX_OF_THE_JOBS_PYTHON):
+            validate_text(args.script)
+            await self._jobs.check_syntax(args.script)
+        else:  # episodes started before: the server's own compile
+            validate_script(args.script)
         dependencies = merged_dependencies(args.script, args.dependencies)
         check_concurrency(self._setup, self._s)
         datasets = await self._jobs.resolve_datasets(args.datasets)
@@ -176,6 +186,7 @@ class EpisodeTools:
 
     @handles(JOBS_CANCEL)
     async def jobs_cancel(self, args: JobIdArgs) -> Answer:
+        check_not_grading(self._s, JOBS_CANCEL.name)
         record = agent_job(self._s, args.job_id)
         if not record.final:
             await self._jobs.cancel(record)
@@ -186,8 +197,13 @@ class EpisodeTools:
     @handles(DEV_EVALUATE)
     async def dev_evaluate(self, args: JobIdArgs) -> Answer:
         task = self._setup.task
+        check_not_grading(self._s, DEV_EVALUATE.name)
         job = succeeded_agent_job(self._s, args.job_id)
+        attached = await self._attach_to_dev_evaluation(job)
+        if attached is not None:
+            return attached
         check_dev_evaluation(self._setup, self._s)
+        check_concurrency(self._setup, self._s)
         self._s.dev_evaluations += 1
         try:
             evaluation = await self._jobs.start(
@@ -200,30 +216,15 @@ class EpisodeTools:
         except ToolError:
             self._s.dev_evaluations -= 1  # one that never started uses up no allowance
             raise
-        await workflow.wait_condition(lambda: evaluation.final or self._s.end is not None)
-        if not evaluation.final:
-            raise ToolError(
-                ErrorType.episode_over, "the episode ended while the dev evaluation ran"
-            )
-        if evaluation.score is None:
-            raise ToolError(
-                ErrorType.hf_error,
-                f"the dev evaluation job did not finish: {evaluation.message}",
-                evaluation_id=evaluation.job_id,
-            )
-        cost = evaluation.settlement.cost_micro_usd if evaluation.settlement else 0
-        return {
-            "job_id": job.job_id,
-            "evaluation_id": evaluation.job_id,
-            "split": "dev",
-            **evaluation.score.model_dump(),
-            "cost_usd": cost / 1_000_000,
-        }
+        return await self._dev_evaluation_answer(job, evaluation)
 
     @handles(SUBMIT)
     async def submit(self, args: JobIdArgs) -> Answer:
         task = self._setup.task
         job = succeeded_agent_job(self._s, args.job_id)
+        attached = await self._attach_to_grading(job)
+        if attached is not None:
+            return attached
         if self._s.submitting:
             raise ToolError(ErrorType.not_allowed, "a submission is already being graded")
         self._s.submitting = True
@@ -255,19 +256,97 @@ class EpisodeTools:
         score = grader.score
         if score is None:
             await self._end(EndReason.score_failed, None, None)
-            return {
-                "job_id": job.job_id,
-                "score": None,
-                "reason": grader.message or f"the grader job ended {grader.state.value}",
-            }
+            return grading_answer(job.job_id, grader)
         reward = score.score if score.valid else 0.0
         await self._end(EndReason.submitted, reward, None if score.valid else score.reason)
-        return {"job_id": job.job_id, "split": "hidden", **score.model_dump(), "score": reward}
+        return grading_answer(job.job_id, grader)
+
+    # -- long calls sent again (issue 20) --------------------------------------------------------
+    # A client that gave up waiting (the OpenAI Agents SDK after 5 s, the MCP Inspector after
+    # 60 s) leaves the call running in the episode; an agent then calls again. The call sent
+    # again attaches to the work in flight, or is answered from the work done: never a second
+    # grader, a second evaluation or a second charge. Behind a patch: the old code started a
+    # second dev evaluation, or refused a second submit at once.
+
+    async def _attach_to_dev_evaluation(self, job: JobRecord) -> Answer | None:
+        """The answer of `job`'s dev evaluation that is running (once it ends) or has scored,
+        or None when there is none to attach to (a new one then starts)."""
+        earlier = [
+            e
+            for e in self._evaluations_of(JobRole.dev, job.job_id)
+            if not e.final or e.score is not None
+        ]
+        if not earlier or not workflow.patched(ATTACH_REPEATED_CALLS):
+            return None
+        return await self._dev_evaluation_answer(job, earlier[-1])
+
+    async def _attach_to_grading(self, job: JobRecord) -> Answer | None:
+        """The answer of the grading of `job` in flight, once it ends; None when `job` is not
+        being graded."""
+        graders = self._evaluations_of(JobRole.grader, job.job_id)
+        if not (self._s.submitting and graders) or not workflow.patched(ATTACH_REPEATED_CALLS):
+            return None
+        grader = graders[-1]
+        await workflow.wait_condition(lambda: grader.final or self._grading_interrupted())
+        return grading_answer(job.job_id, grader)
+
+    def answer_after_the_end(self, tool: str, arguments: dict[str, Any]) -> Answer | None:
+        """A `submit` of the graded job sent again once the episode ended by its grading: the
+        grading's answer (the reward stands as it was). None for any other call."""
+        end = self._s.end
+        if tool != SUBMIT.name or end is None:
+            return None
+        if end.reason not in (EndReason.submitted, EndReason.score_failed):
+            return None
+        job_id = arguments.get("job_id")
+        graders = [r for r in self._evaluations_of(JobRole.grader, str(job_id)) if r.final]
+        return grading_answer(graders[-1].evaluated_job_id or "", graders[-1]) if graders else None
+
+    def _evaluations_of(self, role: JobRole, job_id: str) -> list[JobRecord]:
+        """`role` evaluations of the agent job `job_id`, oldest first."""
+        return [r for r in self._s.jobs.values() if r.role is role and r.evaluated_job_id == job_id]
+
+    def _grading_interrupted(self) -> bool:
+        """Only a reset or an operator's cancel interrupts grading; the deadline does not."""
+        end = self._s.end
+        return end is not None and end.reason in (EndReason.reset, EndReason.cancelled)
+
+    async def _dev_evaluation_answer(self, job: JobRecord, evaluation: JobRecord) -> Answer:
+        await workflow.wait_condition(lambda: evaluation.final or self._s.end is not None)
+        if not evaluation.final:
+            raise ToolError(
+                ErrorType.episode_over, "the episode ended while the dev evaluation ran"
+            )
+        if evaluation.score is None:
+            raise ToolError(
+                ErrorType.hf_error,
+                f"the dev evaluation job did not finish: {evaluation.message}",
+                evaluation_id=evaluation.job_id,
+            )
+        cost = evaluation.settlement.cost_micro_usd if evaluation.settlement else 0
+        return {
+            "job_id": job.job_id,
+            "evaluation_id": evaluation.job_id,
+            "split": "dev",
+            **evaluation.score.model_dump(),
+            "cost_usd": cost / 1_000_000,
+        }
 
     # -- helpers -------------------------------------------------------------------------------
 
     def _view(self, record: JobRecord) -> Answer:
         return job_view(self._setup.episode_id, record, workflow.now()).model_dump(mode="json")
+
+
+def grading_answer(job_id: str, grader: JobRecord) -> Answer:
+    """What `submit` answers once its grading ended: the hidden-split score (0 when the score
+    line was invalid), or `score: None` with the reason the grader gave none."""
+    score = grader.score
+    if score is None:
+        reason = grader.message or f"the grader job ended {grader.state.value}"
+        return {"job_id": job_id, "score": None, "reason": reason}
+    reward = score.score if score.valid else 0.0
+    return {"job_id": job_id, "split": "hidden", **score.model_dump(), "score": reward}
 
 
 # Every entry of the registry has exactly one handler (also checked by a test).

@@ -24,7 +24,7 @@ with workflow.unsafe.imports_passed_through():
         ScoreResult,
         SubmitJob,
     )
-    from posttrain_env.errors import tool_error_of
+    from posttrain_env.errors import artifact_rejection, tool_error_of
     from posttrain_env.models import JobState
     from workflows.ids import SIGNAL_JOB_CHANGED, SIGNAL_LOOK_NOW
     from workflows.policies import (
@@ -86,6 +86,22 @@ class JobWorkflow:
                 retry_policy=SUBMIT_RETRY,
             )
         except ActivityError as err:
+            rejected = artifact_rejection(err)
+            if rejected is not None:  # the evaluated artifact's fault: it scores 0, as invalid
+                return await self._finish(
+                    JobSnapshot(
+                        job_id=inp.job_id,
+                        state=JobState.failed,
+                        score=ScoreResult(
+                            score=0.0,
+                            valid=True,
+                            reason=rejected,
+                            details={"artifact_valid": False, "reason": rejected},
+                        ),
+                        message=rejected,
+                        final=True,
+                    )
+                )
             error = tool_error_of(err)
             return await self._finish(
                 JobSnapshot(

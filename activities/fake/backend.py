@@ -113,6 +113,7 @@ class FakeBackend:
     name = "fake"
     prices_simulated = True
     uses_local_models = False
+    job_python_version = "3.12"  # it stands in for Hugging Face's default image
 
     def __init__(self, state_dir: Path, scenario: FakeScenario | None = None) -> None:
         state_dir.mkdir(parents=True, exist_ok=True)

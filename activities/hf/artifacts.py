@@ -13,6 +13,7 @@ from __future__ import annotations
 from huggingface_hub import HfApi, Volume
 from huggingface_hub.errors import BucketNotFoundError
 
+from activities.backend import ArtifactRejected
 from activities.hf.errors import hub_call, hub_list
 from activities.hf.labels import HfRef
 from activities.hf.submission import artifact_volume, artifacts_bucket, outputs_prefix
@@ -25,7 +26,7 @@ async def evaluated_outputs(
     api: HfApi, namespace: str, evaluated: HfRef | None, cap_bytes: int
 ) -> Volume:
     """The read-only `/model` volume of an evaluation of `evaluated`. Raises ToolError:
-    hf_error when the job or its folder is unknown, not_allowed when it is over the cap."""
+    hf_error when the job or its folder is unknown; ArtifactRejected when it is over the cap."""
     if evaluated is None:
         raise ToolError(ErrorType.hf_error, "the evaluation names no job of this backend")
     if evaluated.folder is None:
@@ -47,12 +48,10 @@ async def evaluated_outputs(
     files = [entry for entry in entries if getattr(entry, "type", "") == "file"]
     size = sum(int(getattr(entry, "size", 0) or 0) for entry in files)
     if size > cap_bytes:
-        raise ToolError(
-            ErrorType.not_allowed,
+        # The artifact's fault, not the infrastructure's: it scores 0, never unscored.
+        raise ArtifactRejected(
             f"the job's outputs hold {size / GIB:.2f} GiB, over this task's cap of "
-            f"{cap_bytes / GIB:.2f} GiB; write a smaller checkpoint to /data/outputs",
-            artifact_bytes=size,
-            cap_bytes=cap_bytes,
+            f"{cap_bytes / GIB:.2f} GiB; write a smaller checkpoint to /data/outputs"
         )
     if not files:
         await hub_call(

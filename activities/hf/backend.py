@@ -113,6 +113,7 @@ class HfBackend:
         self._config = config or HfBackendConfig()
         self._clock = clock or (lambda: datetime.now(UTC))
         self._prices = PriceCache(self._fetch_hardware, ttl_s=self._config.price_ttl_s)
+        self.job_python_version = self._config.python
 
     # -- JobsBackend ---------------------------------------------------------------------------
 

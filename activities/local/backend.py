@@ -21,6 +21,7 @@ import dataclasses
 import os
 import random
 import shutil
+import subprocess
 import sys
 from collections.abc import Sequence
 from datetime import datetime
@@ -63,6 +64,22 @@ LOCAL_PRICES: tuple[FlavorPrice, ...] = (
 UID_BASE, UID_SPAN = 2_100_000_000, 40_000_000
 
 
+def python_version(python: str) -> str:
+    """The "major.minor" version of the interpreter at `python` (its jobs' scripts are checked
+    for it). Raises RuntimeError when it does not run."""
+    try:
+        done = subprocess.run(
+            [python, "-I", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise RuntimeError(f"the job interpreter {python} does not run: {exc}") from None
+    return done.stdout.strip()
+
+
 class LocalBackend:
     """Implements activities.backend.JobsBackend with jobs on this machine."""
 
@@ -84,13 +101,16 @@ class LocalBackend:
         capacity: Capacity | None = None,
     ) -> None:
         """`state_dir` is the backend's own folder (`<POSTTRAIN_STATE_DIR>/local`).
-        `find_links`/`no_index`: test-only package sources, never anything an agent sets.
-        `capacity`: what jobs may share (default: what this server may use of the machine)."""
+        `find_links`: folders of wheels that installs use besides PyPI (the server's
+        POSTTRAIN_LOCAL_FIND_LINKS); `no_index`: those folders only (tests). Never anything
+        an agent sets. `capacity`: what jobs may share (default: what this server may use
+        of the machine)."""
         self.state_dir = state_dir
         self.jobs_dir = state_dir / "jobs"
         self.hub = LocalHub(state_dir / "hub")
         self.limits = limits or LocalLimits()
         self.store = JobStore(self.jobs_dir, supervisor_python or sys.executable)
+        self.job_python_version = python_version(job_python)
         self.capacity = capacity or machine_capacity()
         self.containment: Containment = find_containment(
             state_dir, supervisor_python or sys.executable, self.limits.size_every_s

@@ -45,8 +45,17 @@ def _write_tiny_causal_lm(folder: Path) -> None:
     write_tiny_model(folder, seed=0)
 
 
+def _write_tiny_arith_lm(folder: Path) -> None:
+    from tasks.tiny_arith_model import write_tiny_arith_model  # lazy: numpy, tokenizers
+
+    write_tiny_arith_model(folder, seed=0)
+
+
 # Models generated on this machine the first time a task asks for them (no download).
-GENERATED_MODELS: dict[str, Callable[[Path], None]] = {"tiny-causal-lm": _write_tiny_causal_lm}
+GENERATED_MODELS: dict[str, Callable[[Path], None]] = {
+    "tiny-causal-lm": _write_tiny_causal_lm,
+    "tiny-arith-lm": _write_tiny_arith_lm,
+}
 
 
 def check_repo_id(repo_id: str) -> str:

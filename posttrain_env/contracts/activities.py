@@ -14,6 +14,7 @@ from temporalio import activity
 from posttrain_env.contracts.episodes import EpisodeSetup, PrepareEpisode, ServerSpend
 from posttrain_env.contracts.jobs import (
     BackendJob,
+    CheckScript,
     JobLogs,
     JobRef,
     LogLines,
@@ -59,6 +60,11 @@ class JobsApi:
 
     @activity.defn
     async def resolve_datasets(self, datasets: ResolveDatasets) -> list[RepoRef]:
+        raise Unimplemented
+
+    @activity.defn
+    async def check_script(self, check: CheckScript) -> None:
+        """Raise invalid_script unless the script parses as the job's Python version."""
         raise Unimplemented
 
 

@@ -64,6 +64,9 @@ class EpisodeSetup(BaseModel):
     # What each job may use on this backend (None: the backend does not say; histories
     # recorded before this field decode with None).
     job_limits: JobLimits | None = None
+    # The Python version the backend's agent jobs run; None: unknown (an episode started
+    # before it was recorded), checked as this server's.
+    job_python_version: str | None = None
 
 
 class PrepareEpisode(BaseModel):

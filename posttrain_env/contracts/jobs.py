@@ -112,6 +112,11 @@ class ScoreResult(BaseModel):
         }
 
 
+class CheckScript(BaseModel):
+    script: str
+    python: str  # the version the job runs, "3.12"
+
+
 class ResolveDatasets(BaseModel):
     repo_ids: list[str]
     denylist: list[str] = Field(default_factory=list)

@@ -6,24 +6,30 @@ of 127.0.0.1, then plays the specification's client flow with `PostTrainEnv`, su
 task's reference solution: it prints the prompt, the job's states as they change, the dev score,
 the reward and the spend. State lives in `<POSTTRAIN_STATE_DIR>/demo`, so later runs reuse the
 generated base model and the uv cache.
+
+A first command should start fast: this module imports only the settings at load time; the
+gateway, the worker and the client (several seconds of imports on a small machine) are loaded
+in a thread while the embedded Temporal server boots in its own process, and openenv without
+its Gradio web UI (`posttrain_env.openenv_slim`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from openenv.core.env_server.mcp_types import CallToolAction
-
-from posttrain_env.client import PostTrainEnv
 from posttrain_env.settings import Settings
 from tasks.registry import TASKS_DIR
+
+if TYPE_CHECKING:
+    from activities.backend import JobsBackend
 
 TASK_ID = "t0_artifact"
 REFERENCE_SOLUTION = TASKS_DIR / TASK_ID / "reference_solution.py"
@@ -52,22 +58,25 @@ def free_port() -> int:
 @contextlib.asynccontextmanager
 async def running_stack(settings: Settings) -> AsyncIterator[str]:
     """Embedded Temporal, a local-backend worker and the gateway; yields the gateway's URL."""
-    import uvicorn
-
-    from mcp_gateway.app import create_app, uvicorn_config
-    from posttrain_env.entrypoints.temporal_client import connect
     from posttrain_env.entrypoints.temporal_dev import EmbeddedTemporal, EmbeddedTemporalConfig
-    from posttrain_env.entrypoints.wiring import make_backend
-    from posttrain_env.entrypoints.worker import build_worker
 
-    backend = make_backend(settings)
     temporal = EmbeddedTemporal(
         EmbeddedTemporalConfig(
             state_dir=settings.state_dir, port=free_port(), ui_port=free_port(), headless=True
         )
     )
-    await temporal.start()
+    booting = asyncio.create_task(temporal.start())
     try:
+        # Temporal boots in its own process meanwhile: the imports (and the local hub's first
+        # set-up) use the other core.
+        backend = await asyncio.to_thread(load_and_make_backend, settings)
+        await booting
+        import uvicorn
+
+        from mcp_gateway.app import create_app, uvicorn_config
+        from posttrain_env.entrypoints.temporal_client import connect
+        from posttrain_env.entrypoints.worker import build_worker
+
         settings = settings.model_copy(update={"temporal_address": temporal.config.address})
         client = await connect(settings)
         async with build_worker(client, settings, backend):
@@ -85,11 +94,47 @@ async def running_stack(settings: Settings) -> AsyncIterator[str]:
                 server.should_exit = True
                 await serving
     finally:
+        if not booting.done():
+            booting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await booting
         temporal.stop()
+
+
+# What the demo runs, beside what it imports at load time; loaded while Temporal boots.
+STACK_MODULES = (
+    "uvicorn",
+    "mcp_gateway.app",
+    "posttrain_env.entrypoints.temporal_client",
+    "posttrain_env.entrypoints.wiring",
+    "posttrain_env.entrypoints.worker",
+    "posttrain_env.client",
+)
+
+
+def load_modules() -> None:
+    """Import the gateway, the worker and the client; openenv first, without its web UI."""
+    from posttrain_env import openenv_slim
+
+    openenv_slim.load()
+    for name in STACK_MODULES:
+        importlib.import_module(name)
+
+
+def load_and_make_backend(settings: Settings) -> JobsBackend:
+    load_modules()
+    from posttrain_env.entrypoints.wiring import make_backend
+
+    return make_backend(settings)
 
 
 async def play(base_url: str, out: TextIO, mark: Callable[[str], None]) -> DemoRun:
     """The specification's client flow, with the reference solution as the training script."""
+    load_modules()  # done already when the stack started here; nothing then
+    from openenv.core.env_server.mcp_types import CallToolAction
+
+    from posttrain_env.client import PostTrainEnv
+
     run = DemoRun()
     async with PostTrainEnv(base_url=base_url, message_timeout_s=3600) as env:
         result = await env.reset(task_id=TASK_ID)

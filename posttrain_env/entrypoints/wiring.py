@@ -88,7 +88,12 @@ def local_backend(settings: Settings) -> JobsBackend:
             memory_share=settings.local_memory_share,
             cpu_share=settings.local_cpu_share,
         )
-        backend = LocalBackend(settings.state_dir / "local", job_python=python, limits=limits)
+        backend = LocalBackend(
+            settings.state_dir / "local",
+            job_python=python,
+            limits=limits,
+            find_links=settings.local_find_link_list,
+        )
     except LimitsError as exc:
         raise SystemExit(f"POSTTRAIN_LOCAL_*: {exc}") from None
     except (RuntimeError, FileNotFoundError) as exc:

@@ -98,6 +98,7 @@ def build_worker(
         jobs.job_logs,
         jobs.read_score,
         jobs.resolve_datasets,
+        jobs.check_script,
         episodes.prepare_episode,
         episodes.reserve_server_spend,
     ]

@@ -61,6 +61,7 @@ from tasks.evaluator_kit import (
     run_isolated,
     score_line,
     shorten,
+    structure_problem,
 )
 
 NONCE_ENV = "POSTTRAIN_NONCE"
@@ -110,7 +111,7 @@ def score_artifact(
         return _os_error(exc)
     files = sorted({Path(info.path).name for info in got.values()})
     payload: dict[str, Any] = {"files": [shorten(name) for name in files[:MAX_LISTED]]}
-    problem = _structure_problem(base, got)
+    problem = structure_problem(base, got)
     if problem:
         return {**payload, "score": 0.0, "artifact_valid": True, "reason": problem}
 
@@ -160,29 +161,6 @@ def _same_bytes(want: TensorInfo, have: TensorInfo, want_fd: int, have_fd: int) 
     )
 
 
-def _structure_problem(base: dict[str, TensorInfo], got: dict[str, TensorInfo]) -> str:
-    missing = sorted(set(base) - set(got))
-    extra = sorted(set(got) - set(base))
-    differing = sorted(
-        name
-        for name in set(base) & set(got)
-        if (base[name].dtype, base[name].shape) != (got[name].dtype, got[name].shape)
-    )
-    parts = []
-    for label, names in (
-        ("missing", missing),
-        ("extra", extra),
-        ("with another dtype or shape", differing),
-    ):
-        if names:
-            shown = ", ".join(repr(shorten(name)) for name in names[:MAX_LISTED])
-            more = f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else ""
-            parts.append(f"{len(names)} tensors {label}: {shown}{more}")
-    if not parts:
-        return ""
-    return "the checkpoint's tensors differ from the base model's: " + "; ".join(parts)
-
-
 def _os_error(exc: OSError) -> dict[str, Any]:
     if exc.errno in ARTIFACT_ERRNOS:
         reason = f"cannot read the artifact: {exc.strerror or exc}"
@@ -211,6 +189,8 @@ def evaluate(environ: dict[str, str]) -> str:
         raise GraderFault(f"the artifact folder {model_dir} is not mounted")
 
     started = time.monotonic()
+    # The child's memory and CPU time are capped (the kit's defaults): whatever the artifact
+    # makes the reader do, it ends quickly, as the artifact's fault.
     outcome = run_isolated(
         score_artifact, base, str(model_dir), checked_tensors(list(base), hidden_seed)
     )

@@ -31,7 +31,7 @@ from workflows.episode import EpisodeWorkflow
 from workflows.episode_contract import EpisodeStatus
 from workflows.ids import episode_workflow_id
 
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 120.0  # a cold start on a loaded 2-core machine (4 test workers) takes ~30 s
 
 
 def free_port() -> int:

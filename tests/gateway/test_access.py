@@ -212,3 +212,18 @@ def test_the_server_refuses_to_start_where_keys_are_required_and_missing(
     assert expected in done.stderr and "POSTTRAIN_API_KEYS" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (server.state_dir / "temporal.pid").exists()  # refused before anything started
+
+
+def test_an_episodes_own_routes_take_its_token_even_where_api_keys_guard_the_rest(
+    server: ServerProcess,
+) -> None:
+    """`GET`/`DELETE /episodes/<id>`, like its MCP endpoint: the token, never an API key."""
+    episode = create_episode(server)
+    url = f"{server.base_url}/episodes/{episode['episode_id']}"
+    for headers in ({}, bearer(KEY), {"X-API-Key": KEY}):
+        response = httpx.get(url, headers=headers, timeout=30)
+        assert response.status_code == 401, (headers, response.text)
+    seen = httpx.get(url, headers=bearer(episode["episode_token"]), timeout=30)
+    assert seen.status_code == 200 and seen.json()["state"] == "running"
+    ended = httpx.delete(url, headers=bearer(episode["episode_token"]), timeout=60)
+    assert ended.status_code == 200 and ended.json()["episode_end"]["reason"] == "cancelled"

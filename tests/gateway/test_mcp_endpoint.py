@@ -9,16 +9,12 @@ import itertools
 import shutil
 import statistics
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from mcp import ClientSession
-from mcp.client.streamable_http import streamable_http_client
-from mcp.types import CallToolResult
 from openenv.core.env_server.mcp_types import CallToolAction
 from openenv.core.mcp_client import MCPToolClient
 
@@ -26,6 +22,7 @@ import tasks
 from activities.fake.backend import FakeJobScript, FakeScenario
 from posttrain_env.contracts.jobs import JobRole
 from posttrain_env.tools import tool_catalog
+from tests.gateway.mcp_helpers import SUBMIT, create_episode, data, mcp_session, wait_for_state
 from tests.gateway.server import ServerProcess
 from tests.workflows.harness import write_task
 
@@ -38,7 +35,6 @@ SCENARIO = FakeScenario(
         FakeJobScript(queue_s=1, run_s=2),
     ]
 )
-SUBMIT = {"script": "print('training')\n", "flavor": "cpu-basic", "timeout_minutes": 5}
 SLOW_SUBMIT = {**SUBMIT, "script": "RUN_25 = 1\n"}
 LONG_SUBMIT = {**SUBMIT, "script": "RUN_LONG = 1\n"}
 SHORT_TASK = "t_short"  # max_steps = 3
@@ -59,43 +55,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         yield proc
     finally:
         proc.stop()
-
-
-async def create_episode(server: ServerProcess, task_id: str = "t0_artifact") -> dict[str, Any]:
-    async with httpx.AsyncClient() as http:
-        response = await http.post(
-            f"{server.base_url}/episodes", json={"task_id": task_id}, timeout=60
-        )
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-@asynccontextmanager
-async def mcp_session(episode: dict[str, Any]) -> AsyncIterator[ClientSession]:
-    headers = {"Authorization": f"Bearer {episode['episode_token']}"}
-    async with (
-        httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30, read=300)) as http,
-        streamable_http_client(episode["mcp_url"], http_client=http) as (read, write, _),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
-        yield session
-
-
-def data(result: CallToolResult) -> dict[str, Any]:
-    assert result.structuredContent is not None, result
-    return result.structuredContent
-
-
-async def wait_for_state(session: ClientSession, job_id: str, states: set[str]) -> int:
-    """jobs_wait until the job is in one of `states`; the number of calls made."""
-    calls = 0
-    while True:
-        calls += 1
-        job = data(await session.call_tool("jobs_wait", {"job_id": job_id, "timeout_s": 60}))
-        if job["state"] in states:
-            return calls
-        assert job["state"] in {"queued", "running"}, job
 
 
 async def test_an_mcp_client_plays_a_whole_t0_artifact_episode(server: ServerProcess) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from openenv.core.env_server.mcp_types import CallToolAction
+from openenv.core.generic_client import GenericEnvClient
 from openenv.core.mcp_client import MCPToolClient
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
@@ -240,6 +241,23 @@ def test_close_ends_the_live_episode_as_cancelled_and_cancels_its_jobs(
     assert status.end is not None and status.end.reason.value == "cancelled"
     assert [job["state"] for job in status.jobs] == ["cancelled"]
     assert status.service_spend.final is True
+
+
+def test_the_stock_generic_client_resets_and_closes_without_an_error_in_the_server_log(
+    server: ServerProcess,
+) -> None:
+    """`GenericEnvClient` drops its socket right after its close frame; our answering close
+    met a closed connection and logged a traceback each time (issue 20)."""
+    log_from = server.log_path.stat().st_size
+    for _ in range(3):
+        with GenericEnvClient(base_url=server.base_url).sync() as env:
+            reset = env.reset(task_id="t0_artifact")
+            assert reset.observation["metadata"]["episode_id"].startswith("ep-")
+    time.sleep(1)  # the server has handled the closes by now
+    with server.log_path.open("rb") as log:
+        log.seek(log_from)
+        written = log.read().decode(errors="replace")
+    assert "ERROR" not in written and "Traceback" not in written, written[-3000:]
 
 
 def test_a_dropped_connection_does_not_end_the_episode(server: ServerProcess) -> None:

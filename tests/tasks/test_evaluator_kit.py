@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import struct
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -16,6 +17,7 @@ from safetensors.numpy import load_file, save_file
 
 from job_launcher.trusted_lines import MAX_TRUSTED_LINE_CHARS, read_score
 from tasks.evaluator_kit import (
+    MAX_TENSOR_DIMS,
     ArtifactError,
     choose_subset,
     double_exactly,
@@ -183,7 +185,8 @@ ENTRY = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
         pytest.param(
             {"a": {**ENTRY, "shape": [True]}}, b"\0" * 8, None, "invalid shape", id="bool"
         ),
-        pytest.param({"a": {**ENTRY, "shape": [3]}}, b"\0" * 8, None, "need 12", id="size"),
+        pytest.param({"a": {**ENTRY, "shape": [3]}}, b"\0" * 8, None, "need more", id="size"),
+        pytest.param({"a": {**ENTRY, "shape": [1]}}, b"\0" * 8, None, "need 4", id="too small"),
         pytest.param(
             {"a": {**ENTRY, "data_offsets": [0, 1 << 40]}},
             b"\0" * 8,
@@ -195,7 +198,7 @@ ENTRY = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
             {"a": {**ENTRY, "shape": [25_000_000_000]}},
             b"\0" * 8,
             None,
-            "need 100000000000",
+            "need more than the whole 8-byte",
             id="100 GB claimed",
         ),
         pytest.param(
@@ -291,6 +294,11 @@ def _kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _spin() -> None:
+    while True:
+        pass
+
+
 def _fail() -> None:
     raise RuntimeError("boom")
 
@@ -309,3 +317,45 @@ def test_an_isolated_child_killed_or_raising_is_reported() -> None:
         run_isolated(_kill_self).problem == f"the evaluation was killed by signal {signal.SIGKILL}"
     )
     assert run_isolated(_fail).problem == "RuntimeError: boom"
+
+
+# -- work on artifact bytes is bounded whatever they say ---------------------------------------
+
+
+def crafted_header(tmp_path: Path, shapes: list[list[int] | str], name: str = "a") -> Path:
+    """A file whose header claims tensors of the given shapes (a str: a raw JSON shape)."""
+    entries = []
+    for n, shape in enumerate(shapes):
+        raw_shape = shape if isinstance(shape, str) else json.dumps(shape)
+        entries.append(f'"{name}{n}": {{"dtype": "F32", "shape": {raw_shape}, ')
+        entries[-1] += '"data_offsets": [0, 8]}'
+    header = ("{" + ", ".join(entries) + "}").encode()
+    path = tmp_path / "crafted.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("shapes", "problem"),
+    [
+        # The header found in review: 6,000 dimensions of 4,299 digits (25.8 MB).
+        pytest.param(["[" + ", ".join(["9" * 4299] * 6000) + "]"], "digit integer", id="review"),
+        pytest.param([[2] * (MAX_TENSOR_DIMS + 1)], "dimensions", id="many dimensions"),
+        pytest.param([[10**19] * MAX_TENSOR_DIMS], "need more than", id="huge dimensions"),
+        pytest.param([[10**19] * MAX_TENSOR_DIMS] * 50_000, "need more than", id="many tensors"),
+    ],
+)
+def test_a_crafted_header_is_refused_in_bounded_time(
+    tmp_path: Path, shapes: list[list[int] | str], problem: str
+) -> None:
+    path = crafted_header(tmp_path, shapes)
+    started = time.process_time()
+    with pytest.raises(ArtifactError, match=problem):
+        read_header(path)
+    # Bounded by the limits, not the header: well under a second of CPU on 2 cores.
+    assert time.process_time() - started < 5
+
+
+def test_an_isolated_child_past_its_cpu_time_is_reported() -> None:
+    outcome = run_isolated(_spin, cpu_seconds=1)
+    assert not outcome.ok and outcome.problem == "the evaluation used up its 1 s of CPU time"

@@ -9,6 +9,7 @@ import re
 import shutil
 import struct
 import subprocess
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -418,3 +419,25 @@ def test_an_unreadable_artifact_is_invalid_but_an_io_error_of_the_mount_is_a_gra
         "reason": "cannot read the artifact: Permission denied",
     }
     assert "grader_fault" in evaluator._os_error(OSError(errno.EIO, "Input/output error"))
+
+
+def test_the_header_found_in_review_scores_zero_as_invalid_within_seconds(
+    evaluate: Evaluate, tmp_path: Path
+) -> None:
+    """One tensor with 6,000 dimensions of 4,299 digits (25.8 MB) kept the grader busy until its
+    600 s limit and ended the episode unscored: now it is the artifact's fault, and quick."""
+    artifact = tmp_path / "crafted"
+    artifact.mkdir()
+    shape = "[" + ", ".join(["9" * 4299] * 6000) + "]"
+    header = f'{{"{NORM}": {{"dtype": "BF16", "shape": {shape}, "data_offsets": [0, 2]}}}}'
+    raw = header.encode()
+    (artifact / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0\0")
+    started = time.monotonic()
+    run = evaluate(artifact)
+    elapsed = time.monotonic() - started
+    assert run.returncode == 0, run.stderr
+    assert run.reading.valid and run.reading.score == 0.0
+    assert run.reading.details["artifact_valid"] is False
+    assert "digit integer" in run.reading.details["reason"]
+    print(f"crafted header scored in {elapsed:.2f} s")
+    assert elapsed < 30  # seconds, not the grader's 600 s timeout

@@ -39,7 +39,7 @@ max_steps = {max_steps}
 time_limit_s = {time_limit_s}
 score_timeout_s = 600
 max_concurrent_jobs = 2
-max_dev_evaluations = 2
+max_dev_evaluations = {max_dev_evaluations}
 eval_flavor = "cpu-basic"
 eval_timeout_minutes = 10
 
@@ -57,6 +57,7 @@ def write_task(
     max_steps: int = 100,
     time_limit_s: int = 7200,
     max_timeout_minutes: int = 60,
+    max_dev_evaluations: int = 2,
     evaluator: bool = True,
 ) -> None:
     folder = tasks_dir / task_id
@@ -68,6 +69,7 @@ def write_task(
             max_steps=max_steps,
             time_limit_s=time_limit_s,
             max_timeout_minutes=max_timeout_minutes,
+            max_dev_evaluations=max_dev_evaluations,
         )
     )
     if evaluator:

@@ -1,0 +1,98 @@
+"""An episode seen and ended by its id, for clients that hold only its token (MCP-only clients):
+`GET` and `DELETE /episodes/<id>` (DESIGN §9 "MCP-only clients").
+
+Reading is the episode's `status` query; ending is the operator's signal (`end_requested`,
+reason `cancelled`, reward None, every live job cancelled), then waiting until the episode's
+workflow completes, which it does once every job is confirmed final. Nothing is kept here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any, Literal
+
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from posttrain_env.errors import workflow_is_gone
+from posttrain_env.models import EndReason
+from workflows.episode import EpisodeWorkflow
+from workflows.episode_contract import EndRequest, EpisodeStatus
+from workflows.ids import episode_workflow_id
+
+# How long DELETE waits for the jobs' cancellations to be confirmed before it answers
+# "ending" (the end itself is durable once the signal is in).
+END_WAIT = timedelta(seconds=30)
+EpisodeState = Literal["running", "ending", "ended"]
+
+
+class EpisodeNotFound(LookupError):
+    """Temporal knows no episode of this id (never started, or past its retention)."""
+
+
+class EpisodeControl:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def _handle(self, episode_id: str) -> Any:
+        return self._client.get_workflow_handle_for(
+            EpisodeWorkflow.run, episode_workflow_id(episode_id)
+        )
+
+    async def status(self, episode_id: str) -> EpisodeStatus:
+        """The episode as it is now. Raises EpisodeNotFound."""
+        try:
+            return await self._handle(episode_id).query(EpisodeWorkflow.status)
+        except RPCError as err:
+            if workflow_is_gone(err):
+                raise EpisodeNotFound(episode_id) from None
+            raise
+
+    async def end(self, episode_id: str, wait: timedelta = END_WAIT) -> EpisodeStatus:
+        """End the episode as cancelled (an episode already over keeps its end) and wait up to
+        `wait` for every job to be confirmed final. Raises EpisodeNotFound."""
+        handle = self._handle(episode_id)
+        try:
+            await handle.signal(
+                EpisodeWorkflow.end_requested, EndRequest(reason=EndReason.cancelled)
+            )
+        except RPCError as err:
+            if not workflow_is_gone(err):
+                raise
+            return await self.status(episode_id)  # completed: nothing is live
+        try:
+            async with asyncio.timeout(wait.total_seconds()):
+                await handle.result()
+        except TimeoutError:
+            pass  # still cancelling: the answer says which jobs
+        return await self.status(episode_id)
+
+
+def state_of(status: EpisodeStatus) -> EpisodeState:
+    if not status.done:
+        return "running"
+    return "ended" if status.service_spend.final and not status.cancelling else "ending"
+
+
+def episode_body(status: EpisodeStatus) -> dict[str, Any]:
+    """What `GET /episodes/<id>` answers: the episode's progress, spend and end."""
+    return {
+        "episode_id": status.episode_id,
+        "task_id": status.task_id,
+        "state": state_of(status),
+        "done": status.done,
+        "steps_used": status.steps_used,
+        "steps_left": status.steps_left,
+        "time_left_s": status.time_left_s,
+        "service_spend": status.service_spend.model_dump(mode="json"),
+        # `reward` always present, null when there is none (DESIGN §10).
+        "episode_end": {
+            **status.end.model_dump(mode="json", exclude_none=True),
+            "reward": status.end.reward,
+        }
+        if status.end
+        else None,
+        "jobs": status.jobs,
+        "cancelling": status.cancelling,
+    }

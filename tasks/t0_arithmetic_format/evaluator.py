@@ -1,0 +1,366 @@
+#!/usr/bin/env python3
+# /// script
+# requires-python = ">=3.10"
+# dependencies = [
+#     "torch==2.13.0",
+#     "transformers==5.23.0",
+#     "safetensors==0.8.0",
+# ]
+# [tool.uv]
+# exclude-newer = "2026-11-30T00:00:00Z"
+# ///
+# torch and transformers live in the job's venv, not the server's: nothing to check them with.
+# pyright: reportMissingImports=false
+"""The evaluator of the arithmetic-format task family (`t0_arithmetic_format` and its `_tiny`
+member): how often the post-trained model answers an arithmetic question exactly right, in
+exactly the required format.
+
+Its parameters come from the task's `[evaluation]` table (POSTTRAIN_TASK_PARAMS, JSON); the
+question distribution is the one the task's prompt describes. Inputs:
+
+    /base_model                  architecture, config, generation settings, tokenizer and chat
+                                 template: everything but the weights comes from here only
+    /model                       the agent job's outputs: only the regular *.safetensors files
+                                 directly in it are read, after the kit validates their headers;
+                                 nothing else there (a config, a tokenizer, a chat template, a
+                                 pickle, code) is ever opened
+    POSTTRAIN_NONCE              the job's nonce, printed on the score line (required)
+    POSTTRAIN_HIDDEN_SPLIT_SEED  grader jobs only: the hidden split's seed
+    POSTTRAIN_TASK_PARAMS        the task's evaluation parameters (JSON)
+    POSTTRAIN_MODEL_DIR, POSTTRAIN_BASE_MODEL_DIR   override the two folders (tests, backends)
+
+Items. The dev split is drawn from a public seed (`dev_seed`); the hidden split is drawn inside
+the grader job from the seed only it receives, from the same distribution, and never holds a dev
+question. No item, question or generation is ever printed: the log holds counts only.
+
+Score. Each question goes alone in a user message formatted with the base model's chat template;
+the model generates greedily, at most `max_new_tokens` new tokens, in batches (on the GPU when
+there is one, else the CPU, the same code). A reply counts when, stripped of surrounding
+whitespace, it is exactly `ANSWER: <integer>` and the integer is right. score = correct / n.
+
+Faults. Every check on the artifact (headers, names, dtypes and shapes equal to the base model's,
+non-finite values) runs in an isolated child with memory and CPU-time caps before any model code:
+anything wrong, or anything the artifact makes the reader do, gives score 0 with
+`artifact_valid: false` and the reason. Once the weights pass, what the model run needs does not
+depend on them, so a failure after the checks (out of memory, a CUDA error) is the grader's: no
+score line, exit status 2, which the broker reports as score_failed. On the CPU the model runs in
+a child with a memory cap; on a GPU without one (CUDA reserves far more address space).
+
+Output: exactly one `POSTTRAIN_SCORE <nonce> {json}` line with `score`, `n`, `format_ok`,
+`correct`, `split` and `artifact_valid`.
+"""
+
+import json
+import os
+import random
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tasks.evaluator_kit import (
+    ARTIFACT_ERRNOS,
+    ArtifactError,
+    TensorInfo,
+    read_tensor_set,
+    run_isolated,
+    score_line,
+    shorten,
+    structure_problem,
+)
+
+NONCE_ENV = "POSTTRAIN_NONCE"
+HIDDEN_SEED_ENV = "POSTTRAIN_HIDDEN_SPLIT_SEED"
+PARAMS_ENV = "POSTTRAIN_TASK_PARAMS"
+MODEL_DIR_ENV = "POSTTRAIN_MODEL_DIR"
+BASE_DIR_ENV = "POSTTRAIN_BASE_MODEL_DIR"
+INFRA_EXIT = 2
+ANSWER = re.compile(r"ANSWER: (-?[0-9]+)")
+OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+DEFAULTS: dict[str, Any] = {
+    "max_operand": 999,
+    "operators": ["+", "-", "*"],
+    "max_operations": 2,
+    "dev_items": 200,
+    "hidden_items": 500,
+    "max_new_tokens": 32,
+    "batch_size": 64,
+    "dev_seed": "t0_arithmetic_format/dev/1",
+}
+# The checks read every weight once: seconds for a 0.5 B model. Their CPU time is capped far
+# above that and far below the grader's timeout, whatever the artifact holds.
+CHECK_CPU_SECONDS = 600
+GIB = 1 << 30
+
+
+class GraderFault(Exception):
+    """Not the artifact's fault: no score line, exit status 2 (score_failed)."""
+
+
+# -- the questions ---------------------------------------------------------------------------------
+
+
+def question(rng: random.Random, params: dict[str, Any]) -> tuple[str, int]:
+    """One question of the task's distribution and its answer.
+
+    One operation `a op b`, or two with parentheses, `(a op b) op c` or `a op (b op c)`; operands
+    are integers from 0 to `max_operand`, operators from `operators`."""
+    operations = rng.randint(1, params["max_operations"])
+    numbers = [rng.randint(0, params["max_operand"]) for _ in range(operations + 1)]
+    ops = [rng.choice(params["operators"]) for _ in range(operations)]
+    a, b = numbers[0], numbers[1]
+    if operations == 1:
+        return f"What is {a} {ops[0]} {b}?", OPERATORS[ops[0]](a, b)
+    c = numbers[2]
+    if rng.random() < 0.5:
+        inner = OPERATORS[ops[0]](a, b)
+        return f"What is ({a} {ops[0]} {b}) {ops[1]} {c}?", OPERATORS[ops[1]](inner, c)
+    inner = OPERATORS[ops[1]](b, c)
+    return f"What is {a} {ops[0]} ({b} {ops[1]} {c})?", OPERATORS[ops[0]](a, inner)
+
+
+def draw(seed: str, count: int, params: dict[str, Any], avoid: frozenset[str]) -> list[tuple]:
+    """`count` distinct questions drawn with `seed`, none of them in `avoid` (fewer only when the
+    distribution has no more)."""
+    rng = random.Random(seed)
+    found: dict[str, int] = {}
+    for _ in range(100 * count):
+        if len(found) == count:
+            break
+        text, answer = question(rng, params)
+        if text not in avoid:
+            found.setdefault(text, answer)
+    return list(found.items())
+
+
+def items(params: dict[str, Any], hidden_seed: str | None) -> list[tuple[str, int]]:
+    dev = draw(params["dev_seed"], params["dev_items"], params, frozenset())
+    if hidden_seed is None:
+        return dev
+    avoid = frozenset(text for text, _ in dev)
+    return draw(f"hidden/{hidden_seed}", params["hidden_items"], params, avoid)
+
+
+def task_params(raw: str | None) -> dict[str, Any]:
+    """The task's parameters over the defaults. Raises GraderFault if they are malformed (they
+    come from the task's spec, never from the agent)."""
+    try:
+        given = json.loads(raw) if raw else {}
+    except ValueError:
+        raise GraderFault(f"{PARAMS_ENV} is not JSON") from None
+    if not isinstance(given, dict) or not set(given) <= set(DEFAULTS):
+        raise GraderFault(f"{PARAMS_ENV} must be an object with keys among {sorted(DEFAULTS)}")
+    params = {**DEFAULTS, **given}
+    if not set(params["operators"]) <= set(OPERATORS) or params["max_operations"] not in (1, 2):
+        raise GraderFault(f"{PARAMS_ENV}: unknown operators or max_operations")
+    return params
+
+
+# -- the checks (an isolated child: memory and CPU time capped) ---------------------------------
+
+
+def check_artifact(base: dict[str, TensorInfo], model_dir: str) -> dict[str, Any]:
+    """Whether the artifact's weights can stand in for the base model's: {"ok": True, "files"},
+    {"artifact_valid": False, "reason"}, or {"grader_fault": why}."""
+    try:
+        got = read_tensor_set(Path(model_dir))
+    except ArtifactError as exc:
+        return {"artifact_valid": False, "reason": str(exc)}
+    except OSError as exc:
+        return _os_error(exc)
+    problem = structure_problem(base, got)
+    if problem:
+        return {"artifact_valid": False, "reason": problem}
+    import torch  # only here and in the model run: the parent never loads torch
+    from safetensors import safe_open
+
+    try:
+        for path in sorted({info.path for info in got.values()}):
+            with safe_open(path, framework="pt") as weights:
+                for name in weights.keys():  # safe_open has no __iter__
+                    tensor = weights.get_tensor(name)
+                    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                        shown = shorten(name)
+                        return {"artifact_valid": False, "reason": f"{shown!r} holds NaN or inf"}
+    except OSError as exc:
+        return _os_error(exc)
+    files = sorted({Path(info.path).name for info in got.values()})
+    return {"ok": True, "files": [shorten(name) for name in files[:8]]}
+
+
+def _os_error(exc: OSError) -> dict[str, Any]:
+    if exc.errno in ARTIFACT_ERRNOS:
+        return {"artifact_valid": False, "reason": f"cannot read the artifact: {exc.strerror}"}
+    return {"grader_fault": f"I/O error reading the artifact: {exc}"}
+
+
+# -- the model run (an isolated child; counts only come back) -----------------------------------
+
+
+def weights_folder(base_dir: Path, artifact: dict[str, TensorInfo], folder: Path) -> None:
+    """A model folder with the base model's configuration and the artifact's (validated)
+    weights: links to its safetensors files and an index naming which file holds each tensor.
+    No other file of the artifact is linked, so none can be read."""
+    for name in ("config.json", "generation_config.json"):
+        if (base_dir / name).is_file():
+            (folder / name).write_bytes((base_dir / name).read_bytes())
+    weight_map = {}
+    for n, path in enumerate(sorted({info.path for info in artifact.values()})):
+        link = folder / f"weights-{n:05d}.safetensors"
+        link.symlink_to(path)
+        weight_map.update({info.name: link.name for info in artifact.values() if info.path == path})
+    index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def run_model(
+    base_dir: str, model_dir: str, questions: list[str], answers: list[int], params: dict[str, Any]
+) -> dict[str, Any]:
+    """Greedy replies to every question, scored; only the counts are returned."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    base = Path(base_dir)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    artifact = read_tensor_set(Path(model_dir))  # validated by the checks already
+    with tempfile.TemporaryDirectory(prefix="weights-") as folder:
+        weights_folder(base, artifact, Path(folder))
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype="auto", local_files_only=True, trust_remote_code=False
+        )
+    model.to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True, trust_remote_code=False)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    try:
+        generation = GenerationConfig.from_pretrained(base, local_files_only=True)
+    except OSError:  # a base model without generation_config.json
+        generation = GenerationConfig.from_model_config(model.config)
+    generation.update(
+        do_sample=False,
+        num_beams=1,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        max_new_tokens=params["max_new_tokens"],
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    format_ok = correct = 0
+    size = params["batch_size"]
+    with torch.inference_mode():
+        for start in range(0, len(questions), size):
+            batch = questions[start : start + size]
+            prompts = [
+                tokenizer.apply_chat_template(
+                    [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+                )
+                for text in batch
+            ]
+            encoded = tokenizer(
+                prompts, return_tensors="pt", padding=True, add_special_tokens=False
+            )
+            encoded = encoded.to(device)
+            output = model.generate(**encoded, generation_config=generation)
+            replies = tokenizer.batch_decode(
+                output[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True
+            )
+            for reply, answer in zip(replies, answers[start : start + size], strict=True):
+                match = ANSWER.fullmatch(reply.strip())
+                format_ok += match is not None
+                correct += match is not None and int(match.group(1)) == answer
+    return {"format_ok": format_ok, "correct": correct, "device": device}
+
+
+# -- the job ------------------------------------------------------------------------------------
+
+
+def evaluate(environ: dict[str, str]) -> str:
+    """The score line for this job's artifact; raises GraderFault for faults not the artifact's."""
+    nonce = environ.get(NONCE_ENV, "")
+    if not nonce or any(c.isspace() for c in nonce):
+        raise GraderFault(f"{NONCE_ENV} is missing or malformed")
+    hidden_seed = environ.get(HIDDEN_SEED_ENV)
+    if hidden_seed is not None and not hidden_seed:
+        raise GraderFault(f"{HIDDEN_SEED_ENV} is set but empty")
+    params = task_params(environ.get(PARAMS_ENV))
+    split = "dev" if hidden_seed is None else "hidden"
+    base_dir = Path(environ.get(BASE_DIR_ENV) or "/base_model")
+    model_dir = Path(environ.get(MODEL_DIR_ENV) or "/model")
+    try:
+        base = read_tensor_set(base_dir)
+    except (ArtifactError, OSError) as exc:
+        raise GraderFault(f"the base model in {base_dir} is unreadable: {exc}") from None
+    if not (base_dir / "config.json").is_file():
+        raise GraderFault(f"the base model in {base_dir} has no config.json")
+    if not model_dir.is_dir():
+        raise GraderFault(f"the artifact folder {model_dir} is not mounted")
+    chosen = items(params, hidden_seed)
+    started = time.monotonic()
+    payload: dict[str, Any] = {"split": split, "n": len(chosen), "format_ok": 0, "correct": 0}
+    # Both children's memory follows the base model's size, never the artifact's.
+    memory = max(4 * GIB, 3 * sum(info.nbytes for info in base.values()) + 2 * GIB)
+    checked = run_isolated(
+        check_artifact, base, str(model_dir), memory_bytes=memory, cpu_seconds=CHECK_CPU_SECONDS
+    )
+    if not checked.ok:
+        verdict: dict[str, Any] = {"artifact_valid": False, "reason": checked.problem}
+    elif "grader_fault" in checked.value:
+        raise GraderFault(checked.value["grader_fault"])
+    else:
+        verdict = checked.value
+    if not verdict.get("ok"):
+        payload |= {"score": 0.0, "artifact_valid": False, "reason": verdict["reason"]}
+        return _finish(nonce, payload, started)
+    gpu = _has_gpu()
+    ran = run_isolated(
+        run_model,
+        str(base_dir),
+        str(model_dir),
+        [text for text, _ in chosen],
+        [answer for _, answer in chosen],
+        params,
+        memory_bytes=None if gpu else memory,
+        cpu_seconds=None,  # bounded by the grader's own timeout; the weights are not suspects
+    )
+    if not ran.ok:
+        raise GraderFault(f"the model run failed after the checks passed: {ran.problem}")
+    counts = ran.value
+    n = len(chosen)
+    payload |= {
+        "score": counts["correct"] / n if n else 0.0,
+        "artifact_valid": True,
+        "format_ok": counts["format_ok"],
+        "correct": counts["correct"],
+        "device": counts["device"],
+        "files": verdict["files"],
+        "reason": "" if counts["correct"] == n else f"{n - counts['correct']} of {n} not right",
+    }
+    return _finish(nonce, payload, started)
+
+
+def _finish(nonce: str, payload: dict[str, Any], started: float) -> str:
+    payload["elapsed_s"] = round(time.monotonic() - started, 3)
+    return score_line(nonce, payload)
+
+
+def _has_gpu() -> bool:
+    """Whether this machine has a GPU, without initialising CUDA in this process (the model
+    run's child does that)."""
+    return any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def main() -> int:
+    try:
+        line = evaluate(dict(os.environ))
+    except GraderFault as exc:
+        print(f"arithmetic evaluator: {exc}", file=sys.stderr)
+        return INFRA_EXIT
+    print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""A first command that starts fast (issue 20): the server and the demo load openenv without its
+Gradio web UI (about 6 s of imports on a small machine), and the demo's own module loads almost
+nothing until it runs (its stack loads in a thread while Temporal boots)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("gradio", "gradio_client", "pandas", "matplotlib")
+
+
+def packages_loaded_by(code: str, watch: tuple[str, ...] = HEAVY) -> list[str]:
+    """The top-level packages among `watch` that running `code` in a fresh process loads."""
+    probe = (
+        f"{code}\n"
+        "import sys\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({watch!r})))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    return eval(done.stdout.strip().splitlines()[-1])  # a printed list of names
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import mcp_gateway.app",
+        "import posttrain_env.entrypoints.server, mcp_gateway.app",
+        # What `posttrain-env demo` loads: the command line, the demo, then its whole stack.
+        "import posttrain_env.entrypoints.cli\n"
+        "from posttrain_env.entrypoints import demo\n"
+        "demo.load_modules()",
+    ],
+)
+def test_the_gateway_and_the_demo_load_no_gradio(code: str) -> None:
+    assert packages_loaded_by(code) == []
+
+
+def test_the_demo_module_itself_loads_neither_openenv_nor_temporal() -> None:
+    watch = ("openenv", "temporalio", "mcp", "fastapi", "uvicorn")
+    assert packages_loaded_by("import posttrain_env.entrypoints.demo", watch) == []
+
+
+def test_openenv_loaded_slim_serves_its_wire_types_and_gradio_stays_importable() -> None:
+    """Gradio is hidden only while openenv is imported: anyone may import it afterwards."""
+    probe = (
+        "from posttrain_env import openenv_slim\n"
+        "openenv_slim.load()\n"
+        "import sys\n"
+        "from openenv.core.env_server import create_web_interface_app\n"
+        "from openenv.core.env_server.mcp_types import CallToolAction\n"
+        "from openenv.core.mcp_client import MCPToolClient\n"
+        "print(create_web_interface_app, 'gradio' in sys.modules)\n"
+        "import gradio\n"
+        "print('gradio' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split() == ["None", "False", "True"]
