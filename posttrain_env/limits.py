@@ -69,6 +69,33 @@ MAX_JOBS_PER_EPISODE = 256
 # well as when Temporal suggests it.
 CONTINUE_AS_NEW_HISTORY_BYTES = 8 * MIB
 
+# -- the Hugging Face Hub (activities/hf) --------------------------------------------------------
+# Every Hub request (activities/hf/http.py), in seconds. Each is shorter than the shortest activity
+# that calls the Hub (observe_jobs and cancel_job: 15 s), so one stalled request can fail its
+# activity attempt but never outlast it.
+HUB_CONNECT_TIMEOUT_S = 5.0
+HUB_READ_TIMEOUT_S = 10.0  # between two bytes of an answer
+HUB_WRITE_TIMEOUT_S = 10.0
+HUB_POOL_TIMEOUT_S = 5.0  # waiting for a free connection of the shared client
+# A whole Hub call (all of its requests) made outside an activity, e.g. by the smoke script.
+HUB_CALL_TIMEOUT_S = 60.0
+# Inside an activity a call must be over this long before the activity's own timeout: Temporal
+# may start the retry as soon as that timeout passes.
+HUB_ACTIVITY_MARGIN_S = 2.0
+# Threads for Hub calls (huggingface_hub is synchronous), a pool of their own.
+HUB_CALL_THREADS = 8
+# A 429's rate-limit reset (or a Retry-After) is honoured as the next attempt's delay up to this.
+HUB_MAX_RETRY_AFTER_S = 600.0
+# A retried submit looks for its earlier attempt's job at least this many times, this far apart,
+# and for at least this long before it creates anything (the Hub's listing can lag a new job).
+SUBMIT_SETTLE_LOOKS = 3
+SUBMIT_LOOK_INTERVAL_S = 5.0
+SUBMIT_SETTLE_S = 30.0
+# A job the Hub answers 404 for counts as vanished (settled at its whole reservation) after this
+# many consecutive 404s spread over at least this long.
+VANISHED_AFTER_LOOKS = 3
+VANISHED_AFTER_S = 300.0
+
 
 def cut_text(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     """`text`, cut to at most `limit` characters with a marker saying how much was dropped."""

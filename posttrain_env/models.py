@@ -158,6 +158,8 @@ class JobView(BaseModel):
     reserved_usd: float = 0.0
     cost_usd: float = 0.0
     overrun_usd: float | None = None
+    # True when the backend lost the job and its cost is the whole reservation, a worst case.
+    settled_at_worst_case: bool | None = None
     artifact: str | None = None
     message: str = ""
 

@@ -123,7 +123,8 @@ def hf_backend(settings: Settings) -> JobsBackend:
     SystemExit naming HF_TOKEN when it is not set."""
     from huggingface_hub import HfApi
 
-    from activities.hf.backend import HfBackend
+    from activities.hf.backend import HfBackend, HfBackendConfig
+    from activities.hf.http import install_hub_client
     from activities.hf.labels import deployment_id
 
     token = settings.hf_token.get_secret_value().strip() if settings.hf_token else ""
@@ -132,11 +133,15 @@ def hf_backend(settings: Settings) -> JobsBackend:
             "POSTTRAIN_BACKEND=hf needs HF_TOKEN: set it to the broker's Hugging Face token "
             "(it starts paid jobs; no job ever sees it), or choose another backend."
         )
+    config = HfBackendConfig()
+    # Every Hub request of this process bounded, and retried by Temporal only.
+    install_hub_client(config.http)
     return HfBackend(
         HfApi(token=token, library_name="posttrain-env"),
         HfApi(token=False, library_name="posttrain-env"),
         deployment=deployment_id(settings.state_dir / "server.key"),
         namespace=settings.namespace,
+        config=config,
     )
 
 
