@@ -127,6 +127,10 @@ def main(base_dir: Path, outputs: Path) -> None:
     saved_dtype = model.dtype
     parameters = sum(p.numel() for p in model.parameters())
     profile = PROFILES["tiny" if parameters < TINY_BELOW_PARAMETERS else "full"]
+    if device == "cpu" and parameters < TINY_BELOW_PARAMETERS:
+        # For a model this small, a second intra-op thread costs more in synchronisation than it
+        # gains: measured 0.20 CPU-s per step on one thread, 1.3 on two on a busy 2-core machine.
+        torch.set_num_threads(1)
     print(f"{parameters} parameters on {device}: profile {profile}", flush=True)
     model.to(device=device, dtype=torch.float32).train()  # fp32 master weights
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
