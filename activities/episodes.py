@@ -10,7 +10,13 @@ from temporalio import activity
 from activities.backend import JobsBackend
 from activities.ports import ServerAccount
 from posttrain_env.contracts.activities import EpisodesApi
-from posttrain_env.contracts.episodes import Caps, EpisodeSetup, PrepareEpisode, ServerSpend
+from posttrain_env.contracts.episodes import (
+    Caps,
+    EpisodeSetup,
+    JobLimits,
+    PrepareEpisode,
+    ServerSpend,
+)
 from posttrain_env.contracts.jobs import RepoRef
 from posttrain_env.errors import ErrorType, ToolError, agent_errors
 from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES
@@ -92,6 +98,17 @@ class EpisodeActivities(EpisodesApi):
             continue_as_new_events=config.continue_as_new_events,
             continue_as_new_bytes=config.continue_as_new_bytes,
             job_python_version=self._backend.job_python_version,
+            job_limits=self._job_limits(task.flavors, task.eval_flavor),
+        )
+
+    def _job_limits(self, flavors: list[str], eval_flavor: str) -> JobLimits | None:
+        """The backend's limits per job, for this task's flavors only."""
+        limits = self._backend.job_limits()
+        if limits is None:
+            return None
+        wanted = [*flavors, eval_flavor]
+        return limits.model_copy(
+            update={"flavors": {f: v for f, v in limits.flavors.items() if f in wanted}}
         )
 
     @activity.defn

@@ -172,3 +172,50 @@ def bound_log_lines(
         total -= json_size(kept[first]) + 1
         first += 1
     return LogTail(lines=kept[first:], dropped_lines=first, cut_bytes=cut)
+
+
+# -- local jobs (the local backend; README "Local backend") ---------------------------------------
+GIB = 1024 * MIB
+
+
+@dataclass(frozen=True)
+class FlavorSize:
+    """What a flavor gives one job on Hugging Face (its hardware list: `cpu`, `ram`)."""
+
+    vcpus: float
+    memory_bytes: int
+
+
+# Hugging Face's CPU flavors ("16 GB" taken as GiB). A local job gets its flavor's size, scaled
+# down to what this machine can give (never more than the jobs' share of it). A flavor not in
+# this table is sized as cpu-basic.
+HF_CPU_FLAVORS: dict[str, FlavorSize] = {
+    "cpu-basic": FlavorSize(vcpus=2, memory_bytes=16 * GIB),
+    "cpu-upgrade": FlavorSize(vcpus=8, memory_bytes=32 * GIB),
+}
+DEFAULT_FLAVOR = "cpu-basic"
+# All local jobs together use at most this share of the machine's memory (a memory limit on
+# their parent control group); the rest is the reserve of the server, the worker, Temporal and
+# the operating system.
+LOCAL_MEMORY_SHARE = 0.75
+# All local jobs together use at most this share of the machine's CPUs (a CPU quota on their
+# parent group). 1.0: no quota, the reserve below is a weight.
+LOCAL_CPU_SHARE = 1.0
+# CPU weights (cgroup v2 units: 100 is a default process's or group's; v1 shares are 10.24x).
+# Under contention, all local jobs together weigh as much as one busy process of the server, so
+# the server, the worker and Temporal keep most of the CPU they ask for; each job weighs the
+# same as every other, so one job cannot crowd out another episode's.
+LOCAL_JOBS_CPU_WEIGHT = 100
+LOCAL_JOB_CPU_WEIGHT = 100
+# Per job, whatever its flavor:
+LOCAL_JOB_PROCESSES = 1024  # processes and threads (its pids group; RLIMIT_NPROC without one)
+LOCAL_JOB_DISK_BYTES = 8 * GIB  # /data, /tmp and the venv: one filesystem of this size
+LOCAL_JOB_FILES = 100_000  # that filesystem's inodes (and /dev/shm's)
+LOCAL_JOB_LOG_BYTES = 1 * GIB  # the job's log (stdout and stderr of every phase)
+LOCAL_ARTIFACT_CAP_BYTES = 2 * GIB  # /data/outputs, unless the task sets its own cap
+# The artifact keeps at most this many folder levels below outputs/ (deeper entries are
+# dropped and counted): nothing a checkpoint needs, and no walk over it can go deep.
+MAX_ARTIFACT_DEPTH = 64
+# ... and no path (relative to outputs/) longer than this, so every path it holds stays far
+# below PATH_MAX for whoever reads it.
+MAX_ARTIFACT_PATH_BYTES = 1024

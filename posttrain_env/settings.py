@@ -12,7 +12,16 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES, KIB
+from posttrain_env.limits import (
+    CONTINUE_AS_NEW_HISTORY_BYTES,
+    GIB,
+    KIB,
+    LOCAL_CPU_SHARE,
+    LOCAL_JOB_DISK_BYTES,
+    LOCAL_JOB_FILES,
+    LOCAL_JOB_PROCESSES,
+    LOCAL_MEMORY_SHARE,
+)
 from posttrain_env.models import MICRO
 from posttrain_env.pip_config import pip_find_links
 
@@ -68,6 +77,14 @@ class Settings(BaseSettings):
     continue_as_new_events: int | None = Field(default=None, ge=100)
     # Continue an episode as new past this many bytes of history (Temporal's limit is 50 MB).
     continue_as_new_bytes: int = Field(default=CONTINUE_AS_NEW_HISTORY_BYTES, ge=64 * KIB)
+    # The local backend's jobs (README "Local backend"): all jobs together use at most these
+    # shares of the machine's memory and CPUs (the rest is the server's reserve); each job at
+    # most its flavor's size, and this disk, files and processes.
+    local_memory_share: float = Field(default=LOCAL_MEMORY_SHARE, gt=0, le=1)
+    local_cpu_share: float = Field(default=LOCAL_CPU_SHARE, gt=0, le=1)
+    local_job_disk_gib: float = Field(default=LOCAL_JOB_DISK_BYTES / GIB, gt=0)
+    local_job_files: int = Field(default=LOCAL_JOB_FILES, ge=1000)
+    local_job_processes: int = Field(default=LOCAL_JOB_PROCESSES, ge=32)
 
     @field_validator(
         "max_live_episodes",

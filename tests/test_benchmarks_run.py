@@ -50,6 +50,12 @@ def test_the_episode_wall_benchmark_runs_and_prints_its_phases() -> None:
     assert "training script (run phase)" in out and "machinery" in out and "target" in out, out
 
 
+def test_the_local_contention_benchmark_runs_and_prints_its_table() -> None:
+    out = run("bench/local_contention.py", "--runs", "1", "--containments", "groups,none")
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith(("groups", "none"))]
+    assert rows == ["groups", "none"] and "target" in out, out
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_the_arithmetic_benchmark_runs_and_prints_its_figures() -> None:

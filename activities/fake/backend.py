@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 
 from activities.backend import JobRequest, TransientBackendError
 from job_launcher.trusted_lines import NONCE_ENV, SCORE_TAG, format_trusted_line
+from posttrain_env.contracts.episodes import JobLimits
 from posttrain_env.contracts.jobs import BackendJob, JobRole
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.models import FlavorPrice, JobState
@@ -181,6 +182,9 @@ class FakeBackend:
 
     async def hardware(self) -> list[FlavorPrice]:
         return list(self.scenario.prices)
+
+    def job_limits(self) -> JobLimits | None:
+        return None  # not reported (the local backend reports its own)
 
     async def resolve_model(self, repo_id: str, revision: str) -> str:
         if len(revision) == 40 and all(c in "0123456789abcdef" for c in revision):

@@ -66,6 +66,7 @@ from activities.hf.submission import (
     job_name,
 )
 from job_launcher.builder import LauncherConfig
+from posttrain_env.contracts.episodes import JobLimits
 from posttrain_env.contracts.jobs import BackendJob, JobRole
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.limits import (
@@ -276,6 +277,9 @@ class HfBackend:
     async def hardware(self, flavors: Sequence[str] = ()) -> list[FlavorPrice]:
         """Current prices (cached); a flavor in `flavors` the cache lacks forces a refresh."""
         return list((await self._prices.prices(flavors)).values())
+
+    def job_limits(self) -> JobLimits | None:
+        return None  # not reported (the local backend reports its own)
 
     async def resolve_model(self, repo_id: str, revision: str) -> str:
         return await inputs.resolve_model(self._calls, self._public, repo_id, revision)

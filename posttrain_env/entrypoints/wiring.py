@@ -45,6 +45,7 @@ from activities.ports import JobToWatch
 from posttrain_env.contracts.episode_calls import EpisodeStatus, ToolCall, ToolResult
 from posttrain_env.contracts.episodes import Caps, ServerSpend
 from posttrain_env.errors import update_failure, workflow_is_gone
+from posttrain_env.limits import GIB
 from posttrain_env.settings import Settings
 from workflows.account import AccountState, AccountWorkflow, Admission, ExposureCheck
 from workflows.episode import EpisodeWorkflow
@@ -73,8 +74,10 @@ def make_backend(settings: Settings) -> JobsBackend:
 
 
 def local_backend(settings: Settings) -> JobsBackend:
-    """SystemExit with a message when this machine cannot run local jobs."""
+    """SystemExit with a message when this machine cannot run local jobs. Logs what holds each
+    job's limits here, and warns about each limit only a weaker stand-in holds."""
     from activities.local.backend import LocalBackend
+    from activities.local.resources import LimitsError, LocalLimits, describe_bytes
 
     python = settings.job_python
     if not os.access(python, os.X_OK):
@@ -83,13 +86,41 @@ def local_backend(settings: Settings) -> JobsBackend:
             "need one that their unprivileged uid can run (e.g. /usr/bin/python3)"
         )
     try:
-        return LocalBackend(
+        limits = LocalLimits(
+            disk_cap_bytes=round(settings.local_job_disk_gib * GIB),
+            max_files=settings.local_job_files,
+            nproc=settings.local_job_processes,
+            memory_share=settings.local_memory_share,
+            cpu_share=settings.local_cpu_share,
+        )
+        backend = LocalBackend(
             settings.state_dir / "local",
             job_python=python,
+            limits=limits,
             find_links=settings.local_find_link_list,
         )
+    except LimitsError as exc:
+        raise SystemExit(f"POSTTRAIN_LOCAL_*: {exc}") from None
     except (RuntimeError, FileNotFoundError) as exc:
         raise SystemExit(f"the local backend cannot run here: {exc}") from None
+    containment = backend.containment
+    for flavor, size in backend.job_limits().flavors.items():
+        log.info(
+            "local jobs (%s): %g CPUs, %s memory, %d processes, %s disk, %d files",
+            flavor,
+            size.vcpus,
+            describe_bytes(size.memory_bytes),
+            size.processes,
+            describe_bytes(size.disk_bytes),
+            size.files,
+        )
+    held = [f"{p.controller} (cgroup v{p.version})" for p in containment.placements]
+    if containment.filesystem is not None:
+        held.append("disk and files (a filesystem per job)")
+    log.info("local job limits held by the kernel: %s", ", ".join(held) or "none")
+    for gap in containment.gaps:
+        log.warning("local job limit not enforced here: %s", gap)
+    return backend
 
 
 def hf_backend(settings: Settings) -> JobsBackend:
