@@ -13,7 +13,8 @@ from posttrain_env.agents.conversation import Agent, AgentError
 
 BUILTIN = {
     "scripted": "posttrain_env.agents.scripted:ScriptedAgent",
-    "reference": "posttrain_env.agents.reference:ReferenceAgent",
+    # In `tasks/`, which holds the reference solutions (the agents package sits below it).
+    "reference": "tasks.reference_agent:ReferenceAgent",
     "openai": "posttrain_env.agents.openai_agent:OpenAIAgent",
 }
 # `package.module:Attr` (dotted module path, one attribute name).

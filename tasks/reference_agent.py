@@ -1,6 +1,7 @@
 """The task's reference solution as an agent, for smoke runs: submit the reference script as a
 job, wait for it, dev-evaluate it, submit it. A campaign of these measures the machinery (every
-rollout should score its task's reference reward), not an agent.
+rollout should score its task's reference reward), not an agent. It lives beside the tasks it
+reads (`agent = "reference"` names it), not in `posttrain_env.agents`, which sits below them.
 
     {agent = "reference", args = {flavor = "cpu-basic", timeout_minutes = 10}}
 """
