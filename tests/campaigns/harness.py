@@ -15,7 +15,7 @@ from typing import Any
 
 from temporalio.api.testservice.v1 import SleepRequest
 from temporalio.client import Client, WorkflowHandle
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from activities.fake.backend import FakeBackend, FakeScenario
@@ -31,6 +31,7 @@ from workflows.ids import account_workflow_id, campaign_workflow_id, watcher_wor
 
 REPO = Path(__file__).resolve().parents[2]
 SLEEP_RPC_TIMEOUT = timedelta(minutes=5)
+QUERY_TRIES = 5
 
 
 def agent_env(**extra: str) -> dict[str, str]:
@@ -83,6 +84,15 @@ class Campaigns:
         )
 
     async def status(self, campaign_id: str) -> CampaignStatus:
+        """The status query, asked again when it times out: on a loaded machine (2 cores, turn
+        processes, other suites) the worker may not answer a query in the RPC's time. A wrong
+        answer is never retried, only no answer."""
+        for _ in range(QUERY_TRIES - 1):
+            try:
+                return await self.handle(campaign_id).query(CampaignWorkflow.status)
+            except RPCError as err:
+                if err.status is not RPCStatusCode.DEADLINE_EXCEEDED and "Timeout" not in str(err):
+                    raise
         return await self.handle(campaign_id).query(CampaignWorkflow.status)
 
     async def run_until_final(self, campaign_id: str, max_steps: int = 2000) -> CampaignStatus:
