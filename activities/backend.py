@@ -12,6 +12,7 @@ from typing import Protocol
 
 from pydantic import Field
 
+from posttrain_env.contracts.episodes import JobLimits
 from posttrain_env.contracts.jobs import BackendJob, JobSpec
 from posttrain_env.models import FlavorPrice
 
@@ -61,6 +62,11 @@ class JobsBackend(Protocol):
     async def logs(self, ref: str, tail: int, now: datetime) -> list[str]: ...
 
     async def hardware(self) -> list[FlavorPrice]: ...
+
+    def job_limits(self) -> JobLimits | None:
+        """What one job of each flavor may use, and which limits this host cannot enforce
+        (shown by `task_info`); None when the backend does not say."""
+        ...
 
     async def resolve_model(self, repo_id: str, revision: str) -> str:
         """The commit a branch or tag points at (looked up without the broker's token)."""

@@ -10,10 +10,17 @@ from temporalio import activity
 from activities.backend import JobsBackend
 from activities.ports import ServerAccount
 from posttrain_env.contracts.activities import EpisodesApi
-from posttrain_env.contracts.episodes import Caps, EpisodeSetup, PrepareEpisode, ServerSpend
+from posttrain_env.contracts.episodes import (
+    Caps,
+    EpisodeSetup,
+    JobLimits,
+    PrepareEpisode,
+    ServerSpend,
+)
 from posttrain_env.contracts.jobs import RepoRef
 from posttrain_env.errors import ErrorType, ToolError, agent_errors
 from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES
+from posttrain_env.models import TaskSpec
 from tasks.registry import TaskSpecError, load_task
 
 
@@ -31,6 +38,28 @@ class EpisodeConfig(BaseModel):
     deployment: str | None = None  # this deployment's name, for operators' filters
 
 
+async def pinned_base_model(
+    backend: JobsBackend, task: TaskSpec, revision: str | None = None
+) -> RepoRef:
+    """The repo the backend mounts as the task's base model, at a commit. A branch or tag
+    becomes a commit here, once per episode (or once per campaign, which pins every rollout to
+    it with `revision`): every job of the episode, and every answer about its base model, names
+    that commit. Raises ToolError(not_allowed) for a task the backend cannot run."""
+    model = task.base_model
+    repo_id, default = model.repo_id, model.revision
+    if backend.uses_local_models:
+        if model.local is None:
+            raise ToolError(
+                ErrorType.not_allowed,
+                f"task {task.id!r} has no local base model; it needs the hf backend",
+                field="task_id",
+            )
+        repo_id, default = model.local, model.local_revision
+    return RepoRef(
+        repo_id=repo_id, revision=await backend.resolve_model(repo_id, revision or default)
+    )
+
+
 class EpisodeActivities(EpisodesApi):
     def __init__(self, backend: JobsBackend, account: ServerAccount, config: EpisodeConfig) -> None:
         self._backend = backend
@@ -46,19 +75,7 @@ class EpisodeActivities(EpisodesApi):
         except TaskSpecError as err:
             raise ToolError(ErrorType.invalid_argument, str(err), field="task_id") from None
         prices = {p.name: p for p in await self._backend.hardware()}
-        model = task.base_model
-        repo_id, revision = model.repo_id, model.revision
-        if self._backend.uses_local_models:
-            if model.local is None:
-                raise ToolError(
-                    ErrorType.not_allowed,
-                    f"task {task.id!r} has no local base model; it needs the hf backend",
-                    field="task_id",
-                )
-            repo_id, revision = model.local, model.local_revision
-        # A branch or tag becomes a commit here, once per episode: every job of the episode,
-        # and every answer about its base model, names that commit.
-        commit = await self._backend.resolve_model(repo_id, revision)
+        base_model = await pinned_base_model(self._backend, task, request.base_model_revision)
         config = self._config
         caps = Caps(
             account_workflow_id=config.account_workflow_id,
@@ -70,7 +87,7 @@ class EpisodeActivities(EpisodesApi):
         return EpisodeSetup(
             episode_id=request.episode_id,
             task=task,
-            base_model=RepoRef(repo_id=repo_id, revision=commit),
+            base_model=base_model,
             prices={
                 name: prices[name] for name in [*task.flavors, task.eval_flavor] if name in prices
             },
@@ -84,6 +101,17 @@ class EpisodeActivities(EpisodesApi):
             job_python_version=self._backend.job_python_version,
             backend=self._backend.name,
             deployment=config.deployment,
+            job_limits=self._job_limits(task.flavors, task.eval_flavor),
+        )
+
+    def _job_limits(self, flavors: list[str], eval_flavor: str) -> JobLimits | None:
+        """The backend's limits per job, for this task's flavors only."""
+        limits = self._backend.job_limits()
+        if limits is None:
+            return None
+        wanted = [*flavors, eval_flavor]
+        return limits.model_copy(
+            update={"flavors": {f: v for f, v in limits.flavors.items() if f in wanted}}
         )
 
     @activity.defn

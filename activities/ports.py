@@ -2,8 +2,9 @@
 
 Activities touch the world and nothing else: where one must reach another workflow (register a
 job with the watcher, ask the account to admit an episode or accept more spend, ask whether an
-episode still runs), it calls one of these. `posttrain_env/entrypoints/wiring.py` implements them
-with a Temporal client, so every workflow-to-workflow call an activity makes is listed there.
+episode still runs, carry a rollout's tool call to its episode), it calls one of these.
+`posttrain_env/entrypoints/wiring.py` implements them with a Temporal client, so every
+workflow-to-workflow call an activity makes is listed there.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from posttrain_env.contracts.audit import AuditRecord
+from posttrain_env.contracts.episode_calls import EpisodeStatus, ToolCall, ToolResult
 from posttrain_env.contracts.episodes import Caps, ServerSpend
 
 
@@ -53,4 +55,26 @@ class EpisodeLiveness(Protocol):
 class EpisodeTrail(Protocol):
     async def read(self, episode_id: str) -> AuditRecord:
         """The episode's audit record as its Temporal history tells it (every run)."""
+        ...
+
+
+class EpisodeCalls(Protocol):
+    """A rollout's tool calls, sent to its episode as the gateway sends them (by update)."""
+
+    async def send(self, episode_id: str, call: ToolCall) -> bool:
+        """Send `call` and return once the episode accepted it (not answered it); the update id
+        is `<episode_id>:<request_id>`, so a resend is the same call. False when the episode's
+        workflow has completed (the call can never be answered)."""
+        ...
+
+    async def result_of(self, episode_id: str, request_id: str) -> ToolResult | None:
+        """The episode's answer to `request_id`, once it has one (its `result_of` query)."""
+        ...
+
+    async def status(self, episode_id: str) -> EpisodeStatus:
+        """The episode's status (its `status` query; also after it completed)."""
+        ...
+
+    async def is_running(self, episode_id: str) -> bool:
+        """True while the episode's workflow runs (every call it accepted gets an answer)."""
         ...

@@ -814,7 +814,42 @@ class JobContext:
         return env
 
     def cleanup(self) -> None:
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        """Remove the script's folder and HOME. Never raises: the exit line must follow."""
+        try:
+            remove_tree(self.workdir)
+        except OSError:
+            pass  # the backend throws the job's whole filesystem away anyway
+
+
+def remove_tree(root: str) -> None:
+    """Remove `root` without following links and without recursion: the job decides how deep
+    its HOME goes (shutil.rmtree recurses and raises RecursionError on a tree 1,000 deep, and
+    paths that deep exceed PATH_MAX). Each folder met below the first level is moved up to be
+    a direct child of `root` (a rename within one filesystem), then emptied."""
+    if not os.path.isdir(root) or os.path.islink(root):
+        return
+    pending, moved = [root], 0
+    while pending:
+        folder = pending.pop()
+        with os.scandir(folder) as entries:
+            children = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+        for name, is_dir in children:
+            path = os.path.join(folder, name)
+            if not is_dir:
+                os.unlink(path)
+            elif folder == root:
+                pending.append(path)
+            else:
+                target = os.path.join(root, f".remove-{moved}")
+                while os.path.lexists(target):
+                    moved += 1
+                    target = os.path.join(root, f".remove-{moved}")
+                moved += 1
+                os.rename(path, target)
+                pending.append(target)
+        if folder != root:
+            os.rmdir(folder)
+    os.rmdir(root)
 
 
 def _child(ctx: JobContext, errfd: int) -> None:

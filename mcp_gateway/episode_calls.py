@@ -8,9 +8,7 @@ state (or with its earlier answer, if the call was answered before the end).
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
-import pydantic_core
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
@@ -21,16 +19,12 @@ from posttrain_env.errors import (
     ToolError,
     workflow_is_gone,
 )
-from posttrain_env.limits import MAX_ARGUMENTS_BYTES, MAX_TOOL_NAME_CHARS, MAX_UPDATE_BYTES
+from posttrain_env.limits import MAX_UPDATE_BYTES
 from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import (
-    EpisodeStatus,
-    Oversized,
-    ToolCall,
-    ToolPath,
-    ToolResult,
-    episode_over,
-)
+from workflows.episode_contract import EpisodeStatus, ToolCall, ToolResult, episode_over
+
+# Built in the ground (a rollout's activity builds its calls the same way); the edge's name.
+from workflows.episode_contract import tool_call as tool_call
 from workflows.ids import episode_workflow_id
 
 
@@ -40,33 +34,6 @@ class UnknownEpisode(LookupError):
 
 def update_id(episode_id: str, request_id: str) -> str:
     return f"{episode_id}:{request_id}"
-
-
-def tool_call(request_id: str, tool: str, arguments: dict[str, Any], path: ToolPath) -> ToolCall:
-    """The call as the episode receives it. Arguments over MAX_ARGUMENTS_BYTES (measured as the
-    data converter encodes them: JSON) are replaced by a small stand-in, so the episode counts
-    the step and answers a typed error while nothing large ever reaches Temporal."""
-    name_bytes = len(tool.encode("utf-8", "replace"))
-    if len(tool) > MAX_TOOL_NAME_CHARS:
-        return ToolCall(
-            request_id=request_id,
-            tool=tool[:MAX_TOOL_NAME_CHARS],
-            path=path,
-            oversized=Oversized(field="tool_name", bytes=name_bytes, total_bytes=name_bytes),
-        )
-    total = len(pydantic_core.to_json(arguments))
-    if total <= MAX_ARGUMENTS_BYTES:
-        return ToolCall(request_id=request_id, tool=tool, arguments=arguments, path=path)
-    sizes = {key: len(pydantic_core.to_json(value)) for key, value in arguments.items()}
-    largest = max(sizes, key=lambda key: sizes[key])
-    return ToolCall(
-        request_id=request_id,
-        tool=tool,
-        path=path,
-        oversized=Oversized(
-            field=largest[:MAX_TOOL_NAME_CHARS], bytes=sizes[largest], total_bytes=total
-        ),
-    )
 
 
 async def call_tool(

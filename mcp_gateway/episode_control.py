@@ -1,8 +1,9 @@
 """An episode seen and ended by its id, for clients that hold only its token (MCP-only clients):
 `GET` and `DELETE /episodes/<id>` (DESIGN §9 "MCP-only clients").
 
-Reading is the episode's `status` query; ending is the operator's signal (`end_requested`,
-reason `cancelled`, reward None, every live job cancelled), then waiting until the episode's
+Reading is the episode's `status` query; ending is the `end_requested` signal with reason
+`abandoned` (the client gave up without submitting: reward 0, as for the other limits; every
+live job cancelled), then waiting until the episode's
 workflow completes, which it does once every job is confirmed final. Nothing is kept here.
 """
 
@@ -50,12 +51,12 @@ class EpisodeControl:
             raise
 
     async def end(self, episode_id: str, wait: timedelta = END_WAIT) -> EpisodeStatus:
-        """End the episode as cancelled (an episode already over keeps its end) and wait up to
+        """End the episode as abandoned (an episode already over keeps its end) and wait up to
         `wait` for every job to be confirmed final. Raises EpisodeNotFound."""
         handle = self._handle(episode_id)
         try:
             await handle.signal(
-                EpisodeWorkflow.end_requested, EndRequest(reason=EndReason.cancelled)
+                EpisodeWorkflow.end_requested, EndRequest(reason=EndReason.abandoned)
             )
         except RPCError as err:
             if not workflow_is_gone(err):

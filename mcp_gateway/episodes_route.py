@@ -4,7 +4,7 @@
   episode's MCP endpoint and bearer token; the session id is not returned (the token is the
   capability). Behind the API keys when they are configured, like every route but the open ones.
 - `GET /episodes/<id>`: its state, steps and time left, `service_spend` and `episode_end`.
-- `DELETE /episodes/<id>`: ends it as `cancelled` (reward None; its jobs cancelled and confirmed),
+- `DELETE /episodes/<id>`: ends it as `abandoned` (reward 0; its jobs cancelled and confirmed),
   answering 200 once nothing is live, or 202 while a cancellation is still unconfirmed. An
   episode already over keeps its end. Both take the episode token, not an API key.
 """
@@ -55,9 +55,9 @@ async def get_episode(episode_id: str, request: Request) -> Any:
 
 @router.delete("/episodes/{episode_id}")
 async def end_episode(episode_id: str, request: Request) -> Any:
-    """End the episode as `cancelled` (`Authorization: Bearer <episode_token>`): its live jobs
-    are cancelled and, within 30 s, confirmed (200); 202 while one is not confirmed yet (GET
-    shows when it is). An episode already over keeps its end and reward."""
+    """End the episode as `abandoned`, reward 0 (`Authorization: Bearer <episode_token>`):
+    its live jobs are cancelled and, within 30 s, confirmed (200); 202 while one is not
+    confirmed yet (GET shows when it is). An episode already over keeps its end and reward."""
     refused = _refused(request, episode_id)
     if refused is not None:
         return refused

@@ -11,8 +11,9 @@ evaluation through the episode's MCP tools (`pip install 'posttrain-env[inspect]
 - the agent: the model calls tools until the episode is over (its `submit`, `max_steps` or the
   time limit), with a nudge when it answers without a tool call (`max_nudges` in a row end it);
 - the scorer reads `GET /episodes/<id>`: the reward as the score (in [0, 1]), unscored when the
-  episode has no reward (the grader failed, or the episode was cancelled), 0 when the model
-  stopped before the end (the episode is then ended, so nothing keeps running); the end reason,
+  episode has no reward (the grader failed, or an operator cancelled it), 0 when the model
+  stopped before the end (the episode is then ended as `abandoned`, reward 0, so nothing keeps
+  running); the end reason,
   `service_spend` and steps in the score's metadata;
 - cleanup, whatever happened (a failed sample too): `DELETE /episodes/<id>` ends an episode that
   is still running, cancelling its jobs, so none keeps billing until the time limit.
@@ -94,7 +95,7 @@ class EpisodeServer:
         return await self._call("GET", episode)
 
     async def end(self, episode: Episode) -> dict[str, Any]:
-        """`DELETE /episodes/<id>`: ends it as cancelled unless it is over already."""
+        """`DELETE /episodes/<id>`: ends it as abandoned (reward 0) unless it is over already."""
         return await self._call("DELETE", episode)
 
     def forget(self, episode: Episode) -> None:

@@ -69,6 +69,51 @@ MAX_JOBS_PER_EPISODE = 256
 # well as when Temporal suggests it.
 CONTINUE_AS_NEW_HISTORY_BYTES = 8 * MIB
 
+# -- campaigns (a spec, its agents' turns, what a campaign carries) --------------------------------
+# A campaign's rollouts (tasks x agents x epochs), and how many may be in flight at once.
+MAX_CAMPAIGN_ROLLOUTS = 100_000
+MAX_CONCURRENCY = 1_000
+MAX_CAMPAIGN_TASKS = 64
+MAX_CAMPAIGN_AGENTS = 64
+# An agent's arguments, as JSON: they travel in every rollout's input (workflow history).
+MAX_AGENT_ARGS_BYTES = 16 * KIB
+# Turns per rollout (each turn is one agent reply), and tool calls in one turn.
+MAX_AGENT_TURNS = 10_000
+MAX_AGENT_CALLS_PER_TURN = 16
+# What an agent's process may print as its turn (a script argument is at most 256 KiB).
+MAX_AGENT_TURN_BYTES = 4 * MIB
+# A tool's answer as an LLM agent reads it (its context is finite); longer ones are cut.
+MAX_TOOL_MESSAGE_CHARS = 20_000
+# In-flight rollouts named in a campaign's status (the counts cover them all).
+MAX_STATUS_ROLLOUTS_LISTED = 100
+
+# -- the Hugging Face Hub (activities/hf) --------------------------------------------------------
+# Every Hub request (activities/hf/http.py), in seconds. Each is shorter than the shortest activity
+# that calls the Hub (observe_jobs and cancel_job: 15 s), so one stalled request can fail its
+# activity attempt but never outlast it.
+HUB_CONNECT_TIMEOUT_S = 5.0
+HUB_READ_TIMEOUT_S = 10.0  # between two bytes of an answer
+HUB_WRITE_TIMEOUT_S = 10.0
+HUB_POOL_TIMEOUT_S = 5.0  # waiting for a free connection of the shared client
+# A whole Hub call (all of its requests) made outside an activity, e.g. by the smoke script.
+HUB_CALL_TIMEOUT_S = 60.0
+# Inside an activity a call must be over this long before the activity's own timeout: Temporal
+# may start the retry as soon as that timeout passes.
+HUB_ACTIVITY_MARGIN_S = 2.0
+# Threads for Hub calls (huggingface_hub is synchronous), a pool of their own.
+HUB_CALL_THREADS = 8
+# A 429's rate-limit reset (or a Retry-After) is honoured as the next attempt's delay up to this.
+HUB_MAX_RETRY_AFTER_S = 600.0
+# A retried submit looks for its earlier attempt's job at least this many times, this far apart,
+# and for at least this long before it creates anything (the Hub's listing can lag a new job).
+SUBMIT_SETTLE_LOOKS = 3
+SUBMIT_LOOK_INTERVAL_S = 5.0
+SUBMIT_SETTLE_S = 30.0
+# A job the Hub answers 404 for counts as vanished (settled at its whole reservation) after this
+# many consecutive 404s spread over at least this long.
+VANISHED_AFTER_LOOKS = 3
+VANISHED_AFTER_S = 300.0
+
 
 def cut_text(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     """`text`, cut to at most `limit` characters with a marker saying how much was dropped."""
@@ -127,3 +172,50 @@ def bound_log_lines(
         total -= json_size(kept[first]) + 1
         first += 1
     return LogTail(lines=kept[first:], dropped_lines=first, cut_bytes=cut)
+
+
+# -- local jobs (the local backend; README "Local backend") ---------------------------------------
+GIB = 1024 * MIB
+
+
+@dataclass(frozen=True)
+class FlavorSize:
+    """What a flavor gives one job on Hugging Face (its hardware list: `cpu`, `ram`)."""
+
+    vcpus: float
+    memory_bytes: int
+
+
+# Hugging Face's CPU flavors ("16 GB" taken as GiB). A local job gets its flavor's size, scaled
+# down to what this machine can give (never more than the jobs' share of it). A flavor not in
+# this table is sized as cpu-basic.
+HF_CPU_FLAVORS: dict[str, FlavorSize] = {
+    "cpu-basic": FlavorSize(vcpus=2, memory_bytes=16 * GIB),
+    "cpu-upgrade": FlavorSize(vcpus=8, memory_bytes=32 * GIB),
+}
+DEFAULT_FLAVOR = "cpu-basic"
+# All local jobs together use at most this share of the machine's memory (a memory limit on
+# their parent control group); the rest is the reserve of the server, the worker, Temporal and
+# the operating system.
+LOCAL_MEMORY_SHARE = 0.75
+# All local jobs together use at most this share of the machine's CPUs (a CPU quota on their
+# parent group). 1.0: no quota, the reserve below is a weight.
+LOCAL_CPU_SHARE = 1.0
+# CPU weights (cgroup v2 units: 100 is a default process's or group's; v1 shares are 10.24x).
+# Under contention, all local jobs together weigh as much as one busy process of the server, so
+# the server, the worker and Temporal keep most of the CPU they ask for; each job weighs the
+# same as every other, so one job cannot crowd out another episode's.
+LOCAL_JOBS_CPU_WEIGHT = 100
+LOCAL_JOB_CPU_WEIGHT = 100
+# Per job, whatever its flavor:
+LOCAL_JOB_PROCESSES = 1024  # processes and threads (its pids group; RLIMIT_NPROC without one)
+LOCAL_JOB_DISK_BYTES = 8 * GIB  # /data, /tmp and the venv: one filesystem of this size
+LOCAL_JOB_FILES = 100_000  # that filesystem's inodes (and /dev/shm's)
+LOCAL_JOB_LOG_BYTES = 1 * GIB  # the job's log (stdout and stderr of every phase)
+LOCAL_ARTIFACT_CAP_BYTES = 2 * GIB  # /data/outputs, unless the task sets its own cap
+# The artifact keeps at most this many folder levels below outputs/ (deeper entries are
+# dropped and counted): nothing a checkpoint needs, and no walk over it can go deep.
+MAX_ARTIFACT_DEPTH = 64
+# ... and no path (relative to outputs/) longer than this, so every path it holds stays far
+# below PATH_MAX for whoever reads it.
+MAX_ARTIFACT_PATH_BYTES = 1024

@@ -158,6 +158,8 @@ class JobView(BaseModel):
     reserved_usd: float = 0.0
     cost_usd: float = 0.0
     overrun_usd: float | None = None
+    # True when the backend lost the job and its cost is the whole reservation, a worst case.
+    settled_at_worst_case: bool | None = None
     artifact: str | None = None
     message: str = ""
 
@@ -189,6 +191,9 @@ class EndReason(enum.StrEnum):
     score_failed = "score_failed"
     reset = "reset"
     cancelled = "cancelled"
+    # A rollout's agent stopped without submitting (or ran out of turns or of its LLM budget):
+    # reward 0, as for the other limits. Only the grader's failure gives reward None.
+    abandoned = "abandoned"
 
 
 class EpisodeEnd(BaseModel):

@@ -12,7 +12,16 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES, KIB
+from posttrain_env.limits import (
+    CONTINUE_AS_NEW_HISTORY_BYTES,
+    GIB,
+    KIB,
+    LOCAL_CPU_SHARE,
+    LOCAL_JOB_DISK_BYTES,
+    LOCAL_JOB_FILES,
+    LOCAL_JOB_PROCESSES,
+    LOCAL_MEMORY_SHARE,
+)
 from posttrain_env.models import MICRO
 from posttrain_env.pip_config import pip_find_links
 
@@ -40,6 +49,12 @@ class Settings(BaseSettings):
     # This deployment's name, shown on every episode (`PtDeployment`) so that operators of a
     # Temporal namespace shared by several deployments can tell their episodes apart.
     deployment: str = Field(default="default", min_length=1, max_length=100)
+    # Agent turns run on this queue only, in `posttrain-env agent-worker` (never beside the
+    # broker's secrets).
+    agent_task_queue: str = "posttrain-agents"
+    # Campaign folders (records, conversations); default `<state dir>/campaigns`. The server's
+    # worker and the agent worker must both see it.
+    campaigns_dir: Path | None = None
     # The embedded Temporal dev server (used when TEMPORAL_ADDRESS is not set): gRPC and UI ports.
     temporal_port: int = Field(default=7233, gt=0, lt=65536)
     temporal_ui_port: int = Field(default=8233, gt=0, lt=65536)
@@ -70,12 +85,21 @@ class Settings(BaseSettings):
     continue_as_new_events: int | None = Field(default=None, ge=100)
     # Continue an episode as new past this many bytes of history (Temporal's limit is 50 MB).
     continue_as_new_bytes: int = Field(default=CONTINUE_AS_NEW_HISTORY_BYTES, ge=64 * KIB)
+    # The local backend's jobs (README "Local backend"): all jobs together use at most these
+    # shares of the machine's memory and CPUs (the rest is the server's reserve); each job at
+    # most its flavor's size, and this disk, files and processes.
+    local_memory_share: float = Field(default=LOCAL_MEMORY_SHARE, gt=0, le=1)
+    local_cpu_share: float = Field(default=LOCAL_CPU_SHARE, gt=0, le=1)
+    local_job_disk_gib: float = Field(default=LOCAL_JOB_DISK_BYTES / GIB, gt=0)
+    local_job_files: int = Field(default=LOCAL_JOB_FILES, ge=1000)
+    local_job_processes: int = Field(default=LOCAL_JOB_PROCESSES, ge=32)
 
     @field_validator(
         "max_live_episodes",
         "spend_cap_usd",
         "tasks_dir",
         "audit_dir",
+        "campaigns_dir",
         "continue_as_new_events",
         "watch_interval_s",
         mode="before",
@@ -83,6 +107,14 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
+
+    @property
+    def campaign_root(self) -> Path:
+        return self.campaigns_dir or self.state_dir / "campaigns"
+
+    @property
+    def server_key_path(self) -> Path:
+        return self.state_dir / "server.key"
 
     @property
     def spend_cap_micro_usd(self) -> int | None:

@@ -48,7 +48,9 @@ TASK_INFO = Tool(
     (
         "The task: its prompt, the base model (repo and pinned revision) and the limits of this "
         "episode (max_steps, time_limit_s, budget_usd, max_timeout_minutes, score_timeout_s, "
-        "allowed flavors with their price per minute)."
+        "allowed flavors with their price per minute). Where the backend reports them, "
+        "job_limits: what one job of each flavor may use (vcpus, memory_bytes, processes, "
+        "disk_bytes for /data, /tmp and its packages, files) and any limit not enforced here."
     ),
 )
 LIST_HARDWARE = Tool(

@@ -50,9 +50,21 @@ def test_the_episode_wall_benchmark_runs_and_prints_its_phases() -> None:
     assert "training script (run phase)" in out and "machinery" in out and "target" in out, out
 
 
+def test_the_local_contention_benchmark_runs_and_prints_its_table() -> None:
+    out = run("bench/local_contention.py", "--runs", "1", "--containments", "groups,none")
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith(("groups", "none"))]
+    assert rows == ["groups", "none"] and "target" in out, out
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_the_arithmetic_benchmark_runs_and_prints_its_figures() -> None:
     out = run("bench/arith_tiny.py", "--quick", timeout=1800)
     assert "t0_arithmetic_format_tiny" in out and "items/s" in out, out
     assert "generated tokens/s" in out and "one grading" in out, out
+
+
+def test_the_campaign_scale_benchmark_runs_and_prints_its_figures() -> None:
+    out = run("bench/campaign_scale.py", "--rollouts", "3", "--concurrency", "2")
+    assert "phase: completed" in out and "rollouts_per_minute" in out, out
+    assert "rollout_events_median" in out and "worker_peak_rss_mib" in out, out

@@ -154,6 +154,18 @@ def test_61_seconds_settles_as_2_minutes() -> None:
     assert ledger.settled_micro_usd == 13_334
 
 
+def test_a_job_whose_running_time_is_unknown_settles_at_its_whole_reservation() -> None:
+    ledger = Ledger(budget_micro_usd=1_000_000)
+    ledger.reserve("job-a", "job", T4, 10)
+    settlement = ledger.settle_at_reservation("job-a")
+    assert settlement.worst_case and settlement.billed_minutes == 10
+    assert settlement.cost_micro_usd == settlement.reserved_micro_usd == 66_670
+    assert ledger.settled_micro_usd == 66_670 and not ledger.reservations
+    assert ledger.settled_gpu_s == 600.0  # T4's one accelerator for the whole timeout
+    with pytest.raises(KeyError):
+        ledger.settle_at_reservation("job-a")
+
+
 def test_zero_seconds_settles_as_nothing() -> None:
     ledger = Ledger(budget_micro_usd=1_000_000)
     ledger.reserve("job-a", "job", T4, 10)

@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         EndRequest,
         EpisodeClosed,
         EpisodeStatus,
+        ToolAnswered,
         ToolCall,
         ToolResult,
         episode_over,
@@ -45,7 +46,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.episode_state import EpisodeCarry
     from workflows.episode_tools import EpisodeTools
-    from workflows.ids import SIGNAL_EPISODE_CLOSED, SIGNAL_JOB_CHANGED
+    from workflows.ids import SIGNAL_EPISODE_CLOSED, SIGNAL_JOB_CHANGED, SIGNAL_TOOL_ANSWERED
     from workflows.job import JobSnapshot
     from workflows.ledger import Ledger
     from workflows.policies import AUDIT_TIMEOUT, READ_RETRY
@@ -110,7 +111,14 @@ class EpisodeWorkflow:
 
     @workflow.update
     async def call_tool(self, call: ToolCall) -> ToolResult:
-        """A tool call from any path; argument and policy errors are answered as data."""
+        """A tool call from any path; argument and policy errors are answered as data. A call
+        with `reply_to` (a rollout's) is followed by a `ToolAnswered` signal to that workflow."""
+        result = await self._call_tool(call)
+        if call.reply_to is not None:
+            await self._tell_answered(call.reply_to, call.request_id)
+        return result
+
+    async def _call_tool(self, call: ToolCall) -> ToolResult:
         if call.request_id in self._s.recent:
             return self._s.recent[call.request_id]
         if was_dropped(self._s, call.request_id):
@@ -164,13 +172,14 @@ class EpisodeWorkflow:
 
     @workflow.signal
     async def end_requested(self, request: EndRequest) -> None:
-        """A session's reset or close, or an operator's cancel: end now, reward None."""
+        """A session's reset or close, or an operator's cancel: end now, reward None. A
+        rollout's `abandoned` (its agent stopped without submitting): reward 0."""
         if request.reply_to:
             self._reply_to = request.reply_to
             self._replied = False
             self._end_requested_at = workflow.now()
         self._rearm = True
-        await self._end(request.reason, None)
+        await self._end(request.reason, 0.0 if request.reason is EndReason.abandoned else None)
         self._show()
 
     @workflow.query
@@ -311,6 +320,14 @@ class EpisodeWorkflow:
             )
         except FailureError:
             workflow.logger.warning("session of episode %s is gone", self._setup.episode_id)
+
+    async def _tell_answered(self, workflow_id: str, request_id: str) -> None:
+        try:
+            await workflow.get_external_workflow_handle(workflow_id).signal(
+                SIGNAL_TOOL_ANSWERED, ToolAnswered(request_id=request_id)
+            )
+        except FailureError:
+            workflow.logger.warning("the caller of %s is gone", request_id)
 
     def _answer(self, call: ToolCall, data: dict[str, Any]) -> ToolResult:
         end = self._s.end

@@ -161,7 +161,11 @@ def take_snapshot(carry: EpisodeCarry, record: JobRecord, snap: JobSnapshot) -> 
         record.score = snap.score
         record.final = True
         if record.role is not JobRole.grader:
-            record.settlement = carry.ledger.settle(record.job_id, record.running_s)
+            if snap.backend is not None and snap.backend.vanished:
+                # Its real running time is unknown: never 0, always the worst case.
+                record.settlement = carry.ledger.settle_at_reservation(record.job_id)
+            else:
+                record.settlement = carry.ledger.settle(record.job_id, record.running_s)
 
 
 # -- views -------------------------------------------------------------------------------------
@@ -190,6 +194,7 @@ def job_view(episode_id: str, record: JobRecord, now: datetime) -> JobView:
         overrun_usd=usd(settlement.overrun_micro_usd)
         if settlement and settlement.overrun_micro_usd
         else None,
+        settled_at_worst_case=True if settlement and settlement.worst_case else None,
         artifact=f"openenv-artifact://{episode_id}/{record.job_id}/outputs"
         if record.role is JobRole.agent
         else None,

@@ -103,12 +103,16 @@ class EpisodeTools:
     @handles(TASK_INFO)
     async def task_info(self, _args: NoArgs) -> Answer:
         task, model = self._setup.task, self._setup.base_model
-        return {
+        answer: Answer = {
             "task_id": task.id,
             "prompt": task.prompt,
             "base_model": {"repo_id": model.repo_id, "revision": model.revision},
             **task.limits_view(self._setup.prices),
         }
+        if self._setup.job_limits is not None:
+            # What one job may use per flavor here, and what this host cannot enforce.
+            answer["job_limits"] = self._setup.job_limits.model_dump()
+        return answer
 
     @handles(LIST_HARDWARE)
     async def list_hardware(self, _args: NoArgs) -> Answer:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 
 TASK_QUEUE = "posttrain"
+# Agent turns run only on this queue, served by `posttrain-env agent-worker` (no broker secret).
+AGENT_TASK_QUEUE = "posttrain-agents"
 
 
 def session_workflow_id(session_id: str) -> str:
@@ -18,6 +20,21 @@ def episode_workflow_id(episode_id: str) -> str:
 
 def job_workflow_id(episode_id: str, n: int) -> str:
     return f"episode-{episode_id}/job/{n}"
+
+
+def campaign_workflow_id(campaign_id: str) -> str:
+    return f"campaign/{campaign_id}"
+
+
+def rollout_workflow_id(rollout_id: str, attempt: int) -> str:
+    """`rollout/<campaign>/<task>/<agent>/<epoch>/a<attempt>`: one workflow per attempt."""
+    return f"rollout/{rollout_id}/a{attempt}"
+
+
+def rollout_episode_id(rollout_id: str, attempt: int) -> str:
+    """The episode an attempt plays, derived from it: a replayed start adopts the same one."""
+    digest = hashlib.sha256(f"{rollout_id}/a{attempt}".encode()).hexdigest()
+    return f"ep-{digest[:16]}"
 
 
 def watcher_workflow_id(namespace: str, task_queue: str) -> str:
@@ -35,3 +52,5 @@ SIGNAL_EPISODE_CLOSED = "episode_closed"  # EpisodeWorkflow -> SessionWorkflow
 SIGNAL_LOOK_NOW = "look_now"  # EpisodeWorkflow, JobWorkflow -> WatcherWorkflow
 SIGNAL_EXPOSURE = "exposure"  # EpisodeWorkflow -> AccountWorkflow
 SIGNAL_RETIRE = "retire"  # EpisodeWorkflow -> AccountWorkflow
+SIGNAL_TOOL_ANSWERED = "tool_answered"  # EpisodeWorkflow -> RolloutWorkflow (ToolCall.reply_to)
+SIGNAL_ROLLOUT_FINISHED = "rollout_finished"  # RolloutWorkflow -> CampaignWorkflow

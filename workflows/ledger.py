@@ -3,8 +3,10 @@
 Pure: pydantic, the standard library and the contract models only — no I/O, clock or randomness —
 because it lives in EpisodeWorkflow state and is replayed. Agent jobs and dev evaluations are
 reserved at `price × timeout_minutes` (price locked at reservation) and settled at
-`price × ceil(running_s / 60)`, the real cost even above the reservation. Grader evaluations are
-free and never enter the ledger.
+`price × ceil(running_s / 60)`, the real cost even above the reservation, where `running_s` is
+the backend's own billed running time (on Hugging Face, the Hub's `durations.running_secs`:
+`activities/hf/stages.py`); a job the backend lost is settled at its whole reservation. Grader
+evaluations are free and never enter the ledger.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ class Settlement(BaseModel):
     cost_micro_usd: int  # the real cost, even above the reservation
     reserved_micro_usd: int
     overrun_micro_usd: int  # max(0, cost - reserved): provider stop lag past the timeout
+    # Settled at the whole reservation because the real running time cannot be known (the
+    # backend lost the job): see `Ledger.settle_at_reservation`.
+    worst_case: bool = False
 
 
 class Ledger(BaseModel):
@@ -149,6 +154,14 @@ class Ledger(BaseModel):
             reserved_micro_usd=reserved,
             overrun_micro_usd=max(0, cost - reserved),
         )
+
+    def settle_at_reservation(self, key: str) -> Settlement:
+        """Settle `key` at its worst case, as if it ran its whole timeout: the cost is the
+        reservation. For a job whose backend lost it (it may have run, and may still run, up to
+        its timeout), which must never settle at 0. Raises KeyError for a key not reserved."""
+        reservation = self.reservations[key]
+        settlement = self.settle(key, reservation.timeout_minutes * 60)
+        return settlement.model_copy(update={"worst_case": True})
 
     def release(self, key: str) -> Reservation:
         """Drop `key`'s reservation without any charge: the job never started (its start failed,

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 
 from activities.backend import JobRequest, TransientBackendError
 from job_launcher.trusted_lines import LAUNCHER_TAG, NONCE_ENV, SCORE_TAG, format_trusted_line
+from posttrain_env.contracts.episodes import JobLimits
 from posttrain_env.contracts.jobs import BackendJob, JobRole
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.models import FlavorPrice, JobState
@@ -44,6 +45,8 @@ class FakeJobScript(BaseModel):
 
     role: JobRole | None = None  # match: None matches any role
     script_contains: str | None = None  # match: a marker in the job's script
+    # match (evaluations): a marker in the script of the agent job whose outputs it evaluates
+    evaluated_script_contains: str | None = None
     queue_s: float = 5.0
     run_s: float = 60.0
     outcome: Literal["succeeded", "failed"] = "succeeded"
@@ -85,11 +88,14 @@ class FakeScenario(BaseModel):
         path = os.environ.get("POSTTRAIN_FAKE_SCENARIO")
         return cls.model_validate_json(Path(path).read_text()) if path else cls()
 
-    def rule_for(self, role: JobRole, script: str) -> FakeJobScript:
+    def rule_for(self, role: JobRole, script: str, evaluated_script: str = "") -> FakeJobScript:
         for rule in self.jobs:
             if rule.role not in (None, role):
                 continue
             if rule.script_contains is not None and rule.script_contains not in script:
+                continue
+            marker = rule.evaluated_script_contains
+            if marker is not None and marker not in evaluated_script:
                 continue
             return rule
         return FakeJobScript()
@@ -127,7 +133,10 @@ class FakeBackend:
 
     async def submit(self, request: JobRequest) -> BackendJob:
         with self._state() as state:
-            rule = self.scenario.rule_for(request.role, request.script)
+            evaluated = state.jobs.get(request.artifact_ref or "")
+            rule = self.scenario.rule_for(
+                request.role, request.script, evaluated.request.script if evaluated else ""
+            )
             self._maybe_fail(state, rule, request.key, "submit")
             ref = "fake-" + hashlib.sha256(request.key.encode()).hexdigest()[:24]
             if ref in state.jobs:  # a second start of the same key: a broker bug, not a retry
@@ -182,6 +191,9 @@ class FakeBackend:
     async def hardware(self) -> list[FlavorPrice]:
         return list(self.scenario.prices)
 
+    def job_limits(self) -> JobLimits | None:
+        return None  # not reported (the local backend reports its own)
+
     async def resolve_model(self, repo_id: str, revision: str) -> str:
         if len(revision) == 40 and all(c in "0123456789abcdef" for c in revision):
             return revision
@@ -224,6 +236,11 @@ class FakeBackend:
             for job in state.jobs.values():
                 if job.rule.cancel_confirm_after_s is None:
                     job.rule = job.rule.model_copy(update={"cancel_confirm_after_s": 0.0})
+
+    def views(self, now: datetime) -> list[BackendJob]:
+        """Every job as it stands at workflow time `now` (tests: nothing left live)."""
+        with self._state() as state:
+            return [_view(job, now) for job in state.jobs.values()]
 
     # -- internals -----------------------------------------------------------------------------
 

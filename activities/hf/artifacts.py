@@ -6,6 +6,10 @@ cannot stop a job at the cap while it writes, so the cap is enforced here, befor
 reads the artifact). An empty folder gets a placeholder file: mounting a missing folder fails
 the job, which would count as an infrastructure fault (`score_failed`), whereas an empty artifact
 is the agent's doing and scores 0.
+
+The folder is listed by an exact prefix, `<folder>/outputs/` with its slash, and every entry is
+checked against it again: the Hub matches prefixes character by character, so without the slash
+`/data/outputs.log` or `/data/outputs_x/` would count against the cap and hide an empty folder.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from huggingface_hub import HfApi, Volume
 from huggingface_hub.errors import BucketNotFoundError
 
 from activities.backend import ArtifactRejected
-from activities.hf.errors import hub_call, hub_list
+from activities.hf.calls import HubCalls
 from activities.hf.labels import HfRef
 from activities.hf.submission import artifact_volume, artifacts_bucket, outputs_prefix
 from posttrain_env.errors import ErrorType, ToolError
@@ -23,7 +27,7 @@ GIB = 1024**3
 
 
 async def evaluated_outputs(
-    api: HfApi, namespace: str, evaluated: HfRef | None, cap_bytes: int
+    calls: HubCalls, api: HfApi, namespace: str, evaluated: HfRef | None, cap_bytes: int
 ) -> Volume:
     """The read-only `/model` volume of an evaluation of `evaluated`. Raises ToolError:
     hf_error when the job or its folder is unknown; ArtifactRejected when it is over the cap."""
@@ -33,19 +37,26 @@ async def evaluated_outputs(
         raise ToolError(
             ErrorType.hf_error, f"the outputs of Hugging Face job {evaluated.job_id} are not found"
         )
-    bucket, prefix = artifacts_bucket(namespace), outputs_prefix(evaluated.folder)
+    # The evaluated job's own namespace: it may differ from today's (a setting changed).
+    namespace = evaluated.namespace or namespace
+    bucket, prefix = artifacts_bucket(namespace), outputs_prefix(evaluated.folder) + "/"
     try:
-        entries = await hub_list(
+        entries = await calls.listing(
             f"listing the outputs of job {evaluated.job_id}",
             api.list_bucket_tree,
             bucket,
             prefix=prefix,
             recursive=True,
             keep=(BucketNotFoundError,),
+            in_namespace=namespace,
         )
     except BucketNotFoundError:
         entries = []
-    files = [entry for entry in entries if getattr(entry, "type", "") == "file"]
+    files = [
+        entry
+        for entry in entries
+        if getattr(entry, "type", "") == "file" and str(entry.path).startswith(prefix)
+    ]
     size = sum(int(getattr(entry, "size", 0) or 0) for entry in files)
     if size > cap_bytes:
         # The artifact's fault, not the infrastructure's: it scores 0, never unscored.
@@ -54,10 +65,11 @@ async def evaluated_outputs(
             f"{cap_bytes / GIB:.2f} GiB; write a smaller checkpoint to /data/outputs"
         )
     if not files:
-        await hub_call(
+        await calls.call(
             f"preparing the empty outputs of job {evaluated.job_id}",
             api.batch_bucket_files,
             bucket,
-            add=[(b"", f"{prefix}/.keep")],
+            add=[(b"", f"{prefix}.keep")],
+            in_namespace=namespace,
         )
     return artifact_volume(namespace, evaluated.folder)

@@ -5,13 +5,21 @@ lives in exactly one place, the `HfApi(token=...)` that starts, watches and canc
 are looked up through a second `HfApi(token=False)`. No job ever receives the token (§6).
 
 - submit: one `run_uv_job` per job, labelled with this deployment and a hash of the job's
-  workflow id; `find_by_key` finds it again, so a retried submit never starts a second job.
-- observe: one `list_jobs` call for all of this deployment's live jobs, plus one `inspect_job`
-  per watched job that has left that list (i.e. once, at its end).
-- cancel: `cancel_job`, then confirm a terminal stage; an unconfirmed cancellation raises
-  `TransientBackendError`, so the cancel activity keeps retrying, visibly, with the job id.
+  workflow id; `find_by_key` finds it again, so a retried submit never starts a second job. A
+  retried submit also waits a while for a job that its earlier attempt's create may still
+  produce (a request that timed out on our side can still succeed on the Hub's), looking by
+  label several times, since the Hub's listing can lag behind a new job.
+- observe: one `list_jobs` call per namespace for all of this deployment's live jobs, plus one
+  `inspect_job` per watched job that has left that list (i.e. once, at its end). A live job
+  that carries a watched job's key but is not that job is a duplicate: it is cancelled.
+- cancel: look, then `cancel_job`, then confirm a terminal stage; an unconfirmed cancellation
+  raises `TransientBackendError`, so the cancel activity keeps retrying, visibly, with the job id.
 
-huggingface_hub is synchronous: every call runs in a thread (`activities.hf.errors.hub_call`).
+Every listing is checked again here against the labels it asked for (`labels.carries`): a job
+without this deployment's label is never adopted, watched or reaped, whatever the server
+returned. Every job's ref names its namespace, and every call on the job uses that one.
+huggingface_hub is synchronous: every call runs in the backend's own threads under a deadline
+(`activities/hf/calls.py`, `activities/hf/http.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -32,7 +41,9 @@ from temporalio import activity
 from activities.backend import JobRequest, TransientBackendError
 from activities.hf import inputs
 from activities.hf.artifacts import GIB, evaluated_outputs
-from activities.hf.errors import hub_call, hub_list, status_of, translate
+from activities.hf.calls import HubCalls
+from activities.hf.errors import status_of, translate
+from activities.hf.http import HubHttpLimits
 from activities.hf.labels import (
     LABEL_DEPLOYMENT,
     LABEL_EPISODE,
@@ -40,10 +51,12 @@ from activities.hf.labels import (
     LABEL_KEY,
     LABEL_ROLE,
     HfRef,
+    carries,
     job_labels,
     key_label,
     label_value,
 )
+from activities.hf.missing import MissingJobs
 from activities.hf.prices import DEFAULT_TTL_S, PriceCache
 from activities.hf.stages import LIVE_STAGES, backend_job, stage_of, vanished_job
 from activities.hf.submission import (
@@ -53,8 +66,16 @@ from activities.hf.submission import (
     job_name,
 )
 from job_launcher.builder import LauncherConfig
+from posttrain_env.contracts.episodes import JobLimits
 from posttrain_env.contracts.jobs import BackendJob, JobRole
 from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.limits import (
+    SUBMIT_LOOK_INTERVAL_S,
+    SUBMIT_SETTLE_LOOKS,
+    SUBMIT_SETTLE_S,
+    VANISHED_AFTER_LOOKS,
+    VANISHED_AFTER_S,
+)
 from posttrain_env.models import FlavorPrice
 
 log = logging.getLogger(__name__)
@@ -71,6 +92,12 @@ class HfBackendConfig:
     cancel_confirm_interval_s: float = 2.0
     artifact_cap_bytes: int = 20 * GIB  # DESIGN §9: the default cap on Hugging Face
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    submit_settle_looks: int = SUBMIT_SETTLE_LOOKS
+    submit_look_interval_s: float = SUBMIT_LOOK_INTERVAL_S
+    submit_settle_s: float = SUBMIT_SETTLE_S
+    vanished_after_looks: int = VANISHED_AFTER_LOOKS
+    vanished_after_s: float = VANISHED_AFTER_S
+    http: HubHttpLimits = field(default_factory=HubHttpLimits)
 
 
 class LiveJob(BaseModel):
@@ -99,6 +126,7 @@ class HfBackend:
         namespace: str | None = None,
         config: HfBackendConfig | None = None,
         clock: Callable[[], datetime] | None = None,
+        calls: HubCalls | None = None,
     ) -> None:
         """`api` holds the broker's token; `public_api` must be an `HfApi(token=False)`."""
         if getattr(public_api, "token", None) is not False:
@@ -111,7 +139,11 @@ class HfBackend:
         self._namespace_lock = asyncio.Lock()
         self._config = config or HfBackendConfig()
         self._clock = clock or (lambda: datetime.now(UTC))
+        self._calls = calls or HubCalls(self._config.http)
         self._prices = PriceCache(self._fetch_hardware, ttl_s=self._config.price_ttl_s)
+        self._missing = MissingJobs(
+            self._config.vanished_after_looks, self._config.vanished_after_s
+        )
         self.job_python_version = self._config.python
 
     # -- JobsBackend ---------------------------------------------------------------------------
@@ -125,6 +157,10 @@ class HfBackend:
                 "choose one list_hardware shows",
             )
         namespace = await self.namespace()
+        if _is_a_retry():
+            earlier = await self._earlier_attempts_job(request.key, namespace)
+            if earlier is not None:
+                return earlier
         volumes = input_volumes(request)
         if request.role is not JobRole.agent:
             volumes.append(await self._model_volume(request, namespace))
@@ -132,9 +168,11 @@ class HfBackend:
         with tempfile.TemporaryDirectory(prefix="posttrain-hf-") as folder:
             path = Path(folder) / filename
             path.write_text(text, encoding="utf-8")
-            # run_uv_job uploads the file to <namespace>/jobs-artifacts/<folder>/ and mounts
-            # that folder at /data; no `dependencies` (the launcher installs them itself).
-            info = await hub_call(
+            # run_uv_job creates <namespace>/jobs-artifacts if needed, uploads the file to a
+            # folder of its own choosing and mounts that folder at /data, then creates the job:
+            # three requests or more, each bounded. No `dependencies` (the launcher installs
+            # them itself). One attempt: a Hub-side re-run would bill a second time.
+            info = await self._calls.call(
                 f"starting job {request.job_id}",
                 self._api.run_uv_job,
                 str(path),
@@ -144,22 +182,18 @@ class HfBackend:
                 secrets=dict(request.secrets) or None,
                 flavor=request.flavor,
                 timeout=int(request.timeout_s),
+                attempts=1,
                 labels=job_labels(request, self.deployment),
                 volumes=volumes,
                 namespace=namespace,
                 name=job_name(request),
             )
         log.info("started Hugging Face job %s for %s (%s)", info.id, request.job_id, request.role)
-        return backend_job(info, ref=HfRef.of(info).encode(), key=request.key, now=self._clock())
+        ref = HfRef.of(info, namespace).encode()
+        return backend_job(info, ref=ref, key=request.key, now=self._clock())
 
     async def find_by_key(self, key: str, now: datetime) -> BackendJob | None:
-        found = await self._list({LABEL_DEPLOYMENT: self.deployment, LABEL_KEY: key_label(key)})
-        if not found:
-            return None
-        if len(found) > 1:  # never expected: it would mean a submit was not exactly-once
-            log.error("%d Hugging Face jobs carry the key of %s", len(found), key)
-        first = min(found, key=lambda info: info.created_at or self._clock())
-        return backend_job(first, ref=HfRef.of(first).encode(), key=key, now=self._clock())
+        return await self._by_key(key, await self.namespace())
 
     async def observe(self, refs: Sequence[str], now: datetime) -> dict[str, BackendJob]:
         wanted: dict[str, HfRef] = {}
@@ -170,27 +204,35 @@ class HfBackend:
                 log.error("not a Hugging Face job ref, left out: %r", ref)
         if not wanted:
             return {}
-        live = {
-            info.id: info
-            for info in await self._list({LABEL_DEPLOYMENT: self.deployment}, status=LIVE_STAGES)
-        }
-        seen: dict[str, BackendJob] = {}
+        current = await self.namespace()
+        by_namespace: dict[str, dict[str, HfRef]] = {}
         for ref, hf in wanted.items():
-            # A job that left the live list is looked at once, to see how it ended.
-            info = live.get(hf.job_id) or await self._inspect(hf.job_id)
-            if info is None:
-                seen[ref] = vanished_job(ref=ref, key="", now=self._clock())
-            else:
-                key = (info.labels or {}).get(LABEL_KEY, "")
-                seen[ref] = backend_job(info, ref=ref, key=key, now=self._clock())
+            by_namespace.setdefault(hf.namespace or current, {})[ref] = hf
+        watched_ids = {hf.job_id for hf in wanted.values()}
+        seen: dict[str, BackendJob] = {}
+        for namespace, group in by_namespace.items():
+            live = await self._list(namespace, {LABEL_DEPLOYMENT: self.deployment}, LIVE_STAGES)
+            live_by_id = {info.id: info for info in live}
+            for ref, hf in group.items():
+                # A job that left the live list is looked at once, to see how it ended.
+                info = live_by_id.get(hf.job_id) or await self._inspect(hf.job_id, namespace)
+                job = self._seen(ref, hf, namespace, info)
+                if job is not None:
+                    seen[ref] = job
+            await self._cancel_duplicates(namespace, live, watched_ids)
         return seen
 
     async def cancel(self, ref: str, now: datetime) -> BackendJob:
         hf = _decode(ref)
-        namespace = await self.namespace()
+        namespace = hf.namespace or await self.namespace()
         _heartbeat(hf.job_id, namespace, "cancelling")
+        # Look first: a job that already ended needs no cancel, and one without this
+        # deployment's label is never cancelled by it.
+        job = self._seen_or_retry(ref, hf, namespace, await self._inspect(hf.job_id, namespace))
+        if job.state.terminal:
+            return job
         try:
-            await hub_call(
+            await self._calls.call(
                 f"cancelling job {hf.job_id}",
                 self._api.cancel_job,
                 job_id=hf.job_id,
@@ -198,39 +240,35 @@ class HfBackend:
                 keep=(HfHubHTTPError,),
             )
         except HfHubHTTPError as err:
-            # A job that already ended may refuse cancellation: its own state decides below.
+            # A job that ended meanwhile may refuse cancellation: its own state decides below.
             status = status_of(err) or 0
             if status in (401, 402, 403, 429) or status >= 500:
                 raise translate(err, f"cancelling job {hf.job_id}", namespace) from None
             log.info("cancel of %s answered %s; looking at its state", hf.job_id, status)
-        config = self._config
-        info: JobInfo | None = None
-        for look in range(max(1, config.cancel_confirm_looks)):
-            info = await self._inspect(hf.job_id)
-            if info is None:
-                return vanished_job(ref=ref, key="", now=self._clock())
-            job = backend_job(info, ref=ref, key="", now=self._clock())
+        looks = max(1, self._config.cancel_confirm_looks)
+        for look in range(looks):
+            info = await self._inspect(hf.job_id, namespace)
+            job = self._seen_or_retry(ref, hf, namespace, info)
             if job.state.terminal:
                 return job
-            _heartbeat(hf.job_id, namespace, f"waiting for confirmation ({stage_of(info)})")
-            if look + 1 < max(1, config.cancel_confirm_looks):
-                await asyncio.sleep(config.cancel_confirm_interval_s)
+            _heartbeat(hf.job_id, namespace, f"waiting for confirmation ({job.state.value})")
+            if look + 1 < looks:
+                await asyncio.sleep(self._config.cancel_confirm_interval_s)
         # Retried by the activity's policy: a stuck cancellation stays visible in the UI.
-        stage = stage_of(info) if info is not None else "unknown"
         raise TransientBackendError(
             f"cancellation of Hugging Face job {hf.job_id} in {namespace} is not confirmed yet "
-            f"(still {stage}); asking again"
+            f"(still {job.state.value}); asking again"
         )
 
     async def logs(self, ref: str, tail: int, now: datetime) -> list[str]:
         if tail <= 0:
             return []
         hf = _decode(ref)
-        lines = await hub_list(
+        lines = await self._calls.listing(
             f"reading the logs of job {hf.job_id}",
             self._api.fetch_job_logs,
             job_id=hf.job_id,
-            namespace=await self.namespace(),
+            namespace=hf.namespace or await self.namespace(),
             follow=False,
             tail=tail,
         )
@@ -240,20 +278,24 @@ class HfBackend:
         """Current prices (cached); a flavor in `flavors` the cache lacks forces a refresh."""
         return list((await self._prices.prices(flavors)).values())
 
+    def job_limits(self) -> JobLimits | None:
+        return None  # not reported (the local backend reports its own)
+
     async def resolve_model(self, repo_id: str, revision: str) -> str:
-        return await inputs.resolve_model(self._public, repo_id, revision)
+        return await inputs.resolve_model(self._calls, self._public, repo_id, revision)
 
     async def resolve_dataset(self, repo_id: str, denylist: Sequence[str]) -> str:
-        return await inputs.resolve_dataset(self._public, repo_id, denylist)
+        return await inputs.resolve_dataset(self._calls, self._public, repo_id, denylist)
 
     # -- for the reaper and the smoke test ------------------------------------------------------
 
     async def live_jobs(self) -> list[LiveJob]:
-        """This deployment's jobs that are still scheduling or running."""
-        found = await self._list({LABEL_DEPLOYMENT: self.deployment}, status=LIVE_STAGES)
+        """This deployment's jobs that are still scheduling or running (current namespace)."""
+        namespace = await self.namespace()
+        found = await self._list(namespace, {LABEL_DEPLOYMENT: self.deployment}, LIVE_STAGES)
         return [
             LiveJob(
-                ref=HfRef.of(info).encode(),
+                ref=HfRef.of(info, namespace).encode(),
                 episode_id=(info.labels or {}).get(LABEL_EPISODE, ""),
                 job_id=(info.labels or {}).get(LABEL_JOB, ""),
                 role=(info.labels or {}).get(LABEL_ROLE, ""),
@@ -265,33 +307,147 @@ class HfBackend:
     async def episode_jobs(self, episode_id: str) -> list[JobInfo]:
         """Every job of this deployment for one episode, as the Hub records them."""
         labels = {LABEL_DEPLOYMENT: self.deployment, LABEL_EPISODE: label_value(episode_id)}
-        return await self._list(labels)
+        return await self._list(await self.namespace(), labels)
 
     async def describe(self, ref: str) -> JobInfo | None:
         """The Hub's own record of a job (its durations, labels, volumes), or None if gone."""
-        return await self._inspect(_decode(ref).job_id)
+        hf = _decode(ref)
+        return await self._inspect(hf.job_id, hf.namespace or await self.namespace())
 
     async def namespace(self) -> str:
-        """POSTTRAIN_NAMESPACE, or the token's user (asked once)."""
+        """POSTTRAIN_NAMESPACE, or the token's user (asked once): where new jobs start."""
         if self._namespace is None:
             async with self._namespace_lock:
                 if self._namespace is None:
-                    me = await hub_call("finding the token's user", self._api.whoami)
+                    me = await self._calls.call("finding the token's user", self._api.whoami)
                     self._namespace = str(me["name"])
         return self._namespace
 
     # -- internals -----------------------------------------------------------------------------
 
     async def _fetch_hardware(self) -> list[JobHardwareInfo]:
-        return await hub_call("reading job prices", self._public.list_jobs_hardware)
+        return await self._calls.call("reading job prices", self._public.list_jobs_hardware)
 
-    async def _list(self, labels: dict[str, str], status: list[str] | None = None) -> list[JobInfo]:
-        return await hub_list(
+    async def _list(
+        self, namespace: str, labels: dict[str, str], stages: list[str] | None = None
+    ) -> list[JobInfo]:
+        """Jobs carrying every one of `labels` (in one of `stages`), checked here again."""
+        found = await self._calls.listing(
             "listing jobs",
             self._api.list_jobs,
             labels=labels,
-            status=status,
-            namespace=await self.namespace(),
+            status=stages,
+            namespace=namespace,
+        )
+        kept = [
+            info
+            for info in found
+            if carries(info, labels) and (stages is None or stage_of(info) in stages)
+        ]
+        if len(kept) < len(found):
+            log.warning(
+                "the Hub listed %d jobs in %s that lack the labels or stages asked for; "
+                "they are left out",
+                len(found) - len(kept),
+                namespace,
+            )
+        return kept
+
+    async def _by_key(self, key: str, namespace: str) -> BackendJob | None:
+        found = await self._list(
+            namespace, {LABEL_DEPLOYMENT: self.deployment, LABEL_KEY: key_label(key)}
+        )
+        if not found:
+            return None
+        if len(found) > 1:  # a submit that was not exactly-once: observe cancels the others
+            log.error("%d Hugging Face jobs carry the key of %s", len(found), key)
+        first = min(found, key=lambda info: (info.created_at or self._clock(), info.id))
+        ref = HfRef.of(first, namespace).encode()
+        return backend_job(first, ref=ref, key=key, now=self._clock())
+
+    async def _earlier_attempts_job(self, key: str, namespace: str) -> BackendJob | None:
+        """On a retried submit: the job an earlier attempt's create may still produce. Looked
+        for by label until both SUBMIT_SETTLE_LOOKS looks and SUBMIT_SETTLE_S have passed
+        (the listing may lag behind a new job), before anything is created again."""
+        config = self._config
+        until = time.monotonic() + config.submit_settle_s
+        looks = 0
+        while True:
+            found = await self._by_key(key, namespace)
+            looks += 1
+            if found is not None:
+                log.info("a retried submit found the job of %s after %d looks", key, looks)
+                return found
+            if looks >= config.submit_settle_looks and time.monotonic() >= until:
+                return None
+            await asyncio.sleep(config.submit_look_interval_s)
+
+    async def _cancel_duplicates(
+        self, namespace: str, live: list[JobInfo], watched_ids: set[str]
+    ) -> None:
+        """Cancel live jobs that carry the key of a watched job but are not it: a create that
+        succeeded on the Hub after its retry had started another job. Best effort."""
+        watched_keys = {
+            (info.labels or {}).get(LABEL_KEY) for info in live if info.id in watched_ids
+        }
+        for info in live:
+            key = (info.labels or {}).get(LABEL_KEY)
+            if info.id in watched_ids or not key or key not in watched_keys:
+                continue
+            log.error(
+                "job %s in %s duplicates a watched job (key %s); cancelling it",
+                info.id,
+                namespace,
+                key,
+            )
+            try:
+                await self._calls.call(
+                    f"cancelling duplicate job {info.id}",
+                    self._api.cancel_job,
+                    job_id=info.id,
+                    namespace=namespace,
+                )
+            except (ToolError, TransientBackendError) as err:
+                log.warning("could not cancel duplicate job %s yet: %s", info.id, err)
+
+    def _seen(self, ref: str, hf: HfRef, namespace: str, info: JobInfo | None) -> BackendJob | None:
+        """The job as observed; None while it is missing but not yet vanished, or not ours."""
+        if info is None:
+            missing = self._missing.answered_404(hf.job_id, self._clock())
+            if missing is None:
+                return None
+            log.error(
+                "Hugging Face job %s in %s vanished; settling at worst case", hf.job_id, namespace
+            )
+            return vanished_job(
+                ref=ref,
+                key="",
+                now=self._clock(),
+                missing_s=missing.seconds(self._clock()),
+                looks=missing.looks,
+            )
+        self._missing.answered(hf.job_id)
+        if not carries(info, {LABEL_DEPLOYMENT: self.deployment}):
+            log.error("job %s in %s lacks this deployment's label; not ours", hf.job_id, namespace)
+            return None
+        key = (info.labels or {}).get(LABEL_KEY, "")
+        return backend_job(info, ref=ref, key=key, now=self._clock())
+
+    def _seen_or_retry(
+        self, ref: str, hf: HfRef, namespace: str, info: JobInfo | None
+    ) -> BackendJob:
+        job = self._seen(ref, hf, namespace, info)
+        if job is not None:
+            return job
+        if info is not None:
+            raise ToolError(
+                ErrorType.hf_error,
+                f"Hugging Face job {hf.job_id} in {namespace} does not carry this deployment's "
+                "label; it is not cancelled",
+            )
+        raise TransientBackendError(
+            f"Hugging Face answers 404 for job {hf.job_id} in {namespace}; looking again "
+            "before it is settled at its worst case"
         )
 
     async def _model_volume(self, request: JobRequest, namespace: str) -> Volume:
@@ -300,23 +456,29 @@ class HfBackend:
         except ValueError:
             evaluated = None
         if evaluated is not None and evaluated.folder is None:  # the Hub's record has it
-            info = await self._inspect(evaluated.job_id)
-            evaluated = HfRef.of(info) if info is not None else evaluated
+            where = evaluated.namespace or namespace
+            info = await self._inspect(evaluated.job_id, where)
+            evaluated = HfRef.of(info, where) if info is not None else evaluated
         cap = request.artifact_cap_bytes or self._config.artifact_cap_bytes
-        return await evaluated_outputs(self._api, namespace, evaluated, cap)
+        return await evaluated_outputs(self._calls, self._api, namespace, evaluated, cap)
 
-    async def _inspect(self, job_id: str) -> JobInfo | None:
-        """The job, or None when the Hub no longer knows it."""
+    async def _inspect(self, job_id: str, namespace: str) -> JobInfo | None:
+        """The job, or None when the Hub answers 404 for it."""
         try:
-            return await hub_call(
+            return await self._calls.call(
                 f"looking at job {job_id}",
                 self._api.inspect_job,
                 job_id=job_id,
-                namespace=await self.namespace(),
+                namespace=namespace,
                 keep=(JobNotFoundError,),
             )
         except JobNotFoundError:
             return None
+
+
+def _is_a_retry() -> bool:
+    """True inside a retried activity attempt (an earlier one may have created the job)."""
+    return activity.in_activity() and activity.info().attempt > 1
 
 
 def _decode(ref: str) -> HfRef:

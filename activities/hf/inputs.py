@@ -22,7 +22,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import validate_repo_id
 
-from activities.hf.errors import hub_call
+from activities.hf.calls import HubCalls
 from posttrain_env.errors import ErrorType, ToolError
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -63,7 +63,9 @@ def dataset_refusal(info: DatasetInfo) -> str | None:
     return None
 
 
-async def resolve_dataset(public: HfApi, repo_id: str, denylist: Sequence[str]) -> str:
+async def resolve_dataset(
+    calls: HubCalls, public: HfApi, repo_id: str, denylist: Sequence[str]
+) -> str:
     """The dataset's current commit. Raises ToolError(dataset_not_allowed) with the reason."""
     problem = repo_id_problem(repo_id)
     if problem:
@@ -71,7 +73,7 @@ async def resolve_dataset(public: HfApi, repo_id: str, denylist: Sequence[str]) 
     if _denied(repo_id, denylist):
         raise _refuse(repo_id, "is on this task's denylist")
     try:
-        info = await hub_call(
+        info = await calls.call(
             f"looking up dataset {repo_id!r}",
             public.dataset_info,
             repo_id,
@@ -94,7 +96,7 @@ async def resolve_dataset(public: HfApi, repo_id: str, denylist: Sequence[str]) 
     return info.sha
 
 
-async def resolve_model(public: HfApi, repo_id: str, revision: str) -> str:
+async def resolve_model(calls: HubCalls, public: HfApi, repo_id: str, revision: str) -> str:
     """The commit `revision` of the public model `repo_id` points at (once per episode)."""
     problem = repo_id_problem(repo_id)
     if problem:
@@ -102,7 +104,7 @@ async def resolve_model(public: HfApi, repo_id: str, revision: str) -> str:
             ErrorType.hf_error, f"the task's base model {repo_id!r} is invalid: {problem}"
         )
     try:
-        info = await hub_call(
+        info = await calls.call(
             f"looking up model {repo_id!r}",
             public.model_info,
             repo_id,

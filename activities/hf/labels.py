@@ -4,10 +4,10 @@ Labels are how the backend finds its own jobs again: by idempotency key (a retri
 deployment (the watcher's one listing call, the orphan reaper). Hub label keys and values hold at
 most 100 characters of `[A-Za-z0-9_-]`, so anything else (a workflow id has `/` in it) is hashed.
 
-The ref is opaque to everyone but this backend, and crosses workflow history: it holds the Hub's
-job id and the job's folder in the namespace's `jobs-artifacts` bucket (`run_uv_job` uploads the
-script to `<folder>/` and mounts that folder at `/data`, so `/data/outputs` is `<folder>/outputs`),
-never anything secret.
+The ref is opaque to everyone but this backend, and crosses workflow history: it holds the
+namespace the job runs in, the Hub's job id and the job's folder in that namespace's
+`jobs-artifacts` bucket (`run_uv_job` uploads the script to `<folder>/` and mounts that folder
+at `/data`, so `/data/outputs` is `<folder>/outputs/`), never anything secret.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ LABEL_TIMEOUT = "posttrain-timeout-s"
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9_-]{1,100}")
 _JOB_ID = re.compile(r"[A-Za-z0-9]{1,64}")
 _FOLDER = re.compile(r"[A-Za-z0-9._-]{1,128}")
+# A Hub user or organization name (a bucket id's first part).
+_NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 
 
 def _digest(purpose: str, value: str, length: int = 40) -> str:
@@ -71,25 +73,46 @@ def job_labels(request: JobRequest, deployment: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class HfRef:
-    """A job as this backend names it: `<hub job id>` or `<hub job id>:<artifacts folder>`."""
+    """A job as this backend names it: `<namespace>/<hub job id>[:<artifacts folder>]`.
+
+    The namespace is the one the job was started in, and every later call on the job uses it,
+    so a change of POSTTRAIN_NAMESPACE (or of the token's user) while jobs run never loses one.
+    Refs made before the namespace was stored (`<hub job id>[:<folder>]`) still decode, with
+    `namespace=None`: calls on them use the backend's current namespace, as they always did.
+    """
 
     job_id: str
     folder: str | None = None
+    namespace: str | None = None
 
     def encode(self) -> str:
-        return self.job_id if self.folder is None else f"{self.job_id}:{self.folder}"
+        ref = self.job_id if self.namespace is None else f"{self.namespace}/{self.job_id}"
+        return ref if self.folder is None else f"{ref}:{self.folder}"
 
     @classmethod
     def decode(cls, ref: str) -> HfRef:
         """Raises ValueError for a ref this backend did not make."""
-        job_id, _, folder = ref.partition(":")
-        if not _JOB_ID.fullmatch(job_id) or (folder and not _FOLDER.fullmatch(folder)):
+        named, _, folder = ref.partition(":")
+        namespace, _, job_id = named.rpartition("/")
+        if (
+            not _JOB_ID.fullmatch(job_id)
+            or (folder and not _FOLDER.fullmatch(folder))
+            or ("/" in named and not _NAMESPACE.fullmatch(namespace))
+        ):
             raise ValueError(f"not a Hugging Face job ref: {ref!r}")
-        return cls(job_id, folder or None)
+        return cls(job_id, folder or None, namespace or None)
 
     @classmethod
-    def of(cls, info: JobInfo) -> HfRef:
-        return cls(info.id, artifacts_folder(info))
+    def of(cls, info: JobInfo, namespace: str) -> HfRef:
+        return cls(info.id, artifacts_folder(info), namespace)
+
+
+def carries(info: JobInfo, labels: dict[str, str]) -> bool:
+    """True when the job carries every one of `labels`. The Hub's `label=` filter is a request,
+    not a guarantee (a server may ignore it or lag): every listing is checked again here, so a
+    job without this deployment's labels is never adopted, watched or reaped."""
+    own = info.labels or {}
+    return all(own.get(key) == value for key, value in labels.items())
 
 
 def artifacts_folder(info: JobInfo) -> str | None:

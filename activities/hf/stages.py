@@ -1,9 +1,22 @@
 """A Hugging Face `JobInfo` as a `BackendJob`: its state and the running time it is billed for.
 
 SCHEDULING → queued, RUNNING → running, COMPLETED → succeeded, ERROR → failed (timed_out when
-the job ran up to the timeout we gave it), CANCELED and DELETED → cancelled. The running time is
-the Hub's own `durations.running_secs` (recomputed on every request while a job runs); only
-when the Hub gives none is it computed from `started_at` and `finished_at`.
+the Hub says so or the job ran up to the timeout we gave it), CANCELED and DELETED → cancelled;
+a stage this code does not know is taken as still queued (looked at again, never settled).
+
+**How a job is billed (the rule settlement follows).** The Hub prices a job per started minute
+of its flavor (`list_jobs_hardware`: `unit_cost_micro_usd` per `unit_label`). The seconds we
+settle are the Hub's own `durations.running_secs`, which it recomputes on every request while a
+job runs; scheduling (`scheduling_secs`) is not billed. Only when the Hub gives no running time
+is it computed from `started_at` and `finished_at`. The episode charges `price × ceil(seconds /
+60)` (`workflows/ledger.py`), even above the reservation (a stop lag past the timeout). Whether a
+phase between scheduling and running is billed, and whether a job's timeout clock includes its
+scheduling, are not documented by the Hub: `scripts/hf_smoke.py --check-billing` prints the
+Hub's durations beside our settlement for whoever first runs it with a token.
+
+A job the Hub no longer knows (404 on its own URL, repeatedly: `activities/hf/missing.py`) is
+reported `vanished`: the episode settles it at its worst case, the whole reservation, never at
+0 s, since it may have run, and may still run, up to its timeout.
 """
 
 from __future__ import annotations
@@ -25,7 +38,8 @@ STAGES: dict[str, JobState] = {
     JobStage.DELETED.value: JobState.cancelled,
 }
 LIVE_STAGES = [JobStage.SCHEDULING.value, JobStage.RUNNING.value]
-# A job stopped by its timeout reports a running time within a few seconds of it.
+# A job stopped by its timeout reports a running (or, if the Hub's timeout clock includes
+# scheduling, a total) time within a few seconds of it.
 TIMEOUT_SLACK_S = 5
 
 
@@ -35,7 +49,7 @@ def stage_of(info: JobInfo) -> str:
 
 
 def running_seconds(info: JobInfo, now: datetime) -> float:
-    """Seconds the job has run (so far, if it still runs)."""
+    """Seconds the job has run (so far, if it still runs): what it is billed for."""
     durations = info.durations
     if durations is not None and durations.running_secs is not None:
         return float(max(0, durations.running_secs))
@@ -45,16 +59,20 @@ def running_seconds(info: JobInfo, now: datetime) -> float:
     return max(0.0, (end - info.started_at).total_seconds())
 
 
+def _reached_timeout(info: JobInfo, running_s: float) -> bool:
+    timeout_s = timeout_of(info)
+    if timeout_s is None:
+        return False
+    total = info.durations.total_secs if info.durations is not None else None
+    longest = max(running_s, float(total or 0))
+    return longest >= timeout_s - TIMEOUT_SLACK_S
+
+
 def state_of(info: JobInfo, running_s: float) -> JobState:
-    stage = stage_of(info)
-    # An unknown stage is treated as still queued: the watcher looks again rather than settle.
-    state = STAGES.get(stage, JobState.queued)
+    state = STAGES.get(stage_of(info), JobState.queued)
     if state is JobState.failed:
-        timeout_s = timeout_of(info)
         message = (info.status.message or "").lower()
-        if "timeout" in message or "timed out" in message:
-            return JobState.timed_out
-        if timeout_s is not None and running_s >= timeout_s - TIMEOUT_SLACK_S:
+        if "timeout" in message or "timed out" in message or _reached_timeout(info, running_s):
             return JobState.timed_out
     return state
 
@@ -80,13 +98,18 @@ def backend_job(info: JobInfo, *, ref: str, key: str, now: datetime) -> BackendJ
     )
 
 
-def vanished_job(*, ref: str, key: str, now: datetime) -> BackendJob:
-    """A job the Hub no longer knows (404): it will not run or bill any more."""
+def vanished_job(*, ref: str, key: str, now: datetime, missing_s: float, looks: int) -> BackendJob:
+    """A job the Hub has answered 404 for, `looks` times over `missing_s` seconds."""
     return BackendJob(
         ref=ref,
         key=key,
         state=JobState.cancelled,
         created_at=now,
         finished_at=now,
-        message="the job no longer exists on Hugging Face",
+        vanished=True,
+        message=(
+            f"Hugging Face no longer knows this job (404 on {looks} looks over "
+            f"{missing_s:.0f} s); it is settled at its worst case, the whole reservation, "
+            "since it may have run up to its timeout"
+        ),
     )

@@ -8,30 +8,48 @@ restarted worker or server) sees every job exactly as the old one did.
 
 Base models and datasets come from the local hub (`<state>/local/hub`, activities/local/hub.py);
 installs share one uv cache (`<state>/local/uv-cache`). Prices are simulated (LOCAL_PRICES).
+
+What a job may use (CPUs, memory, processes, disk, files) follows its flavor, scaled to this
+machine (activities/local/resources.py); what holds each limit is found out when the backend is
+built (activities/local/containment.py) and reported by `job_limits`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from activities.backend import JobRequest
 from activities.local import jobfiles as jf
+from activities.local.containment import FALLBACK_NICENESS, Containment, find_containment
 from activities.local.hub import HubError, LocalHub
 from activities.local.plan import Machine, plan_job
+from activities.local.resources import (
+    Capacity,
+    JobResources,
+    LocalLimits,
+    job_resources,
+    jobs_cpus,
+    jobs_memory_bytes,
+    machine_capacity,
+)
 from activities.local.sandbox import find_bwrap
 from activities.local.store import JobStore, job_ref
+from posttrain_env.contracts.episodes import FlavorLimits, JobLimits
 from posttrain_env.contracts.jobs import BackendJob, JobRole
 from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.limits import LOCAL_JOB_CPU_WEIGHT, LOCAL_JOBS_CPU_WEIGHT
 from posttrain_env.models import FlavorPrice
+
+__all__ = ["LOCAL_PRICES", "LocalBackend", "LocalLimits", "job_ref"]
 
 # Simulated prices: Hugging Face Jobs' own flavor names and list prices (hf.co/docs/hub/
 # jobs-pricing: CPU Basic $0.01/h, CPU Upgrade $0.03/h), in micro-USD per minute, so that a local
@@ -42,23 +60,8 @@ LOCAL_PRICES: tuple[FlavorPrice, ...] = (
     FlavorPrice(name="cpu-upgrade", micro_usd_per_minute=500),
 )
 
-GIB = 1 << 30
 # Job uids come from this range (above any account's and most containers' subordinate ids).
 UID_BASE, UID_SPAN = 2_100_000_000, 40_000_000
-
-
-@dataclass(frozen=True)
-class LocalLimits:
-    """Per-job limits of this machine."""
-
-    artifact_cap_bytes: int = 2 * GIB  # /data/outputs, unless the request carries a cap
-    disk_cap_bytes: int = 8 * GIB  # /data, /tmp, /dev/shm and the log together
-    max_files: int = 100_000  # entries under each watched folder
-    nproc: int = 1024  # processes of the job's uid (RLIMIT_NPROC)
-    memory_bytes: int | None = None  # RLIMIT_AS per process; None: this machine's memory
-    file_bytes: int | None = None  # RLIMIT_FSIZE; None: the disk cap
-    poll_s: float = 0.1
-    size_every_s: float = 0.5
 
 
 def python_version(python: str) -> str:
@@ -95,17 +98,25 @@ class LocalBackend:
         find_links: Sequence[str] = (),
         no_index: bool = False,
         supervisor_python: str | None = None,
+        capacity: Capacity | None = None,
     ) -> None:
         """`state_dir` is the backend's own folder (`<POSTTRAIN_STATE_DIR>/local`).
         `find_links`: folders of wheels that installs use besides PyPI (the server's
         POSTTRAIN_LOCAL_FIND_LINKS); `no_index`: those folders only (tests). Never anything
-        an agent sets."""
+        an agent sets. `capacity`: what jobs may share (default: what this server may use
+        of the machine)."""
         self.state_dir = state_dir
         self.jobs_dir = state_dir / "jobs"
         self.hub = LocalHub(state_dir / "hub")
         self.limits = limits or LocalLimits()
         self.store = JobStore(self.jobs_dir, supervisor_python or sys.executable)
         self.job_python_version = python_version(job_python)
+        self.capacity = capacity or machine_capacity()
+        self.containment: Containment = find_containment(
+            state_dir, supervisor_python or sys.executable, self.limits.size_every_s
+        )
+        # What jobs of an earlier server left behind, if anything (a supervisor killed with it).
+        self.store.sweep(self.containment.placements)
         uv_cache = state_dir / "uv-cache"
         uv_cache.mkdir(exist_ok=True)
         os.chmod(uv_cache, 0o700)  # root's (or the server user's) alone; jobs never mount it
@@ -144,6 +155,23 @@ class LocalBackend:
 
     async def hardware(self) -> list[FlavorPrice]:
         return list(LOCAL_PRICES)
+
+    def job_limits(self) -> JobLimits:
+        """What one job of each flavor may use here, and which limits only a stand-in holds."""
+        flavors = {}
+        for price in LOCAL_PRICES:
+            res = self.resources(price.name)
+            flavors[price.name] = FlavorLimits(
+                vcpus=res.vcpus,
+                memory_bytes=res.memory_bytes,
+                processes=res.processes,
+                disk_bytes=res.disk_bytes,
+                files=res.files,
+            )
+        return JobLimits(flavors=flavors, not_enforced=list(self.containment.gaps))
+
+    def resources(self, flavor: str, artifact_cap: int | None = None) -> JobResources:
+        return job_resources(flavor, self.capacity, self.limits, artifact_cap)
 
     async def resolve_model(self, repo_id: str, revision: str) -> str:
         def resolve() -> str:
@@ -185,6 +213,8 @@ class LocalBackend:
         plan = plan_job(request, folder, self.machine, uid, base_model, datasets, artifact)
         limits = self.limits
         artifact_cap = request.artifact_cap_bytes or limits.artifact_cap_bytes
+        resources = self.resources(request.flavor, artifact_cap)
+        contained = self.containment.controllers
         spec = {
             "key": request.key,
             "role": request.role.value,
@@ -194,19 +224,34 @@ class LocalBackend:
             "privileged": self.machine.privileged,
             "phases": plan.phases,
             "collect": plan.collect,
-            "cleanup": ["env", "tmp", "shm", "data"],
+            "data_owner": plan.data_owner,
             "poll_s": limits.poll_s,
             "size_every_s": limits.size_every_s,
+            "resources": dataclasses.asdict(resources),
+            # Control groups: the jobs' parent (all jobs of this server) and the job's own.
+            "cgroups": [dataclasses.asdict(p) for p in self.containment.placements],
+            "jobs_limits": {
+                "memory_bytes": jobs_memory_bytes(self.capacity, limits),
+                "cpus": None if limits.cpu_share >= 1 else jobs_cpus(self.capacity, limits),
+                "cpu_weight": LOCAL_JOBS_CPU_WEIGHT,
+            },
+            "job_cpu_weight": LOCAL_JOB_CPU_WEIGHT,
+            "filesystem": (
+                dataclasses.asdict(self.containment.filesystem)
+                if self.containment.filesystem
+                else None
+            ),
+            "niceness": 0 if "cpu" in contained else FALLBACK_NICENESS,
+            # rlimits: memory and processes only where no control group holds them.
             "limits": {
-                "nproc": limits.nproc,
-                "memory_bytes": limits.memory_bytes or _physical_memory(),
-                "file_bytes": limits.file_bytes or limits.disk_cap_bytes,
+                "nproc": None if "pids" in contained else resources.processes,
+                "memory_bytes": None if "memory" in contained else resources.memory_bytes,
+                "file_bytes": limits.file_bytes or resources.disk_bytes,
             },
             "watch": {
                 "artifact_cap_bytes": artifact_cap,
-                "disk_cap_bytes": max(limits.disk_cap_bytes, artifact_cap),
-                "max_files": limits.max_files,
-                "scratch": ["data", "tmp", "shm"],
+                "disk_cap_bytes": resources.disk_bytes,
+                "max_files": resources.files,
             },
         }
         return self.store.create(ref, plan, spec)
@@ -253,10 +298,6 @@ def _find_uv() -> str:
         if found is None:
             raise FileNotFoundError("uv is not installed; local jobs install with it") from None
         return found
-
-
-def _physical_memory() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _uids_in_use() -> set[int]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from activities.backend import JobRequest
 from activities.local.sandbox import Mount, Sandbox, outside_usr
+from activities.local.scratch import FS, SHM
 from job_launcher.builder import LauncherConfig, build_launcher
 from job_launcher.requirements import merged_dependencies
 from posttrain_env.contracts.jobs import JobRole
@@ -77,7 +78,7 @@ class JobPlan:
     phases: list[dict[str, Any]]
     secret_env: dict[str, dict[str, str]]  # phase name -> environment, sent on stdin
     collect: bool  # agent jobs: outputs become the artifact
-    data_owner: int | None  # chown data/ to this uid (root: an evaluator's scratch)
+    data_owner: int | None  # the owner of /data (root: an evaluator's scratch), else root's
 
 
 def plan_job(
@@ -94,11 +95,12 @@ def plan_job(
     inputs += [Mount(str(path), f"/datasets/{repo_id}") for repo_id, path in datasets]
     if artifact is not None:
         inputs.append(Mount(str(artifact), "/model"))
+    fs = folder / FS  # the job's own filesystem (activities/local/scratch.py)
     scratch = [
-        Mount(str(folder / "tmp"), "/tmp", writable=True),
-        Mount(str(folder / "shm"), "/dev/shm", writable=True),
-        Mount(str(folder / "data"), "/data", writable=True),
-        Mount(str(folder / "env"), "/env"),
+        Mount(str(fs / "tmp"), "/tmp", writable=True),
+        Mount(str(folder / SHM), "/dev/shm", writable=True),
+        Mount(str(fs / "data"), "/data", writable=True),
+        Mount(str(fs / "env"), "/env"),
         Mount(str(folder / "job"), "/job"),
     ]
     python_prefix = outside_usr(machine.job_python)
@@ -194,8 +196,8 @@ def _install_phase(machine: Machine, uid: int, folder: Path, host: list[str]) ->
         network=True,
         command=[machine.job_python, "/job/launcher.py", "--phase", "install"],
         mounts=[
-            Mount(str(folder / "tmp"), "/tmp", writable=True),
-            Mount(str(folder / "env"), "/env", writable=True),
+            Mount(str(folder / FS / "tmp"), "/tmp", writable=True),
+            Mount(str(folder / FS / "env"), "/env", writable=True),
             Mount(str(folder / "job"), "/job"),
             Mount(str(machine.uv_cache), "/uv-cache", writable=True),
             Mount(machine.uv, UV_IN_SANDBOX),

@@ -12,11 +12,14 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from activities.local import jobfiles as jf
+from activities.local import scratch
+from activities.local.cgroups import JobGroups, Placement
 from activities.local.plan import JobPlan
 from posttrain_env.contracts.jobs import BackendJob
 from posttrain_env.errors import ErrorType, ToolError
@@ -63,19 +66,35 @@ class JobStore:
                 uids.add(int(spec.get("uid", 0)))
         return uids
 
+    def sweep(self, placements: Sequence[Placement]) -> None:
+        """Release what ended jobs left behind when their supervisor was killed (control
+        groups, folders), e.g. before this server restarted. Per ended job, a read of its
+        job.json and a few stat calls when there is nothing to release."""
+        for folder in self.jobs_dir.iterdir():
+            if not REF.fullmatch(folder.name) or not (folder / jf.RESULT).exists():
+                continue
+            spec = jf.read_json(folder / jf.JOB) or {}
+            # The groups the job was given, and where this server puts jobs now: a server
+            # restarted in another group of its own (a new container, a systemd unit) has
+            # other placements than the spec's.
+            recorded = [Placement(**item) for item in spec.get("cgroups") or []]
+            groups = JobGroups(list(dict.fromkeys([*recorded, *placements])), folder.name)
+            leftovers = [folder / name for name in (scratch.FS, scratch.SHM, scratch.IMAGE)]
+            if not groups.exist() and not any(p.exists() for p in leftovers):
+                continue
+            if jf.is_alive(jf.read_json(folder / jf.SUPERVISOR)):
+                continue  # still tearing down
+            release_leftovers(folder, spec, wait_s=0.5)
+            groups.remove(timeout_s=0.5)
+
     # -- create ----------------------------------------------------------------------------------
 
     def create(self, ref: str, plan: JobPlan, spec: dict[str, Any]) -> BackendJob:
         """Write the job's folder and start its supervisor; a concurrent create of the same ref
         loses to the first and returns its job."""
         staging = Path(tempfile.mkdtemp(prefix=".new-", dir=self.jobs_dir))
-        for name in ("job", "data", "env"):
-            (staging / name).mkdir(mode=0o755)
-        for name in ("tmp", "shm"):
-            (staging / name).mkdir()
-            os.chmod(staging / name, 0o1777)
-        if plan.data_owner is not None:
-            os.chown(staging / "data", plan.data_owner, plan.data_owner)
+        # The job's writable folders are made by its supervisor, on its own filesystem.
+        (staging / "job").mkdir(mode=0o755)
         for name, (content, mode) in plan.files.items():
             (staging / name).write_bytes(content)
             os.chmod(staging / name, mode)
@@ -165,7 +184,8 @@ class JobStore:
             ended = _result("cancelled", started, now, "cancelled")
         else:
             ended = _result("failed", started, now, "the job's supervisor stopped")
-        jf.create_json(folder / jf.RESULT, ended)
+        if jf.create_json(folder / jf.RESULT, ended):
+            release_leftovers(folder, spec)
         return jf.read_json(folder / jf.RESULT)
 
     # -- cancel ----------------------------------------------------------------------------------
@@ -188,6 +208,23 @@ class JobStore:
                 break
             time.sleep(0.02)
         return view
+
+
+def release_leftovers(folder: Path, spec: dict[str, Any], wait_s: float = 2.0) -> list[str]:
+    """What a job whose supervisor is gone left behind: its control groups (killing what is
+    still in them) and its folders. Its filesystems were mounted only in the supervisor's own
+    mount namespace, so they went with it; here they are empty folders. Best effort: returns
+    what could not be removed (a later sweep retries)."""
+    problems: list[str] = []
+    placements = spec.get("cgroups") or []
+    if placements:
+        problems += JobGroups.from_spec(placements, folder.name).remove(timeout_s=wait_s)
+    for name in (scratch.FS, scratch.SHM, scratch.IMAGE):
+        try:
+            scratch.remove_tree(folder / name)
+        except OSError as exc:
+            problems.append(f"{folder / name}: {exc}")
+    return problems
 
 
 def _result(state: str, started: float, finished: float, message: str) -> dict[str, Any]:

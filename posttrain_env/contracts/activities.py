@@ -12,6 +12,17 @@ from __future__ import annotations
 from temporalio import activity
 
 from posttrain_env.contracts.audit import WriteAudit
+from posttrain_env.contracts.campaigns import (
+    AgentTurn,
+    CallRef,
+    CallState,
+    CampaignPlan,
+    CheckAgents,
+    FinishAttempt,
+    OpenConversation,
+    PlanCampaign,
+    TurnSummary,
+)
 from posttrain_env.contracts.episodes import EpisodeSetup, PrepareEpisode, ServerSpend
 from posttrain_env.contracts.jobs import (
     BackendJob,
@@ -101,4 +112,49 @@ class AuditApi:
     async def write_audit(self, request: WriteAudit) -> str:
         """Read the episode's history and the backend's job facts; write the record; its
         file's name."""
+        raise Unimplemented
+
+
+class CampaignsApi:
+    """Plan campaigns, keep their conversations and records, and carry a rollout's tool calls to
+    its episode as the gateway does (`activities.campaigns.CampaignActivities`)."""
+
+    @activity.defn
+    async def plan_campaign(self, plan: PlanCampaign) -> CampaignPlan:
+        """Check the tasks and the budget, pin each task's base model, describe the campaign."""
+        raise Unimplemented
+
+    @activity.defn
+    async def open_conversation(self, request: OpenConversation) -> str:
+        """Store the brief as a new conversation; its head."""
+        raise Unimplemented
+
+    @activity.defn
+    async def send_call(self, call: CallRef) -> CallState:
+        """Send the call as an update (accepted, not awaited), then look for its answer."""
+        raise Unimplemented
+
+    @activity.defn
+    async def collect_answer(self, call: CallRef) -> CallState:
+        """The call's answer, added to the conversation, if the episode has given it."""
+        raise Unimplemented
+
+    @activity.defn
+    async def finish_attempt(self, finish: FinishAttempt) -> None:
+        """Append the attempt's record (once, whatever the retries)."""
+        raise Unimplemented
+
+
+class AgentsApi:
+    """Agent turns, on the agent task queue only (`activities.agent_turns.AgentTurnActivities`,
+    in `posttrain-env agent-worker`: no broker secret in that process)."""
+
+    @activity.defn
+    async def agent_turn(self, turn: AgentTurn) -> TurnSummary:
+        """Run one turn of the agent in a process of its own; store it; summarize it."""
+        raise Unimplemented
+
+    @activity.defn
+    async def check_agents(self, check: CheckAgents) -> None:
+        """Build every agent once (in its own process): raise agent_invalid for one that cannot."""
         raise Unimplemented

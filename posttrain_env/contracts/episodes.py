@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from posttrain_env.contracts.jobs import RepoRef
 from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES
@@ -27,6 +27,24 @@ class Caps(BaseModel):
         return self.enabled or self.max_live_episodes is not None
 
 
+class FlavorLimits(BaseModel):
+    """What one job of a flavor may use on the backend that runs it."""
+
+    vcpus: float
+    memory_bytes: int
+    processes: int  # processes and threads
+    disk_bytes: int  # /data, /tmp and its packages together
+    files: int  # files and folders on that disk
+
+
+class JobLimits(BaseModel):
+    """A backend's limits per job, by flavor, and the limits its host holds only by a weaker
+    stand-in (e.g. no memory control group: memory limited per process). `task_info` shows it."""
+
+    flavors: dict[str, FlavorLimits]
+    not_enforced: list[str] = Field(default_factory=list)
+
+
 class EpisodeSetup(BaseModel):
     """What an episode is started with (prepared by an activity at reset)."""
 
@@ -43,6 +61,9 @@ class EpisodeSetup(BaseModel):
     continue_as_new_events: int | None = None
     # Continue as new past this many bytes of history, whatever the event count.
     continue_as_new_bytes: int = CONTINUE_AS_NEW_HISTORY_BYTES
+    # What each job may use on this backend (None: the backend does not say; histories
+    # recorded before this field decode with None).
+    job_limits: JobLimits | None = None
     # The Python version the backend's agent jobs run; None: unknown (an episode started
     # before it was recorded), checked as this server's.
     job_python_version: str | None = None
@@ -56,7 +77,11 @@ class EpisodeSetup(BaseModel):
 class PrepareEpisode(BaseModel):
     task_id: str
     episode_id: str
+    # The workflow told when the episode closes (`EpisodeClosed`): a session, or a rollout.
     session_workflow_id: str | None = None
+    # A commit of the backend's base model, pinned by a campaign for all its rollouts; None:
+    # the task's revision, resolved now.
+    base_model_revision: str | None = None
 
 
 class ServerSpend(BaseModel):

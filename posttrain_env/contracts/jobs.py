@@ -59,6 +59,9 @@ class BackendJob(BaseModel):
     finished_at: datetime | None = None
     running_s: float = 0.0
     message: BoundedText = ""  # may quote the job's own output: cut where it enters
+    # The backend lost track of the job (Hugging Face answers 404 for it): its real running time
+    # is unknown, so the episode settles it at its worst case, the whole reservation.
+    vanished: bool = False
 
 
 # -- activity inputs and outputs -----------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`posttrain-env` command line: `demo`, `server`, `worker`, `hub`, `temporal`, `episodes`."""
+"""`posttrain-env` command line: `demo`, `server`, `worker`, `agent-worker`, `campaign`, `hub`,
+`temporal`, `episodes`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posttrain-env")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("worker", help="run a Temporal worker on the task queue `posttrain`")
+    agents = sub.add_parser(
+        "agent-worker", help="run agent turns (campaigns) on their own task queue, no secrets"
+    )
+    agents.add_argument("--turns-at-once", type=int, default=16)
+    from posttrain_env.entrypoints.campaign_cli import add_campaign_commands
+
+    add_campaign_commands(sub)
     from posttrain_env.entrypoints.server import add_server_arguments
 
     add_server_arguments(
@@ -51,6 +59,14 @@ def main(argv: list[str] | None = None) -> None:
             from posttrain_env.entrypoints.server import run
 
             status = run(args.host, args.port, with_worker=not args.no_worker)
+        elif args.command == "agent-worker":
+            from posttrain_env.entrypoints.agent_worker import run_agent_worker
+
+            status = asyncio.run(run_agent_worker(args.turns_at_once))
+        elif args.command == "campaign":
+            from posttrain_env.entrypoints.campaign_cli import run_campaign_command
+
+            status = run_campaign_command(args)
         elif args.command == "hub":
             from posttrain_env.entrypoints.hub_cli import run_hub
 

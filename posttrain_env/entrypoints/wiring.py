@@ -8,6 +8,8 @@ Every workflow-to-workflow call that an activity makes is listed in this module:
 - `TemporalAccount.check_exposure`: update of the `AccountWorkflow` (`check_exposure`);
 - `TemporalEpisodeLiveness.is_running`: describe of an `EpisodeWorkflow` (the reaper);
 - `TemporalEpisodeTrail.read`: describe and history of an `EpisodeWorkflow` (the audit record);
+- `TemporalEpisodeCalls.send`: update of an `EpisodeWorkflow` (`call_tool`, to ACCEPTED), a
+  rollout's tool call; `.result_of` and `.status`: its queries; `.is_running`: describe;
 - `ensure_reaper_schedule`: the Schedule that starts `ReaperWorkflow` (hf backend only).
 
 Workflows reach each other directly (signals and children) and list those calls in their own
@@ -34,6 +36,7 @@ from temporalio.client import (
     ScheduleSpec,
     WithStartWorkflowOperation,
     WorkflowUpdateFailedError,
+    WorkflowUpdateStage,
 )
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
@@ -41,10 +44,13 @@ from temporalio.service import RPCError
 from activities.backend import JobsBackend
 from activities.ports import JobToWatch
 from posttrain_env.contracts.audit import AuditRecord
+from posttrain_env.contracts.episode_calls import EpisodeStatus, ToolCall, ToolResult
 from posttrain_env.contracts.episodes import Caps, ServerSpend
 from posttrain_env.errors import update_failure, workflow_is_gone
+from posttrain_env.limits import GIB
 from posttrain_env.settings import Settings
 from workflows.account import AccountState, AccountWorkflow, Admission, ExposureCheck
+from workflows.episode import EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 from workflows.reaper import ReaperInput, ReaperWorkflow
 from workflows.watcher import WatcherInput, WatcherWorkflow, WatchRequest
@@ -82,8 +88,10 @@ def make_backend(settings: Settings) -> JobsBackend:
 
 
 def local_backend(settings: Settings) -> JobsBackend:
-    """SystemExit with a message when this machine cannot run local jobs."""
+    """SystemExit with a message when this machine cannot run local jobs. Logs what holds each
+    job's limits here, and warns about each limit only a weaker stand-in holds."""
     from activities.local.backend import LocalBackend
+    from activities.local.resources import LimitsError, LocalLimits, describe_bytes
 
     python = settings.job_python
     if not os.access(python, os.X_OK):
@@ -92,13 +100,41 @@ def local_backend(settings: Settings) -> JobsBackend:
             "need one that their unprivileged uid can run (e.g. /usr/bin/python3)"
         )
     try:
-        return LocalBackend(
+        limits = LocalLimits(
+            disk_cap_bytes=round(settings.local_job_disk_gib * GIB),
+            max_files=settings.local_job_files,
+            nproc=settings.local_job_processes,
+            memory_share=settings.local_memory_share,
+            cpu_share=settings.local_cpu_share,
+        )
+        backend = LocalBackend(
             settings.state_dir / "local",
             job_python=python,
+            limits=limits,
             find_links=settings.local_find_link_list,
         )
+    except LimitsError as exc:
+        raise SystemExit(f"POSTTRAIN_LOCAL_*: {exc}") from None
     except (RuntimeError, FileNotFoundError) as exc:
         raise SystemExit(f"the local backend cannot run here: {exc}") from None
+    containment = backend.containment
+    for flavor, size in backend.job_limits().flavors.items():
+        log.info(
+            "local jobs (%s): %g CPUs, %s memory, %d processes, %s disk, %d files",
+            flavor,
+            size.vcpus,
+            describe_bytes(size.memory_bytes),
+            size.processes,
+            describe_bytes(size.disk_bytes),
+            size.files,
+        )
+    held = [f"{p.controller} (cgroup v{p.version})" for p in containment.placements]
+    if containment.filesystem is not None:
+        held.append("disk and files (a filesystem per job)")
+    log.info("local job limits held by the kernel: %s", ", ".join(held) or "none")
+    for gap in containment.gaps:
+        log.warning("local job limit not enforced here: %s", gap)
+    return backend
 
 
 def hf_backend(settings: Settings) -> JobsBackend:
@@ -106,7 +142,8 @@ def hf_backend(settings: Settings) -> JobsBackend:
     SystemExit naming HF_TOKEN when it is not set."""
     from huggingface_hub import HfApi
 
-    from activities.hf.backend import HfBackend
+    from activities.hf.backend import HfBackend, HfBackendConfig
+    from activities.hf.http import install_hub_client
     from activities.hf.labels import deployment_id
 
     token = settings.hf_token.get_secret_value().strip() if settings.hf_token else ""
@@ -115,11 +152,15 @@ def hf_backend(settings: Settings) -> JobsBackend:
             "POSTTRAIN_BACKEND=hf needs HF_TOKEN: set it to the broker's Hugging Face token "
             "(it starts paid jobs; no job ever sees it), or choose another backend."
         )
+    config = HfBackendConfig()
+    # Every Hub request of this process bounded, and retried by Temporal only.
+    install_hub_client(config.http)
     return HfBackend(
         HfApi(token=token, library_name="posttrain-env"),
         HfApi(token=False, library_name="posttrain-env"),
         deployment=deployment_id(settings.state_dir / "server.key"),
         namespace=settings.namespace,
+        config=config,
     )
 
 
@@ -225,6 +266,42 @@ class TemporalEpisodeLiveness:
                 return False
             raise
         return description.status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
+
+
+class TemporalEpisodeCalls:
+    """`EpisodeCalls`: a rollout's tool calls, as the gateway makes them (update id
+    `<episode_id>:<request_id>`), sent to ACCEPTED only: the answer is read back later."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def _handle(self, episode_id: str):  # type: ignore[no-untyped-def]
+        return self._client.get_workflow_handle_for(
+            EpisodeWorkflow.run, episode_workflow_id(episode_id)
+        )
+
+    async def send(self, episode_id: str, call: ToolCall) -> bool:
+        try:
+            await self._handle(episode_id).start_update(
+                EpisodeWorkflow.call_tool,
+                call,
+                id=f"{episode_id}:{call.request_id}",
+                wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+            )
+        except (WorkflowUpdateFailedError, RPCError) as err:
+            if workflow_is_gone(err):
+                return False
+            raise
+        return True
+
+    async def result_of(self, episode_id: str, request_id: str) -> ToolResult | None:
+        return await self._handle(episode_id).query(EpisodeWorkflow.result_of, request_id)
+
+    async def status(self, episode_id: str) -> EpisodeStatus:
+        return await self._handle(episode_id).query(EpisodeWorkflow.status)
+
+    async def is_running(self, episode_id: str) -> bool:
+        return await TemporalEpisodeLiveness(self._client).is_running(episode_id)
 
 
 # -- the orphan reaper's Schedule (hf backend) ---------------------------------------------------

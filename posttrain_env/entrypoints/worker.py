@@ -5,6 +5,7 @@ the gateway unless `--no-worker`."""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import signal
 from collections.abc import Callable, Sequence
@@ -16,12 +17,15 @@ from temporalio.worker import Worker
 
 from activities.audit import AuditActivities
 from activities.backend import JobsBackend
+from activities.campaign_store import CampaignStore
+from activities.campaigns import CampaignActivities, CampaignConfig
 from activities.episodes import EpisodeActivities, EpisodeConfig
 from activities.jobs import JobsActivities
 from posttrain_env.entrypoints.temporal_client import connect
 from posttrain_env.entrypoints.temporal_setup import require_search_attributes
 from posttrain_env.entrypoints.wiring import (
     TemporalAccount,
+    TemporalEpisodeCalls,
     TemporalEpisodeLiveness,
     TemporalEpisodeTrail,
     TemporalJobWatch,
@@ -33,10 +37,12 @@ from posttrain_env.keys import ServerKey
 from posttrain_env.settings import Settings
 from tasks.registry import TASKS_DIR
 from workflows.account import AccountWorkflow
+from workflows.campaign import CampaignWorkflow
 from workflows.episode import EpisodeWorkflow
 from workflows.ids import account_workflow_id, watcher_workflow_id
 from workflows.job import JobWorkflow
 from workflows.reaper import ReaperWorkflow
+from workflows.rollout import RolloutWorkflow
 from workflows.session import SessionWorkflow
 from workflows.watcher import WatcherWorkflow
 
@@ -53,6 +59,8 @@ WORKFLOWS: Sequence[type] = (
     JobWorkflow,
     WatcherWorkflow,
     AccountWorkflow,
+    CampaignWorkflow,
+    RolloutWorkflow,
 )
 
 
@@ -100,6 +108,12 @@ def build_worker(
         key,
         settings.audit_dir or settings.state_dir / "audit",
     )
+    campaigns = CampaignActivities(
+        backend,
+        CampaignStore(settings.campaign_root),
+        TemporalEpisodeCalls(client),
+        CampaignConfig(tasks_dir=tasks_dir, project_version=project_version()),
+    )
     workflows = list(WORKFLOWS)
     activities: list[Callable[..., Any]] = [
         jobs.submit_job,
@@ -112,12 +126,25 @@ def build_worker(
         episodes.prepare_episode,
         episodes.reserve_server_spend,
         audit.write_audit,
+        campaigns.plan_campaign,
+        campaigns.open_conversation,
+        campaigns.send_call,
+        campaigns.collect_answer,
+        campaigns.finish_attempt,
     ]
     if backend.name == "hf":
         workflows_hf, activities_hf = _orphan_reaper(client, backend, queue)
         workflows += workflows_hf
         activities += activities_hf
     return Worker(client, task_queue=queue, workflows=workflows, activities=activities)
+
+
+def project_version() -> str:
+    """The installed posttrain-env's version (records name it)."""
+    try:
+        return importlib.metadata.version("posttrain-env")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _orphan_reaper(

@@ -130,5 +130,6 @@ def test_a_failed_sample_ends_its_episode_and_cancels_its_jobs(
     assert "the scripted model fails" in sample["error"]
     episode_id = sample["metadata"]["posttrain_episode_id"]
     status = fake_server.wait_status(episode_id, lambda s: s.done and s.service_spend.final)
-    assert status.end is not None and status.end.reason.value == "cancelled"
+    assert status.end is not None and status.end.reason.value == "abandoned"
+    assert status.end.reward == 0.0
     assert [job["state"] for job in status.jobs] == ["cancelled"]  # nothing left billing

@@ -124,7 +124,7 @@ async def test_get_shows_a_running_episode_and_delete_ends_it_with_every_job_con
     assert ended.status_code == 200, ended.text
     end = ended.json()
     assert end["state"] == "ended" and end["done"] is True
-    assert end["episode_end"] == {"reason": "cancelled", "reward": None}
+    assert end["episode_end"] == {"reason": "abandoned", "reward": 0.0}
     assert [j["state"] for j in end["jobs"]] == ["cancelled"]  # no live job remains
     assert end["service_spend"]["final"] is True and end["service_spend"]["reserved"]["usd"] == 0
     assert end["cancelling"] == []
@@ -136,7 +136,7 @@ async def test_get_shows_a_running_episode_and_delete_ends_it_with_every_job_con
     async with mcp_session(episode) as session:
         over = await session.call_tool("task_info", {})
     error = data(over)["error"]
-    assert error["type"] == "episode_over" and "cancelled" in error["message"]
+    assert error["type"] == "episode_over" and "abandoned" in error["message"]
     assert "POST /episodes" in error["message"] and "reset" not in error["message"]
 
 

@@ -29,7 +29,10 @@ from tests.gateway.server import ServerProcess
 pytestmark = [pytest.mark.slow, pytest.mark.third_party_clients]
 
 CLIENTS = Path(__file__).with_name("third_party")
-JOB_S = 30  # longer than the OpenAI Agents SDK's 5 s, with room for a loaded machine
+# Longer than the OpenAI Agents SDK's 5 s, and than the fake backend's 30 s between looks (so
+# the job is seen running), with room for a client that starts slowly on a loaded machine.
+JOB_S = 90
+WAIT_S = "240"  # the clients' jobs_wait timeout_s: outlasts the job
 SCENARIO = FakeScenario(
     jobs=[
         FakeJobScript(script_contains="RUN_LONG", queue_s=1, run_s=600),
@@ -79,7 +82,7 @@ async def test_fastmcp_with_its_defaults_waits_out_a_long_job_and_shows_our_refu
 ) -> None:
     python = client_python("fastmcp", FASTMCP)
     episode, job_id = await running_job(server)
-    out = run_client(python, "fastmcp_client.py", episode, job_id, "120")
+    out = run_client(python, "fastmcp_client.py", episode, job_id, WAIT_S)
     waited = out["jobs_wait"]
     assert waited["data"]["state"] == "succeeded" and waited["data"]["changed"] is True, out
     assert waited["seconds"] > 5  # a wait that outlasted the Agents SDK's default, here too
@@ -96,12 +99,12 @@ async def test_the_openai_agents_sdk_needs_its_session_timeout_raised_as_the_rea
     python = client_python("openai-agents", OPENAI_AGENTS)
     episode, job_id = await running_job(server)
     # Its default: the call is given up after 5 s (the job runs on, in the episode).
-    default = run_client(python, "agents_client.py", episode, job_id, "120", "default")
+    default = run_client(python, "agents_client.py", episode, job_id, WAIT_S, "default")
     assert "error" in default["jobs_wait"] and default["jobs_wait"]["seconds"] < JOB_S, default
     assert TOKEN_MESSAGE in default["wrong_token"]
     # The README's setting, `client_session_timeout_seconds=None`: such a wait completes.
     episode, job_id = await running_job(server, episode)
-    raised = run_client(python, "agents_client.py", episode, job_id, "120", "none")
+    raised = run_client(python, "agents_client.py", episode, job_id, WAIT_S, "none")
     waited = raised["jobs_wait"]
     assert waited["data"]["state"] == "succeeded" and waited["data"]["changed"] is True, raised
     assert waited["seconds"] > 5

@@ -1,18 +1,24 @@
-"""Fixtures: a fake Hub and an HfBackend wired to it exactly as `from_settings` wires the real one
-(a broker api holding the token, a public api with `token=False`)."""
+"""Fixtures: a fake Hub and an HfBackend wired to it exactly as `wiring.hf_backend` wires the real
+one (a broker api holding the token, a public api with `token=False`): either the recording fake
+`HfApi` (call-argument invariants) or real `HfApi` objects over the HTTP-level fake Hub."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime
 
 import pytest
+from huggingface_hub import HfApi, set_client_factory
+from huggingface_hub.utils._http import default_client_factory
 
 from activities.backend import JobRequest
 from activities.hf.backend import HfBackend, HfBackendConfig
+from activities.hf.http import HubHttpLimits, install_hub_client
 from activities.jobs import HIDDEN_SEED_SECRET
 from job_launcher.trusted_lines import NONCE_ENV
 from posttrain_env.contracts.jobs import JobRole, RepoRef
 from tests.hf.fake_hub import T0, FakeHub, dataset_json, model_json
+from tests.hf.http_hub import FakeXet, HubHttp
 
 TOKEN = "hf_FAKE-broker-token-that-no-job-may-see"
 MODEL = RepoRef(repo_id="HuggingFaceTB/SmolLM2-135M", revision="a" * 40)
@@ -20,7 +26,13 @@ DATASET = RepoRef(repo_id="org/public-data", revision="d" * 40)
 
 
 def make_backend(hub: FakeHub, **config: object) -> HfBackend:
-    options: dict = {"cancel_confirm_interval_s": 0.0, **config}
+    # No real waiting between looks: the fake Hub answers at once.
+    options: dict = {
+        "cancel_confirm_interval_s": 0.0,
+        "submit_look_interval_s": 0.0,
+        "submit_settle_s": 0.0,
+        **config,
+    }
     return HfBackend(
         hub.api(TOKEN),  # type: ignore[arg-type]
         hub.api(False),  # type: ignore[arg-type]
@@ -73,3 +85,58 @@ def request(
         **fields,
     }
     return JobRequest(**values)
+
+
+# -- the HTTP-level fake Hub, under the real HfApi ---------------------------------------------
+
+# Short bounds, so that tests which wait for a timeout wait fractions of a second.
+FAST_HTTP = HubHttpLimits(
+    connect_s=0.2,
+    read_s=0.3,
+    write_s=0.3,
+    pool_s=0.2,
+    call_s=1.5,
+    activity_margin_s=0.2,
+    threads=4,
+)
+
+
+@pytest.fixture
+def http_hub(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubHttp]:
+    """The fake Hub answering HTTP, installed exactly as production installs its network
+    (`install_hub_client`), with FakeXet standing in for hf_xet's own uploads."""
+    http = HubHttp(hub)
+    install_hub_client(FAST_HTTP, transport=http)
+    monkeypatch.setattr("huggingface_hub.utils._xet.get_xet_session", lambda: FakeXet(http))
+    try:
+        yield http
+    finally:
+        set_client_factory(default_client_factory)
+
+
+def http_backend(
+    http: HubHttp,
+    *,
+    namespace: str | None = None,
+    token: str = TOKEN,
+    limits: HubHttpLimits = FAST_HTTP,
+    **config: object,
+) -> HfBackend:
+    """An HfBackend on real HfApi objects, as `wiring.hf_backend` builds it: the process's Hub
+    client is (re)installed with the same `limits` (it is process-wide, as in production)."""
+    install_hub_client(limits, transport=http)
+    options: dict = {
+        "cancel_confirm_interval_s": 0.0,
+        "submit_look_interval_s": 0.0,
+        "submit_settle_s": 0.0,
+        "http": limits,
+        **config,
+    }
+    return HfBackend(
+        HfApi(token=token, library_name="posttrain-env-tests"),
+        HfApi(token=False, library_name="posttrain-env-tests"),
+        deployment="dtest",
+        namespace=namespace or http.hub.namespace,
+        config=HfBackendConfig(**options),
+        clock=http.hub.clock,
+    )

@@ -376,7 +376,7 @@ class FakeHub:
         return [
             BucketFile(type="file", path=path, size=size, xetHash="0" * 64)
             for path, size in sorted(files.items())
-            if path.startswith(prefix.rstrip("/") + "/")
+            if path.startswith(prefix)  # as the Hub: character by character
         ]
 
     def _batch_bucket_files(self, api: FakeHfApi, bucket_id: str, **kw: Any) -> None:

@@ -1,5 +1,6 @@
-"""Episodes on the time-skipping test server with the hf backend and the fake Hub, whose clock
-is the test server's own (so a job's stages follow skipped workflow time)."""
+"""Episodes on the time-skipping test server with the hf backend and a fake Hub (the recording
+fake `HfApi`, or real `HfApi` objects over the HTTP-level fake), whose clock is the test server's
+own (so a job's stages follow skipped workflow time)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from temporalio.testing import WorkflowEnvironment
 
+from activities.hf.backend import HfBackend
 from posttrain_env.entrypoints.worker import build_worker
 from posttrain_env.settings import Settings
 from tests.hf.conftest import make_backend
@@ -44,22 +46,37 @@ class ServerClock:
         return self.last
 
 
-@asynccontextmanager
-async def hf_worker(
-    env: WorkflowEnvironment, tmp_path: Path, hub: FakeHub, **settings: Any
-) -> AsyncIterator[Harness]:
-    """A worker with the hf backend on a fresh task queue; the harness drives episodes."""
-    tasks_dir = tmp_path / "tasks"
-    write_task(tasks_dir)
+def follow_server_time(env: WorkflowEnvironment, hub: FakeHub) -> None:
+    """The fake Hub's clock becomes the test server's (call inside the test's event loop)."""
     hub.models[MODEL_REPO] = model_json(MODEL_REPO, MODEL_SHA)
     hub._clock = ServerClock(env, asyncio.get_running_loop())
-    backend = make_backend(hub)
+
+
+@asynccontextmanager
+async def hf_worker(
+    env: WorkflowEnvironment,
+    tmp_path: Path,
+    hub: FakeHub,
+    backend: HfBackend | None = None,
+    *,
+    task_queue: str | None = None,
+    end_workflows: bool = True,
+    **settings: Any,
+) -> AsyncIterator[Harness]:
+    """A worker with the hf backend (by default on the recording fake `HfApi`) on a fresh task
+    queue, or on `task_queue` (a second worker replacing a first); the harness drives episodes.
+    On exit it ends every workflow it started unless `end_workflows` is False."""
+    tasks_dir = tmp_path / "tasks"
+    write_task(tasks_dir)
+    follow_server_time(env, hub)
+    backend = backend or make_backend(hub)
     config = Settings(state_dir=tmp_path / "state", backend="fake", **settings)
-    task_queue = f"tq-{uuid.uuid4().hex[:12]}"
+    task_queue = task_queue or f"tq-{uuid.uuid4().hex[:12]}"
     worker = build_worker(env.client, config, backend, task_queue=task_queue, tasks_dir=tasks_dir)
     harness = Harness(env, env.client, task_queue, backend, config)  # type: ignore[arg-type]
     async with worker:
         try:
             yield harness
         finally:
-            await harness.terminate_all()
+            if end_workflows:
+                await harness.terminate_all()

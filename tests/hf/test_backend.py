@@ -8,13 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from huggingface_hub import JobInfo
+from huggingface_hub import JobInfo, set_client_factory
+from huggingface_hub.utils import get_session
+from huggingface_hub.utils._http import default_client_factory
 from pydantic import SecretStr
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.backend import ArtifactRejected, TransientBackendError
 from activities.hf.backend import HfBackend
+from activities.hf.http import BoundedTransport
 from activities.hf.labels import HfRef
 from activities.hf.stages import backend_job
 from activities.jobs import JobsActivities
@@ -136,9 +139,8 @@ def test_61_seconds_of_running_settle_as_2_minutes() -> None:
     job = backend_job(JobInfo(**job_json("COMPLETED"), endpoint=ENDPOINT), ref="r", key="k", now=T0)
     assert job.running_s == 61.0 and billed_minutes(job.running_s) == 2
     assert job.finished_at is not None and job.finished_at.second == 6
-    assert HfRef.of(JobInfo(**job_json("COMPLETED"), endpoint=ENDPOINT)).folder == (
-        "20260302T090000-a1b2c3"
-    )
+    ref = HfRef.of(JobInfo(**job_json("COMPLETED"), endpoint=ENDPOINT), "alice")
+    assert ref.folder == "20260302T090000-a1b2c3" and ref.namespace == "alice"
 
 
 def test_running_time_falls_back_to_started_and_finished_when_durations_are_missing() -> None:
@@ -198,13 +200,28 @@ async def test_watching_costs_one_listing_for_all_jobs_and_one_look_per_ended_jo
     assert [seen[r].state for r in refs] == [JobState.succeeded, JobState.running, JobState.running]
 
 
-async def test_a_job_the_hub_no_longer_knows_ends_cancelled(
-    hub: FakeHub, backend: HfBackend
+async def test_a_job_the_hub_no_longer_knows_vanishes_only_after_repeated_404s(
+    hub: FakeHub,
 ) -> None:
+    backend = make_backend(hub, vanished_after_looks=3, vanished_after_s=300)
     job = await backend.submit(request())
-    del hub.jobs[HfRef.decode(job.ref).job_id]
-    gone = (await backend.observe([job.ref], hub.now))[job.ref]
-    assert gone.state is JobState.cancelled and "no longer exists" in gone.message
+    gone = hub.jobs.pop(HfRef.decode(job.ref).job_id)
+    # Two 404s, four minutes apart: not yet a verdict, the job is left out (still watched).
+    for _ in range(2):
+        assert await backend.observe([job.ref], hub.now) == {}
+        hub.advance(240)
+    # It answers again: the count starts over.
+    hub.jobs[gone.id] = gone
+    assert job.ref in await backend.observe([job.ref], hub.now)
+    hub.jobs.pop(gone.id)
+    seen: list[dict] = []
+    for _ in range(3):
+        seen.append(await backend.observe([job.ref], hub.now))
+        hub.advance(200)
+    assert seen[:2] == [{}, {}]
+    vanished = seen[2][job.ref]
+    assert vanished.vanished and vanished.state is JobState.cancelled
+    assert "404 on 3 looks over 400 s" in vanished.message and "worst case" in vanished.message
 
 
 # -- cancel and confirm ---------------------------------------------------------------------------
@@ -237,7 +254,8 @@ async def test_an_unconfirmed_cancellation_keeps_its_activity_retrying_with_the_
     assert not isinstance(stuck.value, ApplicationError)
     assert hf_id in str(stuck.value) and "not confirmed" in str(stuck.value)
     assert beats and all(beat[0]["hf_job_id"] == hf_id for beat in beats)
-    assert len(hub.calls_to("inspect_job")) == 3
+    # One look before asking (is it ours, has it ended?), then the three confirmation looks.
+    assert len(hub.calls_to("inspect_job")) == 1 + 3
     # The Hub finally stops it: the next attempt confirms.
     hub.jobs[hf_id].plan.cancel_after_s = 0.0
     hub.jobs[hf_id].cancel_at = None
@@ -426,12 +444,19 @@ def test_without_hf_token_the_backend_refuses_to_start(tmp_path: Path) -> None:
 
 def test_the_wiring_keeps_the_token_in_the_broker_api_only(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path, backend="hf", hf_token=SecretStr("hf_x"))
-    backend = hf_backend(settings)
-    assert isinstance(backend, HfBackend)
-    assert backend._api.token == "hf_x" and backend._public.token is False
-    # One deployment label per server key: every worker sharing the key agrees on it.
-    again = hf_backend(settings)
-    assert isinstance(again, HfBackend) and again.deployment == backend.deployment
+    try:
+        backend = hf_backend(settings)
+        assert isinstance(backend, HfBackend)
+        assert backend._api.token == "hf_x" and backend._public.token is False
+        # One deployment label per server key: every worker sharing the key agrees on it.
+        again = hf_backend(settings)
+        assert isinstance(again, HfBackend) and again.deployment == backend.deployment
+        # Every Hub request of the process goes through the bounded transport.
+        client = get_session()
+        assert isinstance(client._transport, BoundedTransport)
+        assert None not in client.timeout.as_dict().values()
+    finally:
+        set_client_factory(default_client_factory)
 
 
 async def test_the_namespace_defaults_to_the_tokens_user(hub: FakeHub) -> None:

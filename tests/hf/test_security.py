@@ -138,8 +138,9 @@ async def test_model_is_the_evaluated_jobs_outputs_read_only(
     assert model.type == "bucket" and model.source == "alice/jobs-artifacts"
     assert model.path == f"{folder_2}/outputs" and model.read_only is True
     assert eval_mounts["/base_model"].revision == MODEL.revision
-    # The ref that crossed workflow history holds the job id and its folder, nothing else.
-    assert second.ref == f"{HfRef.decode(second.ref).job_id}:{folder_2}"
+    # The ref that crossed workflow history holds the namespace, the job id and its folder,
+    # nothing else.
+    assert second.ref == f"alice/{HfRef.decode(second.ref).job_id}:{folder_2}"
 
 
 @pytest.mark.parametrize(

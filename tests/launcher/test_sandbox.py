@@ -480,3 +480,25 @@ def test_terminating_the_launcher_stops_the_job_and_still_prints_the_final_line(
     payloads = trusted_payloads((*seen, *rest.splitlines()), LAUNCHER_TAG, nonce)
     assert payloads[-1] == {"stage": "exit", "exit_code": 143, "signal": 15}
     assert proc.returncode == 143
+
+
+def test_a_tree_1500_folders_deep_in_home_is_removed_and_the_exit_line_still_follows(
+    run_job,
+) -> None:
+    # shutil.rmtree recurses: on this tree it raised RecursionError and the launcher died
+    # before its exit line (issue 17).
+    script = (
+        "import os\n"
+        "home = os.environ['HOME']\n"
+        "os.chdir(home)\n"
+        "for _ in range(1500):\n"
+        "    os.mkdir('d')\n"
+        "    os.chdir('d')\n"
+        "open('bottom', 'w').write('x')\n"
+        "os.symlink('/', 'root-link')\n"
+        "print('REPORT ' + repr(home), flush=True)\n"
+    )
+    result = run_job(script)
+    assert_ran(result)
+    home = next(line for line in result.lines if line.startswith("REPORT "))[len("REPORT ") :]
+    assert not os.path.exists(home.strip("'"))

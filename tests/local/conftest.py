@@ -27,6 +27,7 @@ TEST_BWRAP = os.environ.get("POSTTRAIN_TEST_BWRAP") or None
 SMALL = LocalLimits(
     artifact_cap_bytes=4 << 20,
     disk_cap_bytes=16 << 20,
+    max_files=2000,
     nproc=64,
     memory_bytes=1 << 30,
     file_bytes=8 << 20,
@@ -134,3 +135,30 @@ def job_uid(jobs: Jobs, ref: str) -> int:
     import json
 
     return int(json.loads((jobs.folder(ref) / "job.json").read_text())["uid"])
+
+
+def leftovers(jobs: Jobs, ref: str) -> list[str]:
+    """Whatever of a finished job is still on this machine: its control groups, its parent
+    group, its filesystem image, folders or mounts, a loop device on its image."""
+    found = []
+    for placement in jobs.backend.containment.placements:
+        for path in (placement.job(ref), placement.parent):
+            if os.path.exists(path):
+                found.append(path)
+    folder = jobs.folder(ref)
+    for name in ("fs", "shm", "fs.img"):
+        if (folder / name).exists():
+            found.append(str(folder / name))
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            if str(folder) in backing.read_text():
+                found.append(str(backing))
+        except OSError:
+            continue
+    for mountinfo in Path("/proc").glob("[0-9]*/mountinfo"):
+        try:
+            if str(folder) in mountinfo.read_text():
+                found.append(str(mountinfo))
+        except OSError:
+            continue
+    return found

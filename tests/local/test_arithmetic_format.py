@@ -39,9 +39,16 @@ REFERENCE = (FAMILY / "reference_solution.py").read_text()
 EVALUATOR = evaluator_script(TASK)
 PARAMS = json.dumps(TASK.evaluation)
 SEED = "a-grader-only-seed"
-# Enough for torch to train the tiny model on two cores; the outputs are a few MB.
+# Enough for torch to train the tiny model on two cores; the outputs are a few MB. The venv
+# lives on the job's own filesystem, whose inode count is `max_files`: torch alone installs
+# some 15,000 files.
 ROOMY = dataclasses.replace(
-    SMALL, memory_bytes=None, file_bytes=256 << 20, disk_cap_bytes=4 << 30, nproc=512
+    SMALL,
+    memory_bytes=None,
+    file_bytes=256 << 20,
+    disk_cap_bytes=4 << 30,
+    max_files=100_000,
+    nproc=512,
 )
 # What "learned" means here: the base model answers nothing (0), the trained one most questions.
 LEARNED = 0.5

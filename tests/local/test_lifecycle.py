@@ -28,6 +28,7 @@ from tests.local.conftest import (
     TEST_BWRAP,
     Jobs,
     job_uid,
+    leftovers,
     now,
     wait_for,
     write_model,
@@ -141,6 +142,9 @@ def test_a_job_whose_supervisor_was_killed_ends_failed_and_leaves_nothing_runnin
     assert ended.state.value == "failed"
     assert ended.message == "the job's supervisor stopped"
     wait_for(lambda: live_pids_of_uid(uid) == [], timeout=5)
+    # Its groups and folders are released by whoever recorded the end; its filesystems lived
+    # only in the dead supervisor's mount namespace and went with it.
+    wait_for(lambda: leftovers(jobs, job.ref) == [], timeout=10)
 
 
 EVALUATOR = """

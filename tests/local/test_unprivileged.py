@@ -44,7 +44,8 @@ from activities.local.backend import LocalBackend, LocalLimits
 from job_launcher.trusted_lines import read_score
 
 state, bwrap, uv, model = sys.argv[1:5]
-limits = LocalLimits(poll_s=0.05, size_every_s=0.1, nproc=256)
+limits = LocalLimits(poll_s=0.05, size_every_s=0.1, nproc=256, disk_cap_bytes=16 << 20,
+                     max_files=2000, artifact_cap_bytes=4 << 20)
 backend = LocalBackend(Path(state), job_python="/usr/bin/python3", bwrap=bwrap, uv=uv,
                        limits=limits)
 base = RepoRef(repo_id="test/base", revision=backend.hub.add_model("test/base", Path(model)))
@@ -79,6 +80,14 @@ swapped, lines = run("swap", swap)
 artifact = backend.jobs_dir / swapped.ref / "artifact"
 kept = sorted(p.name for p in artifact.iterdir())
 out["swap"] = [swapped.state.value, artifact.is_symlink(), kept]
+fill = "n = 0\nwhile True:\n    open(f'/tmp/{n}', 'wb').write(b'x' * (1 << 20))\n    n += 1\n"
+filled, lines = run("fill", fill)
+out["fill"] = [filled.state.value, filled.message]
+deep = ("import os\nos.chdir('/tmp')\nfor _ in range(1500):\n    os.mkdir('d')\n"
+        "    os.chdir('d')\nopen('bottom', 'w').write('x')\nos.chmod('..', 0)\n")
+deeper, lines = run("deep", deep)
+out["deep"] = [deeper.state.value, (backend.jobs_dir / deeper.ref / "fs").exists()]
+out["not_enforced"] = backend.job_limits().not_enforced
 sleeper = asyncio.run(backend.submit(request("sleeper", "import time\ntime.sleep(600)\n")))
 time.sleep(0.5)
 cancelled = asyncio.run(backend.cancel(sleeper.ref, datetime.now(UTC)))
@@ -207,6 +216,14 @@ def test_as_an_ordinary_user_jobs_run_under_a_mapped_uid_without_capabilities(
     assert result["cancel"][0] == "cancelled" and result["cancel"][1] > 0.3
     # A job sharing our uid may replace its outputs folder by a link: nothing is followed.
     assert result["swap"] == ["succeeded", False, []]
+    # Without root, no limit is held by the kernel; each stand-in is named, and the disk is
+    # measured (so a job filling /tmp is stopped at the cap), and deep trees still go.
+    gaps = result["not_enforced"]
+    assert [gap.split(":")[0] for gap in gaps] == ["memory", "pids", "cpu", "disk"]
+    assert all("the server does not run as root" in gap for gap in gaps)
+    assert result["fill"][0] == "failed"
+    assert "over the disk cap of 16777216 bytes" in result["fill"][1]
+    assert result["deep"] == ["succeeded", False]
     # Every file the backend wrote belongs to the server's user, none to root.
     owners = {p.stat().st_uid for p in (state / "local").rglob("*") if not p.is_symlink()}
     assert owners == {NOBODY}

@@ -236,12 +236,16 @@ class Harness:
 
 @asynccontextmanager
 async def running_worker(
-    env: WorkflowEnvironment, tmp_path: Path, scenario: FakeScenario | None = None, **settings: Any
+    env: WorkflowEnvironment,
+    tmp_path: Path,
+    scenario: FakeScenario | None = None,
+    backend_class: type[FakeBackend] = FakeBackend,
+    **settings: Any,
 ) -> AsyncIterator[Harness]:
     tasks_dir = tmp_path / "tasks"
     write_task(tasks_dir)
     config = Settings(state_dir=tmp_path / "state", backend="fake", **settings)
-    backend = FakeBackend(config.state_dir / "fake", scenario or FakeScenario())
+    backend = backend_class(config.state_dir / "fake", scenario or FakeScenario())
     task_queue = f"tq-{uuid.uuid4().hex[:12]}"
     worker = build_worker(env.client, config, backend, task_queue=task_queue, tasks_dir=tasks_dir)
     harness = Harness(env, env.client, task_queue, backend, config)

@@ -139,6 +139,26 @@ def test_the_final_report_settles_the_job_at_its_billed_minutes() -> None:
     assert state.ledger.reserved_micro_usd == 0 and state.ledger.settled_jobs == 1
 
 
+def test_a_vanished_job_settles_at_its_whole_reservation_and_is_flagged() -> None:
+    state = carry()
+    record = agent(JobState.running)
+    state.ledger.reserve("job-1", "job", CPU, 5)
+    state.jobs[record.job_id] = record
+    vanished = backend(JobState.cancelled, running_s=42).model_copy(update={"vanished": True})
+    take_snapshot(
+        state,
+        record,
+        JobSnapshot(job_id="job-1", state=JobState.cancelled, backend=vanished, final=True),
+    )
+    assert record.settlement is not None and record.settlement.worst_case
+    assert record.settlement.cost_micro_usd == 5 * 167  # never the 42 s it was last seen at
+    assert state.ledger.settled_micro_usd == 5 * 167 and state.ledger.reserved_micro_usd == 0
+    view = job_view("ep-0000000000000000", record, T0)
+    assert view.settled_at_worst_case is True and view.cost_usd == 5 * 167 / 1e6
+    ordinary = job_view("ep-0000000000000000", agent(JobState.queued, job_id="job-2"), T0)
+    assert ordinary.settled_at_worst_case is None
+
+
 def test_a_failed_start_releases_its_reservation_and_charges_nothing() -> None:
     state = carry()
     record = agent(JobState.queued).model_copy(update={"reserved_micro_usd": 835})

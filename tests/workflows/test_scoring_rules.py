@@ -76,9 +76,10 @@ async def test_dev_evaluations_count_toward_the_live_job_limit(
     scenario = FakeScenario(jobs=[SLOW_EVALUATION, AGENT])
     async with running_worker(time_skipping_env, tmp_path, scenario) as h:
         ep = await h.episode("t_evals")
-        job_id = await succeeded_job(ep)
+        # One job each: a second dev_evaluate of a job under evaluation attaches to it (issue 20).
+        job_ids = [await succeeded_job(ep) for _ in range(6)]
         await asyncio.gather(
-            *(start(ep, "dev_evaluate", f"dev-{n}", job_id=job_id) for n in range(6))
+            *(start(ep, "dev_evaluate", f"dev-{n}", job_id=job_ids[n]) for n in range(6))
         )
         await ep.skip(timedelta(seconds=5))
         answers = [await ep.handle.query(EpisodeWorkflow.result_of, f"dev-{n}") for n in range(6)]

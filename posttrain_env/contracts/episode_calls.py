@@ -1,0 +1,173 @@
+"""What the gateway, the session and a rollout say to an episode, and what it answers (pure).
+
+Ground code (`posttrain_env` only): the gateway, the workflows and the activities all use these
+(a rollout's tool calls are sent by an activity), and none of them loads another layer's code for
+it. Every field added later gets a default, so that histories and carried state of running
+episodes still decode (README, "Changing workflow code").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pydantic_core
+from pydantic import BaseModel, Field
+
+from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.limits import MAX_ARGUMENTS_BYTES, MAX_REQUEST_ID_CHARS, MAX_TOOL_NAME_CHARS
+from posttrain_env.models import EndReason, EpisodeEnd, ServiceSpend
+
+# Where a call came from. The episode answers every path alike; the path is kept as data (for
+# the audit record) and the edge drops what its transport does not carry (`StepMetadata`).
+ToolPath = Literal["step", "mcp", "openenv_mcp", "rollout"]
+
+
+def episode_over(path: ToolPath, end: EpisodeEnd | None) -> ToolError:
+    """The answer to a call after the end: how it ended, and what to do next on this path (an
+    MCP-only client has no reset)."""
+    ended = f" (it ended: {end.reason.value})" if end is not None else ""
+    if path == "mcp":
+        hint = "GET /episodes/<episode_id> shows its end and spend; POST /episodes starts another"
+    elif path == "rollout":
+        hint = "the rollout is over"
+    else:
+        hint = "call reset to start another"
+    return ToolError(ErrorType.episode_over, f"the episode is over{ended}; {hint}")
+
+
+class Oversized(BaseModel):
+    """Stands in for arguments the edge refused to send for their size (DESIGN §10)."""
+
+    field: str = Field(max_length=MAX_TOOL_NAME_CHARS)  # the largest argument, or "tool_name"
+    bytes: int  # its size as JSON
+    total_bytes: int  # all the arguments' size as JSON
+
+
+class ToolCall(BaseModel):
+    """One tool call, from any path. The update id is `<episode_id>:<request_id>`.
+
+    Built by the edge (`mcp_gateway.episode_calls.tool_call`), which measures the arguments:
+    over MAX_ARGUMENTS_BYTES they are replaced by `oversized` and the episode answers a typed
+    error, so no update ever comes near Temporal's payload limit."""
+
+    request_id: str = Field(min_length=1, max_length=MAX_REQUEST_ID_CHARS)
+    tool: str = Field(max_length=MAX_TOOL_NAME_CHARS)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    path: ToolPath = "step"
+    oversized: Oversized | None = None
+    # A workflow to signal (`ToolAnswered`) once the call is answered: a rollout, which reads the
+    # answer through `result_of` instead of holding an activity open for a whole `jobs_wait`.
+    # Unset for every other caller, so recorded histories replay unchanged.
+    reply_to: str | None = None
+
+
+class ToolAnswered(BaseModel):
+    """Sent to a call's `reply_to` when the episode has answered it."""
+
+    request_id: str
+
+
+class StepMetadata(BaseModel):
+    """Everything an episode reports with an answer. Only the OpenEnv `step` path carries
+    `service_spend` and `episode_end` (DESIGN §9); the edge leaves them out elsewhere."""
+
+    episode_id: str
+    steps_used: int
+    steps_left: int
+    time_left_s: float
+    prices_simulated: bool = False
+    service_spend: ServiceSpend = Field(default_factory=ServiceSpend)
+    episode_end: EpisodeEnd | None = None
+
+    def view(self, path: ToolPath) -> dict[str, Any]:
+        """What `path` carries: every path the steps and the time left; only `step` the spend
+        and the end."""
+        view: dict[str, Any] = {
+            "episode_id": self.episode_id,
+            "steps_used": self.steps_used,
+            "steps_left": self.steps_left,
+            "time_left_s": self.time_left_s,
+        }
+        if self.prices_simulated:
+            view["prices_simulated"] = True
+        if path == "step":
+            view["service_spend"] = self.service_spend.model_dump(mode="json")
+            if self.episode_end is not None:
+                view["episode_end"] = self.episode_end.view()
+        return view
+
+
+class ToolResult(BaseModel):
+    tool: str
+    data: dict[str, Any]  # the tool's answer, or {"error": {...}}
+    done: bool = False
+    reward: float | None = None  # the episode's reward once it is done (step path only)
+    metadata: StepMetadata
+
+
+class EndRequest(BaseModel):
+    # reset or cancelled (reward None); abandoned (reward 0): a rollout's agent stopped without
+    # submitting, ran out of turns or passed its LLM cap.
+    reason: EndReason
+    # The session to tell when every job is final, or when cancel_confirm_s passed without it.
+    reply_to: str | None = None
+
+
+class EpisodeClosed(BaseModel):
+    """Sent to the session: the episode ended; `unconfirmed` names jobs still not cancelled."""
+
+    episode_id: str
+    end: EpisodeEnd
+    service_spend: ServiceSpend
+    unconfirmed: list[str] = []
+
+
+class EpisodeStatus(BaseModel):
+    episode_id: str
+    task_id: str
+    steps_used: int
+    steps_left: int
+    time_left_s: float
+    done: bool
+    end: EpisodeEnd | None
+    service_spend: ServiceSpend
+    jobs: list[dict[str, Any]]
+    cancelling: list[str]
+    metadata: StepMetadata | None = None  # what an answer given now would carry
+
+
+def tool_call(
+    request_id: str,
+    tool: str,
+    arguments: dict[str, Any],
+    path: ToolPath,
+    reply_to: str | None = None,
+) -> ToolCall:
+    """The call as the episode receives it. Arguments over MAX_ARGUMENTS_BYTES (measured as the
+    data converter encodes them: JSON) are replaced by a small stand-in, so the episode counts
+    the step and answers a typed error while nothing large ever reaches Temporal."""
+    name_bytes = len(tool.encode("utf-8", "replace"))
+    if len(tool) > MAX_TOOL_NAME_CHARS:
+        return ToolCall(
+            request_id=request_id,
+            tool=tool[:MAX_TOOL_NAME_CHARS],
+            path=path,
+            reply_to=reply_to,
+            oversized=Oversized(field="tool_name", bytes=name_bytes, total_bytes=name_bytes),
+        )
+    total = len(pydantic_core.to_json(arguments))
+    if total <= MAX_ARGUMENTS_BYTES:
+        return ToolCall(
+            request_id=request_id, tool=tool, arguments=arguments, path=path, reply_to=reply_to
+        )
+    sizes = {key: len(pydantic_core.to_json(value)) for key, value in arguments.items()}
+    largest = max(sizes, key=lambda key: sizes[key])
+    return ToolCall(
+        request_id=request_id,
+        tool=tool,
+        path=path,
+        reply_to=reply_to,
+        oversized=Oversized(
+            field=largest[:MAX_TOOL_NAME_CHARS], bytes=sizes[largest], total_bytes=total
+        ),
+    )

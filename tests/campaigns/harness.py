@@ -1,0 +1,165 @@
+"""Campaigns through the real workflows on the time-skipping test server: the project's worker
+on the fake backend, and an agent worker (turns in processes of their own) on a queue of its
+own, both in this process."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from temporalio.api.testservice.v1 import SleepRequest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.testing import WorkflowEnvironment
+
+from activities.fake.backend import FakeBackend, FakeScenario
+from posttrain_env.campaigns.records import RolloutRecord, read_records
+from posttrain_env.campaigns.spec import CampaignSpec, parse_spec
+from posttrain_env.entrypoints.agent_worker import build_agent_worker
+from posttrain_env.entrypoints.worker import build_worker
+from posttrain_env.settings import Settings
+from tests.workflows.harness import SKIP_STEP, write_task
+from workflows.campaign import CampaignWorkflow
+from workflows.campaign_contract import CampaignInput, CampaignStatus
+from workflows.ids import account_workflow_id, campaign_workflow_id, watcher_workflow_id
+
+REPO = Path(__file__).resolve().parents[2]
+SLEEP_RPC_TIMEOUT = timedelta(minutes=5)
+QUERY_TRIES = 5
+
+
+def agent_env(**extra: str) -> dict[str, str]:
+    """What the agent worker's environment holds in these tests (tests/ importable)."""
+    return {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), **extra}
+
+
+@dataclass
+class Campaigns:
+    env: WorkflowEnvironment
+    client: Client
+    task_queue: str
+    agent_queue: str
+    backend: FakeBackend
+    settings: Settings
+    handles: list[WorkflowHandle[Any, Any]] = field(default_factory=list)
+
+    @property
+    def root(self) -> Path:
+        return self.settings.campaign_root
+
+    async def start(self, spec: CampaignSpec | dict[str, Any], **inputs: Any) -> str:
+        if isinstance(spec, dict):
+            spec = parse_spec(spec)
+        campaign_id = f"c-{uuid.uuid4().hex[:8]}"
+        handle = await self.client.start_workflow(
+            CampaignWorkflow.run,
+            CampaignInput(
+                campaign_id=campaign_id, spec=spec, agent_task_queue=self.agent_queue, **inputs
+            ),
+            id=campaign_workflow_id(campaign_id),
+            task_queue=self.task_queue,
+        )
+        self.handles.append(handle)
+        return campaign_id
+
+    def handle(self, campaign_id: str) -> WorkflowHandle[Any, Any]:
+        return self.client.get_workflow_handle_for(
+            CampaignWorkflow.run, campaign_workflow_id(campaign_id)
+        )
+
+    async def sleep(self, duration: timedelta = SKIP_STEP) -> None:
+        """`env.sleep`, waiting as long as it takes: agent turns run in real processes while
+        the test server holds its clock, so one step may take many seconds of real time
+        (the SDK's `env.sleep` gives up after its default RPC timeout)."""
+        request = SleepRequest()
+        request.duration.FromTimedelta(duration)
+        await self.client.test_service.unlock_time_skipping_with_sleep(
+            request, timeout=SLEEP_RPC_TIMEOUT
+        )
+
+    async def status(self, campaign_id: str) -> CampaignStatus:
+        """The status query, asked again when it times out: on a loaded machine (2 cores, turn
+        processes, other suites) the worker may not answer a query in the RPC's time. A wrong
+        answer is never retried, only no answer."""
+        for _ in range(QUERY_TRIES - 1):
+            try:
+                return await self.handle(campaign_id).query(CampaignWorkflow.status)
+            except RPCError as err:
+                if err.status is not RPCStatusCode.DEADLINE_EXCEEDED and "Timeout" not in str(err):
+                    raise
+        return await self.handle(campaign_id).query(CampaignWorkflow.status)
+
+    async def run_until_final(self, campaign_id: str, max_steps: int = 2000) -> CampaignStatus:
+        """Skip time in unaligned steps (see SKIP_STEP) until the campaign has ended."""
+        status = await self.status(campaign_id)
+        for _ in range(max_steps):
+            status = await self.status(campaign_id)
+            if status.phase.final:
+                return status
+            await self.sleep()
+        raise AssertionError(f"campaign {campaign_id} did not end: {status}")
+
+    async def skip_until(
+        self, campaign_id: str, check: Any, max_steps: int = 500
+    ) -> CampaignStatus:
+        status = await self.status(campaign_id)
+        for _ in range(max_steps):
+            status = await self.status(campaign_id)
+            if check(status):
+                return status
+            await self.sleep()
+        raise AssertionError(f"campaign {campaign_id} never got there: {status}")
+
+    def records(self, campaign_id: str) -> list[RolloutRecord]:
+        return read_records(self.root / campaign_id)
+
+    async def terminate_all(self) -> None:
+        """End every workflow still running, so none holds the test server's clock."""
+        ids = [watcher_workflow_id(self.client.namespace, self.task_queue)]
+        ids.append(account_workflow_id(self.client.namespace, self.task_queue))
+        for handle in self.handles:
+            ids.append(handle.id)
+        for workflow_id in ids:
+            try:
+                await self.client.get_workflow_handle(workflow_id).terminate("test over")
+            except RPCError:
+                pass
+
+
+@asynccontextmanager
+async def running_campaigns(
+    env: WorkflowEnvironment,
+    tmp_path: Path,
+    scenario: FakeScenario | None = None,
+    tasks: dict[str, dict[str, Any]] | None = None,
+    agent_environ: dict[str, str] | None = None,
+    **settings: Any,
+) -> AsyncIterator[Campaigns]:
+    tasks_dir = tmp_path / "tasks"
+    for task_id, options in (tasks or {"t_a": {}, "t_b": {}}).items():
+        write_task(tasks_dir, task_id, **options)
+    config = Settings(
+        state_dir=tmp_path / "state",
+        backend="fake",
+        campaigns_dir=tmp_path / "campaigns",
+        **settings,
+    )
+    backend = FakeBackend(config.state_dir / "fake", scenario or FakeScenario())
+    task_queue = f"tq-{uuid.uuid4().hex[:12]}"
+    agent_queue = f"aq-{uuid.uuid4().hex[:12]}"
+    worker = build_worker(env.client, config, backend, task_queue=task_queue, tasks_dir=tasks_dir)
+    agents = build_agent_worker(
+        env.client, config, agent_environ or agent_env(), task_queue=agent_queue
+    )
+    harness = Campaigns(env, env.client, task_queue, agent_queue, backend, config)
+    async with worker, agents:
+        try:
+            yield harness
+        finally:
+            await harness.terminate_all()

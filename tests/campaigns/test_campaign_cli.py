@@ -1,0 +1,240 @@
+"""The campaign CLI end to end on the file-backed dev server: `posttrain-env server --no-worker`
+(embedded Temporal and the gateway), `posttrain-env worker` and `posttrain-env agent-worker` as
+processes of their own, a campaign of reference-solution agents on `t0_artifact` (the fake
+backend, with quick jobs). Both workers are SIGKILLed mid-campaign and restarted: every rollout
+ends exactly once, with one agent job each, and a rollout in flight went on with its
+conversation (its turns did not start over)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
+from posttrain_env.campaigns.records import Outcome, read_records
+from posttrain_env.contracts.jobs import JobRole
+from tests.gateway.server import ServerProcess, command
+from workflows.campaign_contract import CampaignPhase, CampaignStatus
+from workflows.ids import rollout_workflow_id
+from workflows.rollout import RolloutWorkflow
+from workflows.rollout_contract import RolloutStatus
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+QUICK = FakeScenario(
+    jobs=[
+        FakeJobScript(role=JobRole.agent, queue_s=1, run_s=6),
+        FakeJobScript(role=JobRole.dev, queue_s=0.5, run_s=1, score=1.0),
+        FakeJobScript(role=JobRole.grader, queue_s=0.5, run_s=1, score=1.0),
+    ]
+)
+CAMPAIGN = "cli-smoke"
+LIVE = ("queued", "running", "cancelling")
+ROLLOUTS = 6
+
+
+class Workers:
+    """The worker and the agent worker, started and SIGKILLed as a test wants."""
+
+    def __init__(self, server: ServerProcess, campaigns: Path, agent_state: Path) -> None:
+        self.server = server
+        self.campaigns = campaigns
+        self.agent_state = agent_state
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def env(self) -> dict[str, str]:
+        return {
+            **self.server.env(),
+            "TEMPORAL_ADDRESS": self.server.temporal_address,
+            "POSTTRAIN_CAMPAIGNS_DIR": str(self.campaigns),
+        }
+
+    def agent_env(self) -> dict[str, str]:
+        # No broker secret: its own state dir (no server key), the shared campaigns folder.
+        env = {**self.env(), "POSTTRAIN_STATE_DIR": str(self.agent_state)}
+        env.pop("POSTTRAIN_FAKE_SCENARIO", None)
+        return env
+
+    def start(self) -> None:
+        for name, env in (("worker", self.env()), ("agent-worker", self.agent_env())):
+            log = (self.server.state_dir / f"{name}.log").open("ab")
+            self.procs[name] = subprocess.Popen(
+                [*command(), name],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def kill(self) -> None:
+        for proc in self.procs.values():
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Workers]:
+    server = ServerProcess(
+        tmp_path / "server",
+        scenario=QUICK,
+        extra_env={"POSTTRAIN_CAMPAIGNS_DIR": str(tmp_path / "campaigns")},
+    )
+    server.start("--no-worker")
+    workers = Workers(server, tmp_path / "campaigns", tmp_path / "agents")
+    try:
+        yield workers
+    finally:
+        workers.stop()
+        server.stop()
+
+
+def cli(workers: Workers, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*command(), "campaign", *args],
+        env=workers.env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+def status_of(workers: Workers) -> CampaignStatus:
+    done = cli(workers, "status", CAMPAIGN, "--json")
+    assert done.returncode == 0, done
+    return CampaignStatus.model_validate_json(done.stdout)
+
+
+def rollout_status(workers: Workers, rollout_id: str) -> RolloutStatus:
+    async def query() -> RolloutStatus:
+        client = await Client.connect(
+            workers.server.temporal_address, data_converter=pydantic_data_converter
+        )
+        handle = client.get_workflow_handle_for(
+            RolloutWorkflow.run, rollout_workflow_id(rollout_id, 1)
+        )
+        return await handle.query(RolloutWorkflow.status)
+
+    return asyncio.run(query())
+
+
+def test_campaign_cli_survives_sigkilled_workers_and_runs_every_rollout_once(
+    stack: Workers, tmp_path: Path
+) -> None:
+    stack.start()
+    # The README's example, one epoch more (a flag overrides the spec).
+    started = cli(
+        stack, "run", "examples/campaign.toml", "--id", CAMPAIGN, "--detach", "--epochs", "3"
+    )
+    assert started.returncode == 0, started
+    assert f"campaign {CAMPAIGN}: {ROLLOUTS} rollouts" in started.stdout
+
+    # Mid-campaign: a reference rollout in flight has played some turns.
+    deadline = time.monotonic() + 240
+    while True:
+        status = status_of(stack)
+        playing = [
+            (rid, rollout_status(stack, rid))
+            for rid in status.in_flight_ids
+            if "/reference/" in rid
+        ]
+        playing = [(rid, s) for rid, s in playing if s.turns >= 2 and s.play_end is None]
+        if playing:
+            break
+        assert time.monotonic() < deadline, status
+        time.sleep(0.5)
+    rollout_id, before = playing[0]
+    stack.kill()
+    listed = cli(stack, "list")
+    assert listed.returncode == 0 and CAMPAIGN in listed.stdout, listed
+    time.sleep(3)  # (a query needs a worker: nothing can be asked of the rollout now)
+
+    stack.start()
+    resumed = cli(stack, "resume", CAMPAIGN)
+    assert "nothing finished runs again" in resumed.stdout or resumed.returncode == 0, resumed
+    followed = cli(stack, "status", CAMPAIGN, "--follow", timeout=600)
+    assert followed.returncode == 0, followed
+    final = status_of(stack)
+    records = read_records(stack.campaigns / CAMPAIGN)
+    requests = stack.server.requests(JobRole.agent)
+    after = rollout_status(stack, rollout_id)
+
+    assert final.phase is CampaignPhase.completed, final
+    assert final.finished == ROLLOUTS and final.attempts == ROLLOUTS
+    # Every rollout ended exactly once, each with one attempt and one agent job (the quitters
+    # submit none): no attempt ran twice, no job was started twice.
+    assert sorted(r.rollout_id for r in records) == sorted({r.rollout_id for r in records})
+    assert len(records) == ROLLOUTS and {r.attempt for r in records} == {1}
+    reference = [r for r in records if r.agent.name == "reference"]
+    quitters = [r for r in records if r.agent.name == "quitter"]
+    assert {(r.outcome, r.end_reason, r.reward) for r in reference} == {
+        (Outcome.scored, "submitted", 1.0)
+    }
+    assert {(r.outcome, r.end_reason, r.reward) for r in quitters} == {
+        (Outcome.limit, "abandoned", 0.0)
+    }
+    assert len(requests) == len(reference) == 3
+    assert len({r.key for r in requests}) == 3
+    # One job per job id: the records name every job of their episode (the agent's and its
+    # dev evaluation), none twice, none shared between rollouts.
+    named = [job for r in reference for job in r.job_ids]
+    assert len(named) == len(set(named)) >= len(reference), [r.job_ids for r in reference]
+    assert all(r.job_ids == [] for r in quitters)
+    # The rollout killed mid-play went on from where it was: the reference agent's fixed
+    # play (submit, waits, dev_evaluate, submit) took as many turns as the others'.
+    killed = next(r for r in reference if r.rollout_id == rollout_id)
+    assert after.turns == killed.turns >= before.turns
+    assert killed.steps_used == killed.turns
+    assert final.mean_reward == 0.5 and final.averaged == ROLLOUTS
+    shown = cli(stack, "status", CAMPAIGN)
+    assert "completed" in shown.stdout and "scored 3" in shown.stdout, shown
+    assert json.loads(cli(stack, "status", CAMPAIGN, "--json").stdout)["finished"] == ROLLOUTS
+    # An operator lists the campaign's episodes by its search attribute (`PtCampaign`);
+    # visibility lags the workflows a little.
+    deadline = time.monotonic() + 60
+    while True:
+        episodes = subprocess.run(
+            [*command(), "episodes", "list", "--campaign", CAMPAIGN, "--json"],
+            env=stack.env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
+        assert episodes.returncode == 0, episodes
+        found = sorted(row["episode_id"] for row in json.loads(episodes.stdout))
+        if found == sorted(str(r.episode_id) for r in records) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert found == sorted(str(r.episode_id) for r in records)
+
+    # `campaign cancel` from the command line: it waits for the end; no job is left live.
+    other = cli(stack, "run", "examples/campaign.toml", "--id", "cli-cancel", "--detach")
+    assert other.returncode == 0, other
+    deadline = time.monotonic() + 120
+    while len(stack.server.requests(JobRole.agent)) == len(requests):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    cancelled = cli(stack, "cancel", "cli-cancel", timeout=300)
+    assert cancelled.returncode == 1 and "cancelled" in cancelled.stdout, cancelled
+    backend = FakeBackend(stack.server.state_dir / "fake", QUICK)
+    live = [job for job in backend.views(datetime.now(UTC)) if job.state.value in LIVE]
+    assert live == []

@@ -1,0 +1,98 @@
+"""A campaign's records: each attempt appended once (also by two processes, also after a torn
+line), outcome classes never merged, the mean over scored and limit rollouts only (pure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from activities.campaign_store import CampaignStore
+from posttrain_env.campaigns.records import (
+    RECORDS_FILE,
+    AgentView,
+    Outcome,
+    RolloutRecord,
+    outcome_of,
+    read_records,
+    summarize,
+)
+from posttrain_env.models import EndReason
+
+
+def record(rollout: str, attempt: int = 1, **fields: Any) -> RolloutRecord:
+    return RolloutRecord(
+        campaign_id="c1",
+        rollout_id=f"c1/t_a/a/{rollout}",
+        attempt=attempt,
+        task_id="t_a",
+        epoch=int(rollout),
+        agent=AgentView(name="a", agent="scripted", args={}),
+        outcome=fields.pop("outcome", Outcome.scored),
+        **fields,
+    )
+
+
+def test_an_attempt_is_appended_once_even_by_two_stores_and_after_a_torn_line(
+    tmp_path: Path,
+) -> None:
+    one, two = CampaignStore(tmp_path), CampaignStore(tmp_path)  # as two processes
+    assert one.append_record(record("1", reward=0.5))
+    assert not two.append_record(record("1", reward=0.9))  # the same (rollout, attempt)
+    assert two.append_record(record("1", attempt=2, reward=0.9))
+    path = tmp_path / "c1" / RECORDS_FILE
+    with path.open("ab") as out:
+        out.write(b'{"schema_version": 1, "campaign_id": "c1", "rollo')  # a crash mid-write
+    assert one.append_record(record("2", reward=1.0))
+    assert not one.append_record(record("1", attempt=2))
+    records = read_records(tmp_path / "c1")
+    assert [(r.rollout_id[-1], r.attempt, r.reward) for r in records] == [
+        ("1", 1, 0.5),
+        ("1", 2, 0.9),
+        ("2", 1, 1.0),
+    ]
+    assert all(r.schema_version == 1 for r in records)
+
+
+@pytest.mark.parametrize(
+    ("reason", "failed", "outcome"),
+    [
+        (EndReason.submitted, False, Outcome.scored),
+        (EndReason.score_failed, False, Outcome.unscored),
+        (EndReason.max_steps, False, Outcome.limit),
+        (EndReason.time_limit, False, Outcome.limit),
+        (EndReason.abandoned, False, Outcome.limit),
+        (EndReason.cancelled, False, Outcome.cancelled),
+        (EndReason.reset, False, Outcome.cancelled),
+        (EndReason.cancelled, True, Outcome.error),
+        (None, True, Outcome.error),
+    ],
+)
+def test_every_end_has_one_outcome_class(
+    reason: EndReason | None, failed: bool, outcome: Outcome
+) -> None:
+    assert outcome_of(reason, failed=failed) is outcome
+
+
+def test_the_mean_is_over_scored_and_limit_and_the_latest_attempt_decides() -> None:
+    records = [
+        record("1", reward=0.0),  # a valid 0 counts
+        record("2", outcome=Outcome.limit, reward=0.0),
+        record("3", outcome=Outcome.unscored, reward=None),  # never coerced to 0
+        record("4", outcome=Outcome.error),
+        record("4", attempt=2, reward=1.0),  # the retry decides
+        record("5", outcome=Outcome.cancelled),
+        record("6", outcome=Outcome.error),
+    ]
+    summary = summarize(records)
+    assert summary.rollouts == 6 and summary.attempts == 7
+    assert summary.counts == {
+        Outcome.scored: 2,
+        Outcome.limit: 1,
+        Outcome.unscored: 1,
+        Outcome.error: 1,
+        Outcome.cancelled: 1,
+    }
+    assert summary.mean_reward == pytest.approx(1.0 / 3)
+    assert summary.unscored_rate == 1 / 5 and summary.error_rate == 1 / 5

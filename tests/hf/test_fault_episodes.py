@@ -1,0 +1,132 @@
+"""Whole episodes through the real workflows and their retry policies, with the hf backend on
+the real `HfApi` over the HTTP-level fake Hub, while the Hub misbehaves: a job creation that
+hangs and lands later, listing lag, a 429 with a reset, a job that vanishes, a namespace changed
+between two workers."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from temporalio.testing import WorkflowEnvironment
+
+from tests.hf.conftest import http_backend
+from tests.hf.fake_hub import JobPlan
+from tests.hf.http_hub import HubHttp
+from tests.hf.temporal import hf_worker
+
+CPU_PRICE = 167  # micro-USD per minute of cpu-basic
+RATE_LIMITED = {"RateLimit": '"api";r=0;t=90'}
+
+
+def reserved_usd(minutes: int) -> float:
+    return minutes * CPU_PRICE / 1e6
+
+
+async def test_a_hung_create_that_lands_later_yields_one_job_and_one_reservation(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path, http_hub: HubHttp
+) -> None:
+    hub = http_hub.hub
+    hub.plan = JobPlan(scheduling_s=5, running_s=61)
+    http_hub.listing_lag = 1
+    # The first attempt's create gets no answer within its timeout; the Hub creates the job
+    # one request later, while the retry is already looking for it.
+    http_hub.hang("create_job", lands_after_requests=1)
+    async with hf_worker(time_skipping_env, tmp_path, hub, http_backend(http_hub)) as h:
+        ep = await h.episode()
+        submitted = await ep.call(
+            "jobs_submit", script="print('x')\n", flavor="cpu-basic", timeout_minutes=5
+        )
+        assert submitted.data["state"] == "queued", submitted.data
+        assert submitted.metadata["service_spend"]["reserved"]["usd"] == reserved_usd(5)
+        done = await ep.wait_job(submitted.data["job_id"])
+        assert done.data["state"] == "succeeded" and done.data["cost_usd"] == reserved_usd(2)
+        spend = (await ep.status()).service_spend
+        assert spend.settled.jobs == 1 and spend.reserved.usd == 0.0
+    assert len(hub.jobs) == 1 and len(http_hub.requests_to("create_job")) == 1
+
+
+async def test_listing_lag_of_two_observations_still_yields_one_job_per_submit(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path, http_hub: HubHttp
+) -> None:
+    hub = http_hub.hub
+    hub.plan = JobPlan(scheduling_s=5, running_s=30)
+    http_hub.listing_lag = 2
+    for _ in range(2):  # both creates succeed on the Hub after the client gave up on them
+        http_hub.hang("create_job")
+    async with hf_worker(time_skipping_env, tmp_path, hub, http_backend(http_hub)) as h:
+        ep = await h.episode()
+        jobs = [await ep.submit_job(), await ep.submit_job()]
+        for job_id in jobs:
+            assert (await ep.wait_job(job_id)).data["state"] == "succeeded"
+        assert (await ep.status()).service_spend.settled.jobs == 2
+    assert len(hub.jobs) == 2 and len(http_hub.requests_to("create_job")) == 2
+
+
+async def test_a_429_with_a_reset_is_retried_by_temporal_after_the_reset(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path, http_hub: HubHttp
+) -> None:
+    hub = http_hub.hub
+    hub.plan = JobPlan(scheduling_s=5, running_s=30)
+    http_hub.answer("list_jobs", 429, headers=RATE_LIMITED)  # the submit's look by key
+    async with hf_worker(time_skipping_env, tmp_path, hub, http_backend(http_hub)) as h:
+        ep = await h.episode()
+        submitted = await ep.call_over(
+            timedelta(minutes=4),
+            "jobs_submit",
+            script="print('x')\n",
+            flavor="cpu-basic",
+            timeout_minutes=5,
+        )
+        assert submitted.data["state"] == "queued", submitted.data
+    refused, retried = http_hub.requests_to("list_jobs")[:2]
+    # One request in the failed attempt (no library retry), the next one after the reset.
+    assert (retried.at - refused.at).total_seconds() >= 91
+    assert len(hub.jobs) == 1
+
+
+async def test_a_vanished_job_settles_at_its_reserved_worst_case_and_is_flagged(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path, http_hub: HubHttp
+) -> None:
+    hub = http_hub.hub
+    hub.plan = JobPlan(scheduling_s=5, running_s=3000)
+    backend = http_backend(http_hub, vanished_after_looks=3, vanished_after_s=120)
+    async with hf_worker(time_skipping_env, tmp_path, hub, backend) as h:
+        ep = await h.episode()
+        job_id = await ep.submit_job(timeout_minutes=10)
+        running = await ep.call_over(timedelta(minutes=2), "jobs_wait", job_id=job_id, timeout_s=60)
+        assert running.data["state"] == "running"
+        hub.jobs.clear()  # the Hub answers 404 for it from now on
+        gone = await ep.wait_job(job_id)
+        assert gone.data["state"] == "cancelled"
+        assert gone.data["cost_usd"] == reserved_usd(10)  # never 0: the whole reservation
+        assert gone.data["settled_at_worst_case"] is True
+        assert "worst case" in gone.data["message"] and "404" in gone.data["message"]
+        spend = (await ep.status()).service_spend
+        assert spend.settled.usd == reserved_usd(10) and spend.reserved.usd == 0.0
+
+
+async def test_a_job_keeps_being_tracked_when_the_namespace_changes_mid_job(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path, http_hub: HubHttp
+) -> None:
+    hub = http_hub.hub
+    hub.plan = JobPlan(scheduling_s=5, running_s=600)
+    http_hub.namespaces.add("alice-org")
+    backend = http_backend(http_hub, namespace="alice")
+    async with hf_worker(time_skipping_env, tmp_path, hub, backend) as h:
+        ep = await h.episode()
+        job_id = await ep.submit_job(timeout_minutes=20)
+        # Where new jobs start changes while the job runs, as it does for a worker restarted
+        # with another POSTTRAIN_NAMESPACE, or when the token's user changes.
+        backend._namespace = "alice-org"
+        done = await ep.wait_job(job_id)
+        assert done.data["state"] == "succeeded" and done.data["running_s"] == 600.0
+        assert done.data["cost_usd"] == reserved_usd(10)
+        await ep.submit_job()
+    # The first job stayed in alice, and every call on it went there; the next one starts in
+    # alice-org.
+    assert [http_hub.namespace_of(job) for job in hub.jobs] == ["alice", "alice-org"]
+    first = next(iter(hub.jobs))
+    for seen in http_hub.requests_to("inspect_job"):
+        if first in seen.path:
+            assert seen.path.startswith("/api/jobs/alice/"), seen.path

@@ -1,0 +1,535 @@
+"""The Hub misbehaving, under the real `HfApi` and its HTTP layer (the HTTP-level fake Hub):
+hung and trickling requests, lost answers, listing lag, an ignored label filter, rate limits,
+lexical bucket prefixes, a namespace changed while jobs run."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.backend import ArtifactRejected, TransientBackendError
+from activities.hf import calls as hub_calls
+from activities.hf.backend import HfBackend
+from activities.hf.calls import HubCalls
+from activities.hf.errors import HubTransientError
+from activities.hf.http import NOT_RETRIED_HERE, HubHttpLimits
+from activities.hf.labels import HfRef
+from activities.hf.missing import MAX_REMEMBERED, MissingJobs
+from activities.hf.reaper import ReaperActivities
+from activities.jobs import JobsActivities
+from activities.ports import JobToWatch
+from posttrain_env.contracts.jobs import JobRole, ObserveJobs, SubmitJob
+from posttrain_env.errors import ToolError
+from posttrain_env.keys import ServerKey
+from posttrain_env.limits import (
+    HUB_ACTIVITY_MARGIN_S,
+    HUB_CALL_TIMEOUT_S,
+    HUB_MAX_RETRY_AFTER_S,
+    SUBMIT_LOOK_INTERVAL_S,
+    SUBMIT_SETTLE_LOOKS,
+    SUBMIT_SETTLE_S,
+    VANISHED_AFTER_LOOKS,
+    VANISHED_AFTER_S,
+)
+from posttrain_env.models import JobState
+from tests.hf.conftest import DATASET, FAST_HTTP, MODEL, http_backend, request
+from tests.hf.fake_hub import T0, JobPlan
+from tests.hf.http_hub import HubHttp
+from workflows.policies import OBSERVE_TIMEOUT, READ_TIMEOUT, SUBMIT_TIMEOUT
+from workflows.watcher import WatcherInput
+
+SLACK_S = 0.5  # scheduling and the fake's own work, on a busy machine
+
+
+class NoWatch:
+    async def watch(self, job: JobToWatch) -> None:
+        return None
+
+
+def jobs_activities(backend: HfBackend, tmp_path: Path) -> JobsActivities:
+    return JobsActivities(backend, ServerKey(b"k" * 32), NoWatch(), tmp_path)
+
+
+def in_activity(attempt: int = 1, timeout_s: float = 15.0) -> ActivityEnvironment:
+    """An activity attempt as the worker runs one: its own task token, its own timeout."""
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        env.info,
+        attempt=attempt,
+        start_to_close_timeout=timedelta(seconds=timeout_s),
+        started_time=datetime.now(UTC),
+        task_token=uuid.uuid4().bytes,
+    )
+    return env
+
+
+def submit_job(n: int = 1) -> SubmitJob:
+    return SubmitJob(**request(n=n).model_dump(exclude={"env", "secrets"}))
+
+
+async def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.01)
+
+
+async def timed(call: Awaitable[object]) -> tuple[float, BaseException | None]:
+    started = time.monotonic()
+    try:
+        await call
+    except Exception as err:
+        return time.monotonic() - started, err
+    return time.monotonic() - started, None
+
+
+# -- no Hub call outlives its bound -----------------------------------------------------------
+
+Call = Callable[[], Awaitable[object]]
+
+
+async def _ended_job(backend: HfBackend, http: HubHttp) -> str:
+    http.hub.plan = JobPlan(scheduling_s=0, running_s=10)
+    job = await backend.submit(request(n=7))
+    http.hub.advance(60)
+    return job.ref
+
+
+async def _running_job(backend: HfBackend, http: HubHttp) -> str:
+    http.hub.plan = JobPlan(scheduling_s=0, running_s=3600)
+    return (await backend.submit(request(n=8))).ref
+
+
+async def submitting(backend: HfBackend, http: HubHttp) -> Call:
+    return lambda: backend.submit(request())
+
+
+async def observing(backend: HfBackend, http: HubHttp) -> Call:
+    ref = await _ended_job(backend, http)  # not live: observe lists, then looks at it
+    return lambda: backend.observe([ref], T0)
+
+
+async def cancelling(backend: HfBackend, http: HubHttp) -> Call:
+    ref = await _running_job(backend, http)
+    return lambda: backend.cancel(ref, T0)
+
+
+async def reading_logs(backend: HfBackend, http: HubHttp) -> Call:
+    ref = await _running_job(backend, http)
+    return lambda: backend.logs(ref, 10, T0)
+
+
+async def evaluating(backend: HfBackend, http: HubHttp) -> Call:
+    ref = await _ended_job(backend, http)
+    return lambda: backend.submit(request(JobRole.dev, n=9, artifact_ref=ref))
+
+
+async def pricing(backend: HfBackend, http: HubHttp) -> Call:
+    return lambda: backend.hardware()
+
+
+async def resolving_a_dataset(backend: HfBackend, http: HubHttp) -> Call:
+    return lambda: backend.resolve_dataset(DATASET.repo_id, [])
+
+
+async def resolving_a_model(backend: HfBackend, http: HubHttp) -> Call:
+    return lambda: backend.resolve_model(MODEL.repo_id, "main")
+
+
+# The route that never answers, and the backend operation that meets it.
+OPERATIONS: dict[str, tuple[str, Callable[[HfBackend, HubHttp], Awaitable[Call]]]] = {
+    "creating the bucket": ("create_bucket", submitting),
+    "uploading the script": ("bucket_batch", submitting),
+    "creating a job": ("create_job", submitting),
+    "listing jobs": ("list_jobs", observing),
+    "looking at a job": ("inspect_job", observing),
+    "cancelling": ("cancel_job", cancelling),
+    "reading logs": ("job_logs", reading_logs),
+    "listing outputs": ("bucket_tree", evaluating),
+    "reading prices": ("hardware", pricing),
+    "resolving a dataset": ("dataset_info", resolving_a_dataset),
+    "resolving a model": ("model_info", resolving_a_model),
+}
+
+
+@pytest.mark.parametrize("operation", list(OPERATIONS))
+async def test_no_hub_call_runs_past_its_timeout_when_the_hub_never_answers(
+    http_hub: HubHttp, operation: str
+) -> None:
+    route, prepare = OPERATIONS[operation]
+    backend = http_backend(http_hub)
+    call = await prepare(backend, http_hub)
+    http_hub.hang(route)  # never released: only a timeout ends it
+    elapsed, error = await timed(call())
+    # A retryable failure, in about one read timeout: never an empty answer, never a hang.
+    assert isinstance(error, TransientBackendError), error
+    assert elapsed < FAST_HTTP.read_s + SLACK_S
+    assert http_hub.hung_for and max(http_hub.hung_for) < FAST_HTTP.read_s + 0.1
+    assert not http_hub.unbounded, "a request was sent without a timeout"
+
+
+async def test_inside_an_activity_a_call_ends_before_the_activity_does(
+    http_hub: HubHttp, tmp_path: Path
+) -> None:
+    # Long HTTP timeouts: only the activity's own timeout (1.2 s) can bound the hung request.
+    slow = dataclasses.replace(FAST_HTTP, read_s=30.0, call_s=30.0, activity_margin_s=0.2)
+    backend = http_backend(http_hub, limits=slow)
+    http_hub.hang("create_job")
+    env = in_activity(timeout_s=1.2)
+    elapsed, error = await timed(
+        env.run(jobs_activities(backend, tmp_path).submit_job, submit_job())
+    )
+    assert isinstance(error, TransientBackendError), error
+    assert elapsed < 1.2  # the activity's timeout: Temporal's retry cannot overlap this request
+    (create,) = http_hub.requests_to("create_job")
+    assert create.timeout["read"] is not None and create.timeout["read"] <= 1.0
+
+
+async def test_a_trickling_answer_is_cut_at_the_calls_deadline(http_hub: HubHttp) -> None:
+    # Each piece comes well inside the read timeout; all of them take longer than the call may.
+    limits = dataclasses.replace(FAST_HTTP, call_s=1.0)
+    backend = http_backend(http_hub, limits=limits)
+    await backend.submit(request())
+    http_hub.trickle("list_jobs", chunks=20, every_s=0.15)
+    elapsed, error = await timed(backend.observe(["alice/0abc"], T0))
+    assert isinstance(error, TransientBackendError) and "time ran out" in str(error)
+    assert elapsed < 1.0 + SLACK_S
+
+
+async def test_a_slow_script_upload_outside_our_client_creates_no_job_after_the_deadline(
+    http_hub: HubHttp,
+) -> None:
+    # hf_xet uploads the script with its own client, which no deadline of ours reaches: the
+    # thread waits for it, and the call stops at its next Hub request.
+    backend = http_backend(http_hub, limits=dataclasses.replace(FAST_HTTP, call_s=0.5))
+    await backend.hardware()  # prices cached: the submit's first request is the bucket's
+    http_hub.xet_upload_s = 0.8
+    _, error = await timed(backend.submit(request()))
+    assert isinstance(error, TransientBackendError) and "time ran out" in str(error)
+    assert http_hub.blobs  # the upload itself finished, late
+    assert not http_hub.requests_to("bucket_batch") and not http_hub.requests_to("create_job")
+    assert not http_hub.hub.jobs
+
+
+async def test_a_cancelled_call_starts_no_further_request(http_hub: HubHttp) -> None:
+    limits = dataclasses.replace(FAST_HTTP, read_s=10.0, call_s=10.0)
+    backend = http_backend(http_hub, limits=limits)
+    hang = http_hub.hang("create_bucket")  # run_uv_job's first request
+    submitting = asyncio.create_task(backend.submit(request()))
+    await eventually(lambda: bool(http_hub.requests_to("create_bucket")))
+    submitting.cancel()  # the activity was cancelled (or timed out) while its thread waits
+    with pytest.raises(asyncio.CancelledError):
+        await submitting
+    hang.released.set()  # the Hub answers after all: the thread goes on, and must stop
+    await asyncio.to_thread(backend._calls._pool.shutdown, wait=True)
+    assert not http_hub.requests_to("create_job") and not http_hub.hub.jobs
+    assert not http_hub.requests_to("xet_token")  # stopped at its very next request
+
+
+async def test_hung_hub_calls_leave_the_workers_other_threads_free(http_hub: HubHttp) -> None:
+    limits = dataclasses.replace(FAST_HTTP, threads=2, read_s=1.0, call_s=1.0)
+    backend = http_backend(http_hub, limits=limits)
+    for _ in range(2):
+        http_hub.hang("hardware")
+    calls = [asyncio.create_task(backend._fetch_hardware()) for _ in range(2)]
+    await eventually(lambda: len(http_hub.requests_to("hardware")) == 2)
+    # Every Hub thread is stuck; the loop's default executor (the SDK's, other activities')
+    # is not.
+    started = time.monotonic()
+    assert await asyncio.to_thread(lambda: 42) == 42
+    assert time.monotonic() - started < 0.2
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(result, TransientBackendError) for result in results)
+
+
+async def test_a_call_that_waited_for_a_thread_past_its_budget_sends_nothing(
+    http_hub: HubHttp,
+) -> None:
+    limits = dataclasses.replace(FAST_HTTP, threads=1, call_s=0.1)
+    backend = http_backend(http_hub, limits=limits)
+    stuck = threading.Event()
+    # Something holds the only Hub thread (as a request no timeout reaches could).
+    holding = asyncio.create_task(backend._calls.call("holding the thread", stuck.wait, 5.0))
+    waiting = asyncio.create_task(backend.hardware())
+    await asyncio.sleep(0.15)  # the waiting call's whole budget passes in the queue
+    stuck.set()
+    await holding
+    _, error = await timed(waiting)
+    assert isinstance(error, TransientBackendError) and "time ran out" in str(error)
+    assert not http_hub.requests_to("hardware")
+
+
+# -- retries belong to Temporal ----------------------------------------------------------------
+
+RATE_LIMITED = {
+    "RateLimit": '"api";r=0;t=90',
+    "RateLimit-Policy": '"fixed window";"api";q=500;w=300',
+}
+
+
+async def test_a_429_fails_the_activity_at_once_with_the_reset_as_the_next_attempts_delay(
+    http_hub: HubHttp, tmp_path: Path
+) -> None:
+    backend = http_backend(http_hub)
+    http_hub.answer("list_jobs", 429, times=6, headers=RATE_LIMITED)
+    observe = jobs_activities(backend, tmp_path).observe_jobs
+    elapsed, error = await timed(
+        in_activity().run(observe, ObserveJobs(refs=["alice/0abc"], now=T0))
+    )
+    assert isinstance(error, HubTransientError) and isinstance(error, ApplicationError)
+    assert not error.non_retryable and error.next_retry_delay == timedelta(seconds=91)
+    assert "429" in error.message
+    assert len(http_hub.requests_to("list_jobs")) == 1  # the library did not retry
+    assert elapsed < SLACK_S  # and did not sleep
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "delay"),
+    [(503, {"Retry-After": "20"}, timedelta(seconds=21)), (502, {}, None), (500, {}, None)],
+)
+async def test_server_errors_fail_at_once_and_keep_a_retry_after(
+    http_hub: HubHttp, status: int, headers: dict[str, str], delay: timedelta | None
+) -> None:
+    # list_jobs is paginated: the library's http_backoff would retry it five times.
+    http_hub.answer("list_jobs", status, times=6, headers=headers)
+    elapsed, error = await timed(http_backend(http_hub).observe(["alice/0abc"], T0))
+    assert isinstance(error, HubTransientError) and error.next_retry_delay == delay
+    assert len(http_hub.requests_to("list_jobs")) == 1 and elapsed < SLACK_S
+
+
+# -- exactly one job per submit ------------------------------------------------------------------
+
+
+async def test_a_create_that_lands_after_its_timeout_is_adopted_by_the_retry(
+    http_hub: HubHttp, tmp_path: Path
+) -> None:
+    backend = http_backend(http_hub, submit_settle_looks=4)
+    acts = jobs_activities(backend, tmp_path)
+    http_hub.listing_lag = 2  # a new job shows in listings only on the third one
+    # The create hangs past its timeout; the Hub creates the job two requests later.
+    http_hub.hang("create_job", lands_after_requests=2)
+    _, error = await timed(in_activity(attempt=1).run(acts.submit_job, submit_job()))
+    assert isinstance(error, TransientBackendError) and not http_hub.hub.jobs
+    retried = await in_activity(attempt=2).run(acts.submit_job, submit_job())
+    assert len(http_hub.hub.jobs) == 1 and len(http_hub.requests_to("create_job")) == 1
+    assert HfRef.decode(retried.ref).job_id == next(iter(http_hub.hub.jobs))
+    # It took four looks: two before the job landed or while it was hidden, two lagging.
+    assert len(http_hub.requests_to("list_jobs")) == 5  # 1 (attempt 1) + 4 (attempt 2)
+
+
+async def test_a_first_attempt_does_not_wait_for_a_job_no_one_started(
+    http_hub: HubHttp, tmp_path: Path
+) -> None:
+    backend = http_backend(http_hub, submit_settle_looks=4)
+    await in_activity(attempt=1).run(jobs_activities(backend, tmp_path).submit_job, submit_job())
+    assert len(http_hub.requests_to("list_jobs")) == 1 and len(http_hub.hub.jobs) == 1
+
+
+async def test_a_duplicate_of_a_watched_job_is_cancelled_by_the_next_look(
+    http_hub: HubHttp,
+) -> None:
+    hub = http_hub.hub
+    hub.plan = JobPlan(scheduling_s=0, running_s=3600)
+    backend = http_backend(http_hub)
+    adopted = await backend.submit(request())
+    late = await backend.submit(request())  # the same key: what a late-landing create leaves
+    other = await backend.submit(request(n=2))  # another job, not watched yet: left alone
+    hub.advance(10)
+    seen = await backend.observe([adopted.ref], hub.now)
+    hub.advance(10)
+    assert seen[adopted.ref].state is JobState.running
+    stages = {
+        ref: hub.info(HfRef.decode(ref).job_id).status.stage
+        for ref in (adopted.ref, late.ref, other.ref)
+    }
+    assert stages == {adopted.ref: "RUNNING", late.ref: "CANCELED", other.ref: "RUNNING"}
+
+
+# -- labels are checked here, whatever the server filtered ---------------------------------------
+
+
+async def test_a_server_that_ignores_the_label_filter_changes_nothing(
+    http_hub: HubHttp, tmp_path: Path
+) -> None:
+    hub = http_hub.hub
+    hub.plan = JobPlan(scheduling_s=0, running_s=3600)
+    http_hub.ignore_label_filter = True
+    theirs = http_backend(http_hub)
+    theirs.deployment = "dother"
+    # Another deployment's job with the very same workflow id, and an unlabelled job.
+    foreign = await theirs.submit(request())
+    ours = http_backend(http_hub)
+    assert await ours.find_by_key(request().key, T0) is None  # not adopted
+    mine = await ours.submit(request())
+    assert len(hub.jobs) == 2
+    hub.advance(10)
+    seen = await ours.observe([mine.ref], hub.now)  # not cancelled as a "duplicate"
+    assert set(seen) == {mine.ref}
+    assert [job.ref for job in await ours.live_jobs()] == [mine.ref]
+
+    class AllClosed:
+        async def is_running(self, episode_id: str) -> bool:
+            return False
+
+    search = await ReaperActivities(ours, AllClosed()).find_orphan_jobs()
+    assert [orphan.ref for orphan in search.orphans] == [mine.ref]  # never theirs
+    assert hub.info(HfRef.decode(foreign.ref).job_id).status.stage == "RUNNING"
+    with pytest.raises(ToolError, match="does not carry this deployment's label"):
+        await ours.cancel(foreign.ref, T0)
+    assert hub.info(HfRef.decode(foreign.ref).job_id).status.stage == "RUNNING"
+
+
+# -- artifacts: exact prefixes --------------------------------------------------------------------
+
+
+async def test_files_beside_outputs_are_neither_counted_nor_taken_for_outputs(
+    http_hub: HubHttp,
+) -> None:
+    hub = http_hub.hub
+    backend = http_backend(http_hub)
+    agent = await backend.submit(request())
+    hub.advance(600)
+    folder = HfRef.decode(agent.ref).folder
+    files = hub.buckets["alice/jobs-artifacts"]
+    files[f"{folder}/outputs.log"] = 5 * 1024**3  # beside outputs/, over the cap
+    files[f"{folder}/outputs_x/model.safetensors"] = 5 * 1024**3
+    await backend.submit(
+        request(JobRole.dev, n=2, artifact_ref=agent.ref, artifact_cap_bytes=1024**3)
+    )
+    # outputs/ itself is empty: it gets its placeholder, and the evaluation is not refused.
+    assert files[f"{folder}/outputs/.keep"] == 0
+    tree = http_hub.requests_to("bucket_tree")[-1]
+    assert tree.path.endswith(f"/tree/{folder}/outputs/")
+
+
+async def test_outputs_over_the_cap_are_still_refused(http_hub: HubHttp) -> None:
+    hub = http_hub.hub
+    backend = http_backend(http_hub)
+    agent = await backend.submit(request())
+    folder = HfRef.decode(agent.ref).folder
+    hub.buckets["alice/jobs-artifacts"][f"{folder}/outputs/model.safetensors"] = 2 * 1024**3
+    with pytest.raises(ArtifactRejected, match="over this task's cap"):
+        await backend.submit(
+            request(JobRole.dev, n=2, artifact_ref=agent.ref, artifact_cap_bytes=1024**3)
+        )
+    assert len(http_hub.requests_to("create_job")) == 1  # the agent's job only
+
+
+# -- a namespace changed while jobs run ---------------------------------------------------------
+
+
+async def test_a_namespace_change_mid_job_keeps_tracking_the_job(http_hub: HubHttp) -> None:
+    hub = http_hub.hub
+    hub.plan = JobPlan(scheduling_s=0, running_s=600, logs=["epoch 1"])
+    http_hub.namespaces.add("alice-org")
+    before = http_backend(http_hub, namespace="alice")
+    job = await before.submit(request(n=1))
+    other = await before.submit(request(n=2))
+    # The worker restarts with POSTTRAIN_NAMESPACE=alice-org.
+    after = http_backend(http_hub, namespace="alice-org")
+    hub.advance(30)
+    assert (await after.observe([job.ref, other.ref], hub.now))[job.ref].state is JobState.running
+    assert await after.logs(job.ref, 5, hub.now) == ["epoch 1"]
+    assert (await after.cancel(other.ref, hub.now)).state is JobState.cancelled
+    hub.advance(600)
+    ended = (await after.observe([job.ref], hub.now))[job.ref]
+    assert ended.state is JobState.succeeded and ended.running_s == 600.0
+    # New jobs go to the new namespace; every call on an old one went to the old one.
+    new = await after.submit(request(n=3))
+    assert http_hub.namespace_of(HfRef.decode(new.ref).job_id) == "alice-org"
+    for seen in http_hub.seen:
+        if seen.route in ("inspect_job", "cancel_job", "job_logs"):
+            assert seen.path.startswith("/api/jobs/alice/"), seen.path
+
+
+async def test_a_ref_made_before_namespaces_were_stored_still_works(http_hub: HubHttp) -> None:
+    backend = http_backend(http_hub)
+    job = await backend.submit(request())
+    old = HfRef.decode(job.ref)
+    old_form = f"{old.job_id}:{old.folder}"  # what refs looked like before
+    assert HfRef.decode(old_form).namespace is None
+    http_hub.hub.advance(30)
+    assert (await backend.observe([old_form], T0))[old_form].state is JobState.running
+
+
+# -- the limits themselves ---------------------------------------------------------------------
+
+
+def test_every_default_http_bound_is_shorter_than_the_shortest_hub_activity() -> None:
+    limits = HubHttpLimits()
+    shortest = min(OBSERVE_TIMEOUT, READ_TIMEOUT, SUBMIT_TIMEOUT).total_seconds()
+    for bound in (limits.connect_s, limits.read_s, limits.write_s, limits.pool_s):
+        assert 0 < bound < shortest
+    assert limits.threads >= 4 and 0 < limits.activity_margin_s < shortest / 4
+
+
+def test_a_retried_submits_wait_leaves_most_of_its_activity_for_the_create() -> None:
+    wait = SUBMIT_SETTLE_S + SUBMIT_SETTLE_LOOKS * SUBMIT_LOOK_INTERVAL_S
+    assert wait <= SUBMIT_TIMEOUT.total_seconds() / 2
+
+
+def test_a_job_is_declared_vanished_only_after_several_watcher_looks() -> None:
+    assert VANISHED_AFTER_LOOKS >= 3 and VANISHED_AFTER_S >= 4 * WatcherInput().interval_s
+
+
+def test_the_library_retries_no_status_that_reaches_it() -> None:
+    from huggingface_hub.utils._http import _DEFAULT_RETRY_ON_STATUS_CODES
+
+    assert set(_DEFAULT_RETRY_ON_STATUS_CODES) <= NOT_RETRIED_HERE
+
+
+async def test_a_rate_limit_reset_is_honoured_up_to_its_cap(http_hub: HubHttp) -> None:
+    http_hub.answer("list_jobs", 429, headers={"RateLimit": '"api";r=0;t=86400'})
+    _, error = await timed(http_backend(http_hub).observe(["alice/0abc"], T0))
+    assert isinstance(error, HubTransientError)
+    assert error.next_retry_delay == timedelta(seconds=HUB_MAX_RETRY_AFTER_S)
+
+
+def test_a_call_outside_an_activity_gets_the_call_timeout_and_inside_one_what_it_leaves() -> None:
+    calls = HubCalls()
+    try:
+        assert calls.call_seconds() == HUB_CALL_TIMEOUT_S
+        inside = in_activity(timeout_s=15.0).run(calls.call_seconds)
+        assert 15.0 - HUB_ACTIVITY_MARGIN_S - SLACK_S < inside <= 15.0 - HUB_ACTIVITY_MARGIN_S
+    finally:
+        calls._pool.shutdown()
+
+
+def test_an_attempts_budget_counts_from_its_first_call_and_old_attempts_are_forgotten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(hub_calls, "_REMEMBERED_ATTEMPTS", 2)
+    calls = HubCalls(dataclasses.replace(FAST_HTTP, activity_margin_s=0.0))
+    try:
+        first = in_activity(timeout_s=10.0)
+        assert first.run(calls.call_seconds) <= 10.0
+        time.sleep(0.2)
+        # A later call of the same attempt gets only what the attempt has left.
+        assert first.run(calls.call_seconds) <= 9.8
+        for _ in range(2):
+            in_activity(timeout_s=10.0).run(calls.call_seconds)
+        assert len(calls._attempt_started) == 2  # the oldest attempt was forgotten
+        assert (first.info.task_token, first.info.attempt) not in calls._attempt_started
+    finally:
+        calls._pool.shutdown()
+
+
+def test_missing_jobs_are_remembered_up_to_a_bound_and_the_oldest_count_starts_again() -> None:
+    missing = MissingJobs(after_looks=2, after_s=0.0)
+    assert missing.answered_404("job-0", T0) is None
+    for n in range(1, MAX_REMEMBERED + 1):
+        missing.answered_404(f"job-{n}", T0)
+    assert len(missing._missing) == MAX_REMEMBERED
+    # job-0 was forgotten: its next 404 is a first one again, not the second that settles it.
+    assert missing.answered_404("job-0", T0) is None
+    assert missing.answered_404("job-0", T0) is not None

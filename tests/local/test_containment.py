@@ -1,0 +1,534 @@
+"""One local job cannot starve the machine or other episodes (issue 17): memory, CPU,
+processes, disk and files are held by the kernel — a control group per job beneath a parent
+for all jobs, a filesystem per job — and a job's end leaves nothing behind.
+
+These run real jobs in bubblewrap as root on a machine with cgroup v1 `memory`, `pids` and
+`cpu` hierarchies (FACTS.md); the v2 path is covered by tests/local/test_cgroup_files.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from activities.local.backend import LocalBackend
+from activities.local.cgroups import JobGroups, Placement
+from activities.local.containment import Containment
+from activities.local.jobfiles import is_alive, read_json
+from activities.local.resources import Capacity, jobs_memory_bytes
+from posttrain_env.contracts.jobs import RepoRef
+from tasks.registry import TASKS_DIR, evaluator_script, load_task
+from tests.local.conftest import (
+    JOB_PYTHON,
+    SMALL,
+    TEST_BWRAP,
+    Jobs,
+    job_uid,
+    leftovers,
+    now,
+    wait_for,
+    write_model,
+)
+from tests.processes import live_pids_of_uid
+
+MIB = 1 << 20
+REPORT = "import json\ndef report(**v):\n    print('REPORT ' + json.dumps(v), flush=True)\n"
+SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(600)\n"
+
+
+def make_jobs(state_dir: Path, tmp_path: Path, **changes: Any) -> Jobs:
+    limits = dataclasses.replace(SMALL, **changes)
+    backend = LocalBackend(state_dir, job_python=JOB_PYTHON, limits=limits, bwrap=TEST_BWRAP)
+    return Jobs(backend, write_model(tmp_path / "model-src"))
+
+
+def result_of(jobs: Jobs, ref: str) -> dict[str, Any]:
+    return json.loads((jobs.folder(ref) / "result.json").read_text())
+
+
+def placements(jobs: Jobs) -> dict[str, Placement]:
+    return {p.controller: p for p in jobs.backend.containment.placements}
+
+
+def read_int(path: Path) -> int:
+    return int(path.read_text().split()[0])
+
+
+def logged(jobs: Jobs, ref: str, text: str) -> bool:
+    return any(text in line for line in jobs.logs(ref, 2000))
+
+
+def allocated_bytes(folder: Path) -> int:
+    """Host disk that `folder` takes (allocated blocks, not apparent sizes)."""
+    total = 0
+    for root, dirs, names in os.walk(folder):
+        for name in dirs + names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
+
+
+def test_this_machine_holds_every_limit_in_the_kernel(jobs: Jobs) -> None:
+    # FACTS.md: cgroup v1 memory, cpu and pids hierarchies, root, loop devices and mkfs.ext4.
+    # If this fails, the host changed and the rest of this file tests stand-ins, not the kernel.
+    assert set(placements(jobs)) == {"memory", "pids", "cpu"}
+    assert jobs.backend.containment.filesystem is not None
+    assert jobs.backend.containment.gaps == ()
+    assert jobs.backend.job_limits().not_enforced == []
+
+
+def test_a_running_jobs_processes_are_in_its_own_groups_with_its_limits(jobs: Jobs) -> None:
+    job = jobs.submit(SLEEPER)
+    wait_for(lambda: logged(jobs, job.ref, "started"))
+    spec = json.loads((jobs.folder(job.ref) / "job.json").read_text())
+    resources = spec["resources"]
+    groups = placements(jobs)
+    memory = Path(groups["memory"].job(job.ref))
+    assert read_int(memory / "memory.limit_in_bytes") == resources["memory_bytes"] == 1 << 30
+    assert read_int(memory / "memory.memsw.limit_in_bytes") == 1 << 30  # no swap
+    assert read_int(memory / "memory.swappiness") == 0
+    parent_limit = read_int(Path(groups["memory"].parent) / "memory.limit_in_bytes")
+    expected = jobs_memory_bytes(jobs.backend.capacity, jobs.backend.limits)
+    assert abs(parent_limit - expected) < 4096  # the kernel rounds to pages
+    assert read_int(Path(groups["pids"].job(job.ref)) / "pids.max") == SMALL.nproc
+    cpu = Path(groups["cpu"].job(job.ref))
+    period = read_int(cpu / "cpu.cfs_period_us")
+    assert read_int(cpu / "cpu.cfs_quota_us") == round(resources["vcpus"] * period)
+    assert read_int(cpu / "cpu.shares") == 1024
+    # Every process of the job is in the job's groups, from its first instruction on.
+    pids = live_pids_of_uid(job_uid(jobs, job.ref))
+    assert pids
+    for pid in pids:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        for controller in ("memory", "pids", "cpu"):
+            line = next(line for line in lines if f":{controller}:" in line)
+            assert line.endswith(f"/{groups[controller].parent.rsplit('/', 1)[1]}/{job.ref}")
+    asyncio.run(jobs.backend.cancel(job.ref, now()))
+    assert leftovers(jobs, job.ref) == []
+
+
+def test_a_job_past_its_memory_limit_is_killed_and_fails_saying_so_and_others_run_on(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    jobs = make_jobs(state_dir, tmp_path, memory_bytes=256 * MIB)
+    # Another episode's job holds 64 MiB and keeps counting.
+    other = jobs.submit(
+        """
+        import time
+        held = bytearray(64 << 20)
+        for n in range(100000):
+            print(f"tick {n}", flush=True)
+            time.sleep(0.1)
+        """,
+        episode_id="ep-other",
+    )
+    wait_for(lambda: logged(jobs, other.ref, "tick 3"))
+    # Three processes of 128 MiB each: each far below any per-process limit, together past
+    # the job's 256 MiB (the issue's three processes of 4 GiB, scaled down).
+    hog = jobs.run(
+        """
+        import os, sys, time
+        for _ in range(3):
+            if os.fork() == 0:
+                block = bytearray(128 << 20)  # zero-filled: every page is touched
+                print("holding 128 MiB", flush=True)
+                time.sleep(600)
+        pid, status = os.wait()
+        sys.exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else 1)
+        """,
+        episode_id="ep-hog",
+        timeout=60,
+    )
+    assert hog.state.value == "failed"
+    assert hog.message.startswith(
+        "it went over its memory limit of 256 MiB (cpu-basic on this machine) and the kernel killed"
+    ), hog.message
+    assert "exited with status 137" in hog.message
+    usage = result_of(jobs, hog.ref)["usage"]
+    assert usage["oom_kills"] >= 1
+    assert usage["memory_peak_bytes"] <= 256 * MIB
+    # The other episode's job was not touched: it is still running and still counting.
+    seen = sum(line.startswith("tick") for line in jobs.logs(other.ref, 2000))
+    wait_for(lambda: sum(line.startswith("tick") for line in jobs.logs(other.ref, 2000)) > seen)
+    assert jobs.view(other.ref).state.value == "running"
+    supervisor = json.loads((jobs.folder(other.ref) / "supervisor.json").read_text())
+    assert Path(f"/proc/{supervisor['pid']}").exists()
+    cancelled = asyncio.run(jobs.backend.cancel(other.ref, now()))
+    assert cancelled.state.value == "cancelled"
+    assert result_of(jobs, other.ref)["usage"]["oom_kills"] == 0
+    assert leftovers(jobs, hog.ref) == [] and leftovers(jobs, other.ref) == []
+
+
+def test_all_jobs_together_stay_within_their_share_of_the_machine_and_the_grower_is_killed(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    # A machine of 512 MiB for this backend: all its jobs together may hold 384 MiB (the rest
+    # is the server's reserve), each job 256 MiB.
+    limits = dataclasses.replace(SMALL, memory_bytes=256 * MIB)
+    backend = LocalBackend(
+        state_dir,
+        job_python=JOB_PYTHON,
+        limits=limits,
+        bwrap=TEST_BWRAP,
+        capacity=Capacity(cpus=2.0, memory_bytes=512 * MIB),
+    )
+    jobs = Jobs(backend, write_model(tmp_path / "model-src"))
+    steady = jobs.submit(
+        """
+        import time
+        held = bytearray(150 << 20)
+        print("holding", flush=True)
+        time.sleep(600)
+        """,
+        episode_id="ep-steady",
+    )
+    wait_for(lambda: logged(jobs, steady.ref, "holding"))
+    grower = jobs.run(
+        """
+        blocks = []
+        for n in range(25):  # up to 250 MiB: within its own 256 MiB, not beside the other
+            blocks.append(bytearray(10 << 20))
+        print("grew", flush=True)
+        """,
+        episode_id="ep-grower",
+        timeout=60,
+    )
+    assert grower.state.value == "failed"
+    assert grower.message.startswith(
+        "all local jobs together reached their memory limit of 384 MiB and the kernel killed"
+    ), grower.message
+    assert jobs.view(steady.ref).state.value == "running"
+    asyncio.run(jobs.backend.cancel(steady.ref, now()))
+    assert result_of(jobs, steady.ref)["usage"]["oom_kills"] == 0
+
+
+HOG = """
+import os, time
+for _ in range(15):  # 16 busy processes: as many as the issue's hog could start, and more
+    if os.fork() == 0:
+        os.setsid()  # a session each: with autogroup, each session weighs as much as a user's
+        break
+else:
+    print("spinning", flush=True)
+deadline = time.time() + 600
+while time.time() < deadline:
+    pass
+"""
+
+
+def test_a_cpu_hog_leaves_another_episodes_dev_evaluation_within_3x_its_time_alone(
+    jobs: Jobs,
+) -> None:
+    task = load_task("t0_artifact")
+    assert task.base_model.local is not None
+    revision = asyncio.run(jobs.backend.resolve_model(task.base_model.local, "main"))
+    model = RepoRef(repo_id=task.base_model.local, revision=revision)
+    solution = (TASKS_DIR / "t0_artifact" / "reference_solution.py").read_text()
+    agent = jobs.run(solution, base_model=model, timeout_s=120, timeout=60)
+    assert agent.state.value == "succeeded", jobs.logs(agent.ref)
+    evaluator = evaluator_script(task)
+
+    def dev_evaluate() -> float:
+        started = time.monotonic()
+        job = jobs.run(evaluator, role="dev", artifact_ref=agent.ref, base_model=model, timeout=120)
+        assert job.state.value == "succeeded", jobs.logs(job.ref)
+        return time.monotonic() - started
+
+    def server_work() -> float:
+        """What the server does between jobs: plain Python in the test's own process."""
+        started = time.process_time(), time.monotonic()
+        total = 0
+        for n in range(3_000_000):
+            total += n
+        return time.monotonic() - started[1]
+
+    # Other engineers' tests share this machine: measure the baseline in the same test, and
+    # take the best of three on each side.
+    alone = min(dev_evaluate() for _ in range(3))
+    server_alone = min(server_work() for _ in range(3))
+    hog = jobs.submit(HOG, episode_id="ep-hog", timeout_s=300)
+    wait_for(lambda: logged(jobs, hog.ref, "spinning"))
+    busy = min(dev_evaluate() for _ in range(3))
+    server_busy = min(server_work() for _ in range(3))
+    hog_usage = asyncio.run(jobs.backend.cancel(hog.ref, now()))
+    assert hog_usage.state.value == "cancelled"
+    figures = (
+        f"dev_evaluate alone {alone:.2f} s, beside the hog {busy:.2f} s ({busy / alone:.2f}x); "
+        f"server work alone {server_alone:.3f} s, beside the hog {server_busy:.3f} s "
+        f"({server_busy / server_alone:.2f}x)"
+    )
+    print(figures)
+    assert busy <= 3 * alone, figures
+    assert server_busy <= 3 * server_alone, figures
+
+
+def test_unlinked_files_past_the_disk_cap_get_enospc_and_the_host_disk_drops_by_at_most_the_cap(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    disk = 64 * MIB
+    jobs = make_jobs(state_dir, tmp_path, disk_cap_bytes=disk, memory_bytes=256 * MIB)
+    script = (
+        REPORT
+        + """
+import errno, os, time
+def fill(folder, attempt):
+    # The issue's attack: posix_fallocate into files that are already unlinked, kept open.
+    held, written, outcome = [], 0, "no error"
+    while written < attempt:
+        fd = os.open(folder, os.O_TMPFILE | os.O_RDWR, 0o600)
+        held.append(fd)
+        try:
+            os.posix_fallocate(fd, 0, 8 << 20)
+            written += 8 << 20
+        except OSError as exc:
+            outcome = errno.errorcode[exc.errno]
+            written += os.fstat(fd).st_blocks * 512
+            break
+    return held, written, outcome
+attempt = 1 << 30  # 16 times the disk cap
+report(**{folder: fill(folder, attempt)[1:] for folder in ("/tmp", "/data/outputs", "/dev/shm")})
+time.sleep(600)  # hold everything while the test looks at the host
+"""
+    )
+    free_before = os.statvfs(state_dir).f_bavail * os.statvfs(state_dir).f_frsize
+    job = jobs.submit(script)
+    report = wait_for(lambda: logged(jobs, job.ref, "REPORT ") and jobs.report(job.ref))
+    free_during = os.statvfs(state_dir).f_bavail * os.statvfs(state_dir).f_frsize
+    taken = allocated_bytes(jobs.folder(job.ref))
+    cancelled = asyncio.run(jobs.backend.cancel(job.ref, now()))
+    tmp_written, tmp_outcome = report["/tmp"]
+    out_written, out_outcome = report["/data/outputs"]
+    shm_written, shm_outcome = report["/dev/shm"]
+    # /tmp filled the disk; /data/outputs (the same filesystem) then had nothing left.
+    assert tmp_outcome == "ENOSPC" and out_outcome == "ENOSPC", report
+    assert disk - 8 * MIB <= tmp_written + out_written <= disk, report
+    # /dev/shm: at most half the job's memory, then ENOSPC.
+    assert shm_outcome == "ENOSPC" and 96 * MIB <= shm_written <= 128 * MIB, report
+    # The host: the job's folder takes at most its disk cap (plus its log and files), and
+    # the host's free space dropped by no more (other tests share the disk, so with room for
+    # their writes, but far below the 2 GiB the job tried to write there).
+    assert taken <= disk + MIB, taken
+    assert free_before - free_during <= disk + 256 * MIB, (free_before, free_during)
+    assert cancelled.state.value == "cancelled"
+    assert "it ran out of disk: /data, /tmp and its packages share 64 MiB (ENOSPC)" in (
+        cancelled.message
+    )
+    assert "/dev/shm was full (at most 128 MiB and 2000 files; ENOSPC)" in cancelled.message
+    assert leftovers(jobs, job.ref) == []
+
+
+def test_unlinked_inodes_past_the_file_cap_get_enospc(state_dir: Path, tmp_path: Path) -> None:
+    jobs = make_jobs(state_dir, tmp_path, max_files=2000)
+    script = (
+        REPORT
+        + """
+import errno, os, resource, time
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+def fill(folder):
+    held, outcome = [], "no error"
+    for n in range(hard - 100):  # files made and unlinked, kept open
+        try:
+            held.append(os.open(os.path.join(folder, f"f{n}"), os.O_CREAT | os.O_RDWR, 0o600))
+        except OSError as exc:
+            outcome = errno.errorcode[exc.errno]
+            break
+        os.unlink(os.path.join(folder, f"f{n}"))
+    count = len(held)
+    time.sleep(1)  # held a while, as the issue's job did (the backend looks 10 times a second)
+    for fd in held:
+        os.close(fd)
+    return count, outcome
+report(nofile=hard, tmp=fill("/tmp"), shm=fill("/dev/shm"))
+"""
+    )
+    job = jobs.run(script)
+    report = jobs.report(job.ref)
+    assert report["nofile"] > 4000  # the job could have held twice its cap
+    tmp_count, tmp_outcome = report["tmp"]
+    shm_count, shm_outcome = report["shm"]
+    assert tmp_outcome == "ENOSPC" and 1900 <= tmp_count <= 2000, report
+    assert shm_outcome == "ENOSPC" and 1900 <= shm_count <= 2000, report
+    assert job.state.value == "succeeded"
+    assert job.message == (
+        "succeeded; it ran out of files: /data, /tmp and its packages hold at most 2000 files "
+        "and folders (ENOSPC); /dev/shm was full (at most 512 MiB and 2000 files; ENOSPC)"
+    )
+    assert leftovers(jobs, job.ref) == []
+
+
+DEEP_TREE = (
+    REPORT
+    + """
+import os
+def build(top, depth, size):
+    os.chdir(top)
+    for _ in range(depth):  # relative steps: the whole path is longer than PATH_MAX
+        os.mkdir("deep-folder")
+        os.chdir("deep-folder")
+    with open("bottom", "wb") as fh:
+        fh.truncate(0)
+        for _ in range(size >> 20):
+            fh.write(b"x" * (1 << 20))
+    os.chdir("/")
+build("/tmp", 1500, 96 << 20)
+build(os.environ["HOME"], 1500, 1 << 20)  # the launcher's own folder
+build("/data/outputs", 1500, 1 << 20)
+with open("/data/outputs/model.safetensors", "wb") as fh:
+    fh.write(b"weights")
+os.makedirs("/data/outputs/a/b")
+open("/data/outputs/a/b/notes.txt", "w").write("notes")
+report(built=True)
+"""
+)
+
+
+def test_a_1500_deep_tree_with_a_large_file_ends_normally_and_nothing_of_it_remains(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    jobs = make_jobs(
+        state_dir, tmp_path, disk_cap_bytes=256 * MIB, max_files=20_000, file_bytes=None
+    )
+    job = jobs.run(DEEP_TREE, timeout=120)
+    assert job.state.value == "succeeded", jobs.logs(job.ref)
+    assert job.message == "succeeded"
+    assert jobs.report(job.ref) == {"built": True}
+    # The artifact keeps what is at most 64 folders deep; the rest is counted, never walked.
+    artifact = jobs.folder(job.ref) / "artifact"
+    assert (artifact / "model.safetensors").read_bytes() == b"weights"
+    assert (artifact / "a" / "b" / "notes.txt").read_text() == "notes"
+    assert (artifact / ("deep-folder/" * 64)).is_dir()
+    assert not (artifact / ("deep-folder/" * 65)).exists()
+    assert logged(jobs, job.ref, "artifact: 2 files, 1 entries too deep")
+    assert leftovers(jobs, job.ref) == []
+    assert allocated_bytes(jobs.folder(job.ref)) < 2 * MIB  # the 98 MiB went with the job
+
+
+def test_a_fork_bomb_stops_at_the_pids_limit_and_is_accounted_to_the_jobs_group(
+    jobs: Jobs,
+) -> None:
+    script = (
+        REPORT
+        + """
+import os, time
+first = os.getpid()
+refused = 0
+while refused < 20:  # every process keeps forking until the kernel refuses
+    try:
+        os.fork()
+    except BlockingIOError:
+        refused += 1
+        time.sleep(0.01)
+if os.getpid() == first:
+    time.sleep(0.5)
+    report(processes=len([p for p in os.listdir("/proc") if p.isdigit()]))
+time.sleep(600)
+"""
+    )
+    # The bomb only gets its own group's share of a busy machine: give it time to report.
+    job = jobs.submit(script, timeout_s=15)
+    uid = job_uid(jobs, job.ref)
+    group = Path(placements(jobs)["pids"].job(job.ref))
+    wait_for(lambda: logged(jobs, job.ref, "REPORT "), timeout=15)
+    # Held by the job's own pids group (the outer sandbox, its init, the launcher and the job).
+    assert read_int(group / "pids.current") == SMALL.nproc
+    assert read_int(group / "pids.max") == SMALL.nproc
+    ended = jobs.wait_end(job.ref, timeout=30)
+    assert ended.state.value == "timed_out"
+    assert jobs.report(job.ref)["processes"] <= SMALL.nproc
+    usage = result_of(jobs, job.ref)["usage"]
+    assert usage["processes_peak"] == SMALL.nproc
+    assert usage["fork_refusals"] >= 20
+    assert ended.message.startswith(
+        f"timed out after 15 s; it reached its limit of {SMALL.nproc} processes and threads ("
+    )
+    assert live_pids_of_uid(uid) == []
+    assert leftovers(jobs, job.ref) == []
+
+
+def test_a_job_printing_past_its_log_cap_is_stopped_and_the_log_stays_at_the_cap(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    jobs = make_jobs(state_dir, tmp_path, log_cap_bytes=MIB)
+    job = jobs.run("import sys\nwhile True:\n    sys.stdout.write('y' * 4095 + '\\n')\n")
+    assert job.state.value == "failed"
+    assert job.message.startswith("the job's log reached its cap of 1 MiB; stopped")
+    assert (jobs.folder(job.ref) / "log").stat().st_size <= MIB + 4096
+    assert leftovers(jobs, job.ref) == []
+
+
+def test_a_job_whose_limits_cannot_be_set_up_does_not_run_and_still_gets_a_result(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-cgroup-hierarchy" / "posttrain-jobs-x"
+    broken = Placement(controller="memory", version=1, parent=str(missing))
+    containment = jobs.backend.containment
+    jobs.backend.containment = Containment(
+        placements=(broken,), filesystem=containment.filesystem, gaps=()
+    )
+    job = jobs.run("print('the script ran')")
+    assert job.state.value == "failed"
+    assert job.message.startswith("the job's limits could not be set up, so it did not run: ")
+    assert str(missing) in job.message
+    assert not logged(jobs, job.ref, "the script ran")
+    assert not (jobs.folder(job.ref) / "fs").exists()
+
+
+@pytest.mark.parametrize("role", ["agent", "dev"])
+def test_every_job_runs_in_its_groups_agent_jobs_and_evaluations_alike(
+    jobs: Jobs, role: str
+) -> None:
+    agent = jobs.run("open('/data/outputs/model.safetensors', 'w').write('x')")
+    probe = (
+        REPORT
+        + "report(cgroup=open('/proc/self/cgroup').read().splitlines())\n"
+        + "print('POSTTRAIN_SCORE', __import__('os').environ.get('POSTTRAIN_NONCE'), '{}')"
+    )
+    fields: dict[str, Any] = {} if role == "agent" else {"role": role, "artifact_ref": agent.ref}
+    job = jobs.run(probe, **fields)
+    assert job.state.value == "succeeded", jobs.logs(job.ref)
+    # Inside, the job's own cgroup namespace: its groups are its root.
+    lines = jobs.report(job.ref)["cgroup"]
+    for controller in ("memory", "pids", "cpu"):
+        assert any(line.endswith(f":{controller}:/") for line in lines), lines
+    usage = result_of(jobs, job.ref)["usage"]
+    assert usage["processes_peak"] >= 2 and usage["memory_peak_bytes"] > 0
+
+
+def test_a_new_backend_releases_what_an_ended_job_left_behind(jobs: Jobs, state_dir: Path) -> None:
+    job = jobs.run("print('done')")
+    assert job.state.value == "succeeded"
+    folder = jobs.folder(job.ref)
+    wait_for(lambda: not is_alive(read_json(folder / "supervisor.json")))
+    # As if its supervisor had been killed while releasing: its groups and folders are back,
+    # and groups where an earlier server (in another group of its own) had put it.
+    earlier = f"posttrain-jobs-earlier-{secrets.token_hex(4)}"
+    elsewhere = [
+        Placement(p.controller, p.version, os.path.join(os.path.dirname(p.parent), earlier))
+        for p in jobs.backend.containment.placements
+    ]
+    try:
+        for placement in [*jobs.backend.containment.placements, *elsewhere]:
+            os.makedirs(placement.job(job.ref))
+        spec = json.loads((folder / "job.json").read_text())
+        cgroups = [dataclasses.asdict(p) for p in elsewhere]
+        (folder / "job.json").write_text(json.dumps({**spec, "cgroups": cgroups}))
+        (folder / "fs" / "tmp").mkdir(parents=True)
+        (folder / "fs.img").write_bytes(b"\0" * 4096)
+        assert len(leftovers(jobs, job.ref)) == 8  # 3 groups, 3 parents, filesystem, image
+        restarted = LocalBackend(state_dir, job_python=JOB_PYTHON, limits=SMALL, bwrap=TEST_BWRAP)
+        assert restarted.containment.placements == jobs.backend.containment.placements
+        assert leftovers(jobs, job.ref) == []
+        assert not any(os.path.exists(p.parent) for p in elsewhere)
+    finally:
+        JobGroups(elsewhere, job.ref).remove(timeout_s=1)

@@ -1,0 +1,201 @@
+"""CampaignWorkflow: N rollouts over tasks x agents x epochs, at most `concurrency` in flight,
+within a dollar budget; nothing run or paid twice.
+
+Workflow id `campaign/<campaign id>`. It plans first (the tasks and the budget checked, each
+task's base model pinned to a commit, every agent built once in the agent worker); a spec that
+cannot run ends the campaign `invalid` before anything starts. Then a sliding window (as in
+temporalio/samples-python `batch_sliding_window`): each rollout attempt is an ABANDON child with
+a deterministic id, admitted against the budget (`campaign_rules.py`), and reports its end by
+signal; the campaign continues as new when its history grows long, carrying only its counters,
+the in-flight set and the retries waiting. Cancelling the campaign cancels every rollout in
+flight, and through their episodes every job, and waits until they have all ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import ActivityError, FailureError, WorkflowAlreadyStartedError
+
+with workflow.unsafe.imports_passed_through():
+    from posttrain_env.contracts.activities import AgentsApi, CampaignsApi
+    from posttrain_env.contracts.campaigns import CheckAgents, PlanCampaign
+    from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES
+    from workflows.campaign_contract import (
+        CampaignCarry,
+        CampaignInput,
+        CampaignPhase,
+        CampaignStatus,
+    )
+    from workflows.campaign_rules import (
+        Start,
+        final_phase,
+        finished,
+        next_retry_due,
+        next_start,
+        nothing_left,
+        started,
+        status,
+    )
+    from workflows.ids import SIGNAL_ROLLOUT_FINISHED, campaign_workflow_id, rollout_workflow_id
+    from workflows.policies import READ_RETRY, READ_TIMEOUT
+    from workflows.rollout import RolloutWorkflow
+    from workflows.rollout_contract import RolloutInput, RolloutResult
+    from workflows.waiting import Alarm
+
+# Building every agent once in the agent worker (each in its own process).
+CHECK_AGENTS_TIMEOUT = timedelta(minutes=10)
+
+
+@workflow.defn
+class CampaignWorkflow:
+    @workflow.init
+    def __init__(self, inp: CampaignInput) -> None:
+        self._inp = inp
+        self._s = inp.carry or CampaignCarry(created_at=workflow.now())
+        self._changed = False
+        self._told_to_cancel: set[str] = set()
+        self._alarm = Alarm()
+
+    @workflow.run
+    async def run(self, inp: CampaignInput) -> CampaignStatus:
+        s = self._s
+        if s.phase is CampaignPhase.planning and not await self._plan():
+            return self.status()
+        while True:
+            try:
+                await self._step()
+                if not s.in_flight and nothing_left(inp, s):
+                    break
+                if self._history_is_long():
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    workflow.continue_as_new(inp.model_copy(update={"carry": s}))
+                await self._wait_for_change()
+            except asyncio.CancelledError:
+                # Cancelled through Temporal (the UI, `temporal workflow cancel`): as `cancel`.
+                s.cancel_requested = True
+        s.phase = final_phase(s)
+        s.finished_at = workflow.now()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return self.status()
+
+    # -- updates, signals, queries -------------------------------------------------------------
+
+    @workflow.update
+    def cancel(self) -> CampaignStatus:
+        """Stop scheduling, cancel every rollout in flight (their episodes end, their jobs are
+        cancelled); the campaign ends `cancelled` once they all have."""
+        if not self._s.phase.final:
+            self._s.cancel_requested = True
+            self._changed = True
+        return self.status()
+
+    @workflow.signal(name=SIGNAL_ROLLOUT_FINISHED)
+    def rollout_finished(self, result: RolloutResult) -> None:
+        if finished(self._inp, self._s, result, workflow.now()):
+            self._changed = True
+
+    @workflow.query
+    def status(self) -> CampaignStatus:
+        return status(self._inp, self._s)
+
+    # -- the plan ------------------------------------------------------------------------------
+
+    async def _plan(self) -> bool:
+        inp, s = self._inp, self._s
+        try:
+            s.plan = await workflow.execute_activity_method(
+                CampaignsApi.plan_campaign,
+                PlanCampaign(campaign_id=inp.campaign_id, spec=inp.spec, created_at=s.created_at),
+                start_to_close_timeout=READ_TIMEOUT,
+                retry_policy=READ_RETRY,
+            )
+            await workflow.execute_activity_method(
+                AgentsApi.check_agents,
+                CheckAgents(agents=list(inp.spec.agents)),
+                task_queue=inp.agent_task_queue,
+                start_to_close_timeout=CHECK_AGENTS_TIMEOUT,
+                retry_policy=READ_RETRY,
+            )
+        except ActivityError as err:
+            cause = err.cause
+            s.error = cause.message if isinstance(cause, FailureError) else str(err)
+            s.phase = CampaignPhase.invalid
+            s.finished_at = workflow.now()
+            return False
+        s.phase = CampaignPhase.running
+        return True
+
+    # -- the window ----------------------------------------------------------------------------
+
+    async def _step(self) -> None:
+        inp, s = self._inp, self._s
+        if s.cancel_requested:
+            s.phase = CampaignPhase.cancelling
+            for rollout_id, flight in list(s.in_flight.items()):
+                if rollout_id not in self._told_to_cancel:
+                    self._told_to_cancel.add(rollout_id)
+                    await self._tell_to_cancel(rollout_workflow_id(rollout_id, flight.attempt))
+            return
+        while (start := next_start(inp, s, workflow.now())) is not None:
+            await self._start(start)
+
+    async def _start(self, start: Start) -> None:
+        inp, s = self._inp, self._s
+        plan = s.plan
+        assert plan is not None
+        rollout_id = start.slot.rollout_id(inp.campaign_id)
+        started(inp, s, start)
+        try:
+            await workflow.start_child_workflow(
+                RolloutWorkflow.run,
+                RolloutInput(
+                    campaign_id=inp.campaign_id,
+                    campaign_workflow_id=campaign_workflow_id(inp.campaign_id),
+                    rollout_id=rollout_id,
+                    attempt=start.attempt,
+                    task_id=start.slot.task_id,
+                    epoch=start.slot.epoch,
+                    agent=start.slot.agent,
+                    base_model=plan.tasks[start.slot.task_id].base_model,
+                    reserved_micro_usd=start.reserved_micro_usd,
+                    agent_task_queue=inp.agent_task_queue,
+                    continue_as_new_events=inp.continue_as_new_events,
+                    answer_poll_s=inp.answer_poll_s,
+                ),
+                id=rollout_workflow_id(rollout_id, start.attempt),
+                parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+                # An attempt that ran is never run again, whatever happened to this campaign.
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            )
+        except WorkflowAlreadyStartedError:
+            # Started by an earlier run of this campaign: adopted. Its end comes by signal.
+            workflow.logger.info("rollout %s a%d adopted", rollout_id, start.attempt)
+
+    async def _tell_to_cancel(self, workflow_id: str) -> None:
+        try:
+            await workflow.get_external_workflow_handle(workflow_id).signal(RolloutWorkflow.cancel)
+        except FailureError:
+            pass  # it has completed: its report is on its way
+
+    async def _wait_for_change(self) -> None:
+        s = self._s
+        due = next_retry_due(s)
+        if due is None:
+            await workflow.wait_condition(lambda: self._changed)
+        else:
+            seconds = max((due - workflow.now()).total_seconds(), 1.0)
+            await self._alarm.wait(lambda: self._changed, seconds)
+        self._changed = False
+
+    def _history_is_long(self) -> bool:
+        info = workflow.info()
+        if info.get_current_history_size() >= CONTINUE_AS_NEW_HISTORY_BYTES:
+            return True
+        limit = self._inp.continue_as_new_events
+        if limit is not None:
+            return info.get_current_history_length() >= limit
+        return info.is_continue_as_new_suggested()

@@ -1,0 +1,189 @@
+"""A campaign's order, admission and bookkeeping, pure (tested without Temporal).
+
+Rollouts have a fixed order: epoch by epoch, then task by task, then agent by agent, so a budget
+that stops the campaign early leaves every task and agent measured about equally. Admission
+reserves a rollout's worst case (its task's budget plus its agent's `llm_cap_usd`) against the
+campaign's budget; when the next rollout does not fit, scheduling waits for the rollouts in
+flight to settle (they usually cost less than their worst case), and stops for good only when it
+still does not fit with none in flight: at exactly the first rollout that would exceed it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from posttrain_env.campaigns.records import AVERAGED, Outcome
+from posttrain_env.campaigns.spec import AgentSpec, CampaignSpec
+from posttrain_env.limits import MAX_STATUS_ROLLOUTS_LISTED
+from posttrain_env.models import usd
+from workflows.campaign_contract import (
+    BudgetStop,
+    CampaignCarry,
+    CampaignInput,
+    CampaignPhase,
+    CampaignStatus,
+    InFlight,
+    Retry,
+)
+from workflows.rollout_contract import RolloutResult
+
+
+@dataclass(frozen=True)
+class Slot:
+    index: int
+    epoch: int
+    task_id: str
+    agent: AgentSpec
+
+    def rollout_id(self, campaign_id: str) -> str:
+        return f"{campaign_id}/{self.task_id}/{self.agent.name}/{self.epoch}"
+
+    @property
+    def cell(self) -> str:
+        return f"{self.task_id}/{self.agent.name}"
+
+
+def slot(spec: CampaignSpec, index: int) -> Slot:
+    per_epoch = len(spec.tasks) * len(spec.agents)
+    epoch, rest = divmod(index, per_epoch)
+    task, agent = divmod(rest, len(spec.agents))
+    return Slot(index, epoch + 1, spec.tasks[task], spec.agents[agent])
+
+
+def committed_micro_usd(s: CampaignCarry) -> int:
+    """Settled spend of every attempt, plus the worst cases of the attempts in flight."""
+    reserved = sum(f.reserved_micro_usd for f in s.in_flight.values())
+    return s.env_micro_usd + s.llm_micro_usd + reserved
+
+
+@dataclass(frozen=True)
+class Start:
+    slot: Slot
+    attempt: int
+    reserved_micro_usd: int
+
+
+def next_start(inp: CampaignInput, s: CampaignCarry, now: datetime) -> Start | None:
+    """The next attempt to start now, if the window and the budget allow one; sets
+    `s.budget_stop` when the budget stops scheduling for good."""
+    spec, plan = inp.spec, s.plan
+    assert plan is not None
+    if s.cancel_requested or s.budget_stop is not None or len(s.in_flight) >= spec.concurrency:
+        return None
+    due = [r for r in s.retries if r.not_before <= now]
+    if due:
+        candidate, attempt = slot(spec, due[0].index), due[0].attempt
+    elif s.next_index < spec.rollouts:
+        candidate, attempt = slot(spec, s.next_index), 1
+    else:
+        return None
+    worst = plan.worst_case_micro_usd[candidate.cell]
+    committed = committed_micro_usd(s)
+    if committed + worst > spec.budget_micro_usd:
+        if not s.in_flight:
+            s.budget_stop = BudgetStop(
+                rollout_id=candidate.rollout_id(inp.campaign_id),
+                needed_usd=usd(worst),
+                left_usd=usd(spec.budget_micro_usd - committed),
+            )
+        return None
+    return Start(candidate, attempt, worst)
+
+
+def started(inp: CampaignInput, s: CampaignCarry, start: Start) -> None:
+    rollout_id = start.slot.rollout_id(inp.campaign_id)
+    s.in_flight[rollout_id] = InFlight(
+        index=start.slot.index, attempt=start.attempt, reserved_micro_usd=start.reserved_micro_usd
+    )
+    s.attempts += 1
+    if start.attempt == 1:
+        s.next_index = max(s.next_index, start.slot.index + 1)
+    else:
+        s.retries = [r for r in s.retries if r.index != start.slot.index]
+        s.retried += 1
+
+
+def finished(inp: CampaignInput, s: CampaignCarry, result: RolloutResult, now: datetime) -> bool:
+    """Take a finished attempt's report; False for one that is not in flight (a duplicate)."""
+    flight = s.in_flight.get(result.rollout_id)
+    if flight is None or flight.attempt != result.attempt:
+        return False
+    del s.in_flight[result.rollout_id]
+    s.env_micro_usd += result.env_micro_usd
+    s.llm_micro_usd += result.llm_micro_usd
+    retry = inp.spec.retry
+    if (
+        result.outcome is Outcome.error
+        and result.attempt < retry.max_attempts
+        and not s.cancel_requested
+        and (result.error is None or result.error.type not in retry.non_retryable)
+    ):
+        not_before = now + timedelta(seconds=retry.backoff_s)
+        s.retries.append(
+            Retry(index=flight.index, attempt=result.attempt + 1, not_before=not_before)
+        )
+        return True
+    s.counts[result.outcome] += 1
+    if result.outcome in AVERAGED:
+        s.reward_sum += result.reward or 0.0
+        s.reward_n += 1
+    return True
+
+
+def nothing_left(inp: CampaignInput, s: CampaignCarry) -> bool:
+    """True when no attempt will start any more (the in-flight ones may still run)."""
+    if s.cancel_requested or s.budget_stop is not None:
+        return True
+    return s.next_index >= inp.spec.rollouts and not s.retries
+
+
+def next_retry_due(s: CampaignCarry) -> datetime | None:
+    return min((r.not_before for r in s.retries), default=None)
+
+
+def final_phase(s: CampaignCarry) -> CampaignPhase:
+    if s.cancel_requested:
+        return CampaignPhase.cancelled
+    if s.budget_stop is not None:
+        return CampaignPhase.budget_stopped
+    return CampaignPhase.completed
+
+
+def status(inp: CampaignInput, s: CampaignCarry) -> CampaignStatus:
+    spec, plan = inp.spec, s.plan
+    decided = sum(s.counts.values())
+    in_flight = len(s.in_flight)
+    remaining = spec.rollouts - decided - in_flight
+    stopped = s.cancel_requested or s.budget_stop is not None or s.phase.final
+    reserved = sum(f.reserved_micro_usd for f in s.in_flight.values())
+    spent = s.env_micro_usd + s.llm_micro_usd
+    worst = max(plan.worst_case_micro_usd.values()) if plan else 0
+    return CampaignStatus(
+        campaign_id=inp.campaign_id,
+        name=spec.name,
+        phase=s.phase,
+        error=s.error,
+        rollouts=spec.rollouts,
+        finished=decided,
+        in_flight=in_flight,
+        queued=0 if stopped else remaining,
+        not_run=remaining if stopped else 0,
+        counts=dict(s.counts),
+        attempts=s.attempts,
+        retried=s.retried,
+        mean_reward=s.reward_sum / s.reward_n if s.reward_n else None,
+        averaged=s.reward_n,
+        budget_usd=spec.budget_usd,
+        spent_usd=usd(spent),
+        env_usd=usd(s.env_micro_usd),
+        llm_usd=usd(s.llm_micro_usd),
+        reserved_usd=usd(reserved),
+        left_usd=usd(spec.budget_micro_usd - spent - reserved),
+        worst_case_usd=usd(worst),
+        budget_stop=s.budget_stop,
+        base_models={t: p.base_model.revision for t, p in plan.tasks.items()} if plan else {},
+        in_flight_ids=sorted(s.in_flight)[:MAX_STATUS_ROLLOUTS_LISTED],
+        created_at=s.created_at,
+        finished_at=s.finished_at,
+    )
