@@ -106,7 +106,9 @@ def test_the_example_plays_a_whole_episode_and_only_the_agent_key_reaches_the_ll
     assert "Budget: $0.5" in system["content"]
 
     # The broker's token sat in the example's environment; none of it left for the LLM.
-    assert len(llm.seen) >= 6  # task_info, list+submit, a wait or more, dev_evaluate, submit
+    # task_info, list+submit, any waits (none when a loaded machine answered jobs_submit only
+    # after the short job had succeeded), dev_evaluate, submit.
+    assert len(llm.seen) >= 5
     assert {s.authorization for s in llm.seen} == {f"Bearer {AGENT_KEY}"}
     for seen in llm.seen:
         assert BROKER_TOKEN.encode() not in seen.raw
