@@ -3,7 +3,7 @@
 An agent is any object with `async act(conversation) -> Turn` (`conversation.py`). Built in:
 `scripted` (replays a list of calls), `reference` (the task's reference solution, for smoke
 runs) and `openai` (a language model through any OpenAI-compatible endpoint). A campaign names
-others as `module:attr`.
+others as `module:attr`; `play.py` plays one episode with any of them against a running server.
 """
 
 from posttrain_env.agents.conversation import (

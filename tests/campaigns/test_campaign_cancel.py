@@ -41,11 +41,15 @@ async def test_campaign_cancel_leaves_no_live_job_and_starts_nothing_more(
         campaign_id = await c.start(spec)
         # Both rollouts in flight have a job running.
         await c.skip_until(campaign_id, lambda s: s.in_flight == 2)
+        # ... and has run a while (a job cancelled while queued would cost nothing).
         for _ in range(200):
-            if len(c.backend.requests()) == 2:
+            now = await time_skipping_env.get_current_time()
+            running = [j for j in c.backend.views(now) if j.state is JobState.running]
+            if len(c.backend.requests()) == 2 and len(running) == 2:
                 break
             await c.sleep()
-        assert len(c.backend.requests()) == 2
+        assert len(c.backend.requests()) == 2 and len(running) == 2
+        await c.sleep()
 
         answer = await c.handle(campaign_id).execute_update(CampaignWorkflow.cancel)
         assert answer.phase in (CampaignPhase.running, CampaignPhase.cancelling)

@@ -226,4 +226,5 @@ def test_an_episodes_own_routes_take_its_token_even_where_api_keys_guard_the_res
     seen = httpx.get(url, headers=bearer(episode["episode_token"]), timeout=30)
     assert seen.status_code == 200 and seen.json()["state"] == "running"
     ended = httpx.delete(url, headers=bearer(episode["episode_token"]), timeout=60)
-    assert ended.status_code == 200 and ended.json()["episode_end"]["reason"] == "cancelled"
+    # The client ended it (as a rollout's agent that stops): `abandoned`, reward 0.
+    assert ended.status_code == 200 and ended.json()["episode_end"]["reason"] == "abandoned"
