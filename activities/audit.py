@@ -14,6 +14,7 @@ from temporalio import activity
 from activities.backend import JobsBackend, TransientBackendError
 from activities.launcher_report import read_launcher_lines
 from activities.ports import EpisodeTrail
+from activities.storage import JobStorage
 from posttrain_env.contracts.activities import AuditApi
 from posttrain_env.contracts.audit import AuditRecord, WriteAudit
 from posttrain_env.errors import ToolError
@@ -26,12 +27,20 @@ INSTALLED_LOG_TAIL = 10_000
 
 class AuditActivities(AuditApi):
     def __init__(
-        self, trail: EpisodeTrail, backend: JobsBackend, key: ServerKey, folder: Path
+        self,
+        trail: EpisodeTrail,
+        backend: JobsBackend,
+        key: ServerKey,
+        folder: Path,
+        storage: JobStorage | None = None,
     ) -> None:
+        """`storage`: where the backend keeps job folders (each job's artifact size is read
+        from it); None: sizes are not measured."""
         self._trail = trail
         self._backend = backend
         self._key = key
         self._folder = folder
+        self._storage = storage
 
     @activity.defn
     async def write_audit(self, request: WriteAudit) -> str:
@@ -40,6 +49,7 @@ class AuditActivities(AuditApi):
             record.end = request.end
             record.ended_at = request.now
         await self._add_installed(record, request.now)
+        await self._add_artifact_sizes(record)
         return await asyncio.to_thread(write_record, self._folder, record)
 
     async def _add_installed(self, record: AuditRecord, now: datetime) -> None:
@@ -52,6 +62,17 @@ class AuditActivities(AuditApi):
                 continue  # the logs are gone (or not reachable now): the record says nothing
             report = read_launcher_lines(lines, self._key.job_nonce(job.workflow_id))
             job.installed, job.installer = report.installed, report.installer
+
+    async def _add_artifact_sizes(self, record: AuditRecord) -> None:
+        if self._storage is None:
+            return
+        for job in record.jobs:
+            if job.backend_job_id is None:
+                continue
+            try:
+                job.artifact_bytes = await self._storage.artifact_bytes(job.backend_job_id)
+            except (ToolError, TransientBackendError):
+                continue  # not reachable now: the record says "not measured"
 
 
 def record_path(folder: Path, episode_id: str) -> Path:

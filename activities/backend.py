@@ -12,6 +12,7 @@ from typing import Protocol
 
 from pydantic import Field
 
+from activities.storage import JobStorage
 from posttrain_env.contracts.episodes import JobLimits
 from posttrain_env.contracts.jobs import BackendJob, JobSpec
 from posttrain_env.models import FlavorPrice
@@ -74,4 +75,8 @@ class JobsBackend(Protocol):
 
     async def resolve_dataset(self, repo_id: str, denylist: Sequence[str]) -> str:
         """The dataset's current commit, or ToolError(dataset_not_allowed) with the reason."""
+        ...
+
+    def storage(self) -> JobStorage:
+        """Where this backend keeps its jobs' folders (artifact sizes, retention)."""
         ...

@@ -5,13 +5,16 @@ Not imported by `posttrain_env/__init__.py`: the client pulls in no server confi
 
 from __future__ import annotations
 
+import math
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from posttrain_env.contracts.retention import DEFAULT_MAX_FOLDERS, RetentionPolicy
 from posttrain_env.limits import (
     CONTINUE_AS_NEW_HISTORY_BYTES,
     GIB,
@@ -24,6 +27,9 @@ from posttrain_env.limits import (
 )
 from posttrain_env.models import MICRO
 from posttrain_env.pip_config import pip_find_links
+
+# Retention settings above a century are surely a typo (and timedelta has its own limit).
+MAX_RETENTION_DAYS = 36_500
 
 
 def default_state_dir() -> Path:
@@ -93,6 +99,15 @@ class Settings(BaseSettings):
     local_job_disk_gib: float = Field(default=LOCAL_JOB_DISK_BYTES / GIB, gt=0)
     local_job_files: int = Field(default=LOCAL_JOB_FILES, ge=1000)
     local_job_processes: int = Field(default=LOCAL_JOB_PROCESSES, ge=32)
+    # Retention (README "Operating it"): the job folders of episodes that ended more than this
+    # many days ago are deleted by the retention sweep; submitted artifacts after their own
+    # time, which may not be shorter. 0 (or empty): kept forever.
+    job_retention_days: float = Field(default=14, ge=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False)
+    submitted_retention_days: float = Field(
+        default=90, ge=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False
+    )
+    # Folders one sweep acts on at most (a sweep runs every hour; the rest waits for the next).
+    retention_max_folders: int = Field(default=DEFAULT_MAX_FOLDERS, ge=1, le=100_000)
 
     @field_validator(
         "max_live_episodes",
@@ -107,6 +122,33 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
+
+    @field_validator("job_retention_days", "submitted_retention_days", mode="before")
+    @classmethod
+    def _empty_is_forever(cls, value: object) -> object:
+        return 0 if isinstance(value, str) and value.strip() == "" else value
+
+    @model_validator(mode="after")
+    def _submitted_kept_at_least_as_long(self) -> Settings:
+        job, submitted = self.job_retention_days or math.inf, self.submitted_retention_days
+        if (submitted or math.inf) < job:
+            raise ValueError(
+                f"POSTTRAIN_SUBMITTED_RETENTION_DAYS={submitted:g} is shorter than "
+                f"POSTTRAIN_JOB_RETENTION_DAYS={self.job_retention_days:g} (0 is forever): "
+                "submitted artifacts are kept at least as long as other job folders"
+            )
+        return self
+
+    @property
+    def retention_policy(self) -> RetentionPolicy:
+        def after(days: float) -> timedelta | None:
+            return timedelta(days=days) if days > 0 else None
+
+        return RetentionPolicy(
+            job_after=after(self.job_retention_days),
+            submitted_after=after(self.submitted_retention_days),
+            max_folders=self.retention_max_folders,
+        )
 
     @property
     def campaign_root(self) -> Path:

@@ -33,3 +33,23 @@ def test_the_worker_refuses_a_bad_setting_with_a_clear_message_and_status() -> N
     )
     assert done.returncode == 1 and "HF_TOKEN" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_worker_refuses_a_submitted_retention_shorter_than_the_job_retention() -> None:
+    env = {
+        **os.environ,
+        "POSTTRAIN_BACKEND": "fake",
+        "POSTTRAIN_JOB_RETENTION_DAYS": "30",
+        "POSTTRAIN_SUBMITTED_RETENTION_DAYS": "7",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "posttrain_env.entrypoints.cli", "worker"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and "invalid settings" in done.stderr
+    assert "POSTTRAIN_SUBMITTED_RETENTION_DAYS=7 is shorter" in done.stderr
+    assert "Traceback" not in done.stderr

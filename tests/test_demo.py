@@ -3,6 +3,7 @@ real gateway over HTTP, real local jobs in bubblewrap), with a hostile environme
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -39,6 +40,10 @@ def test_the_demo_plays_a_whole_episode_on_the_local_backend_and_exits_0(tmp_pat
     state = tmp_path / "state" / "demo"
     assert len(list((state / "local" / "jobs").iterdir())) == 3  # agent job, dev, grader
     assert (state / "temporal.db").is_file()
+    # The audit record measured the agent's artifact in its job folder (a real checkpoint).
+    (audit,) = (state / "audit").glob("*.json")
+    agent = next(job for job in json.loads(audit.read_text())["jobs"] if job["role"] == "agent")
+    assert agent["artifact_bytes"] > 0
     for path in state.rglob("*"):
         if path.is_file() and not path.is_symlink():
             assert b"hf_not_a_real_token" not in path.read_bytes(), path

@@ -45,3 +45,9 @@ READ_RETRY = RetryPolicy(
 
 # Writing an episode's audit record reads its whole history (every run): minutes at most.
 AUDIT_TIMEOUT = timedelta(minutes=5)
+
+# One retention sweep: bounded by its folder cap (RetentionPolicy.max_folders), it heartbeats
+# per episode and per folder; a worker that dies mid-sweep is noticed within the heartbeat
+# timeout, and the next attempt (or the next scheduled run) finishes the work.
+RETENTION_TIMEOUT = timedelta(minutes=30)
+RETENTION_HEARTBEAT = timedelta(minutes=2)

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from activities.backend import JobRequest, TransientBackendError
+from activities.storage import NoStorage
 from job_launcher.trusted_lines import LAUNCHER_TAG, NONCE_ENV, SCORE_TAG, format_trusted_line
 from posttrain_env.contracts.episodes import JobLimits
 from posttrain_env.contracts.jobs import BackendJob, JobRole
@@ -221,6 +222,9 @@ class FakeBackend:
                 dataset=repo_id,
             )
         return dataset.revision
+
+    def storage(self) -> NoStorage:
+        return NoStorage(self.name)  # the fake keeps no job folders
 
     # -- test controls -------------------------------------------------------------------------
 

@@ -59,6 +59,7 @@ from activities.hf.labels import (
 from activities.hf.missing import MissingJobs
 from activities.hf.prices import DEFAULT_TTL_S, PriceCache
 from activities.hf.stages import LIVE_STAGES, backend_job, stage_of, vanished_job
+from activities.hf.storage import HfJobStorage
 from activities.hf.submission import (
     check_request,
     input_volumes,
@@ -280,6 +281,9 @@ class HfBackend:
 
     def job_limits(self) -> JobLimits | None:
         return None  # not reported (the local backend reports its own)
+
+    def storage(self) -> HfJobStorage:
+        return HfJobStorage(self._calls, self._api, self.namespace)
 
     async def resolve_model(self, repo_id: str, revision: str) -> str:
         return await inputs.resolve_model(self._calls, self._public, repo_id, revision)

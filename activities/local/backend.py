@@ -42,6 +42,7 @@ from activities.local.resources import (
     machine_capacity,
 )
 from activities.local.sandbox import find_bwrap
+from activities.local.storage import LocalJobStorage
 from activities.local.store import JobStore, job_ref
 from posttrain_env.contracts.episodes import FlavorLimits, JobLimits
 from posttrain_env.contracts.jobs import BackendJob, JobRole
@@ -197,6 +198,9 @@ class LocalBackend:
             return self.hub.resolve("datasets", repo_id)
         except HubError as exc:
             raise ToolError(ErrorType.dataset_not_allowed, str(exc), dataset=repo_id) from None
+
+    def storage(self) -> LocalJobStorage:
+        return LocalJobStorage(self.store)
 
     # -- submit ----------------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from posttrain_env.contracts.jobs import (
     ScoreResult,
     SubmitJob,
 )
+from posttrain_env.contracts.retention import RetentionReport, SweepRetention
 
 
 class Unimplemented(NotImplementedError):
@@ -112,6 +113,16 @@ class AuditApi:
     async def write_audit(self, request: WriteAudit) -> str:
         """Read the episode's history and the backend's job facts; write the record; its
         file's name."""
+        raise Unimplemented
+
+
+class RetentionApi:
+    """Delete the job folders of episodes that ended long enough ago
+    (`activities.retention.RetentionActivities`)."""
+
+    @activity.defn
+    async def sweep_retention(self, request: SweepRetention) -> RetentionReport:
+        """One bounded sweep over the audit records: what it deleted, refused or left."""
         raise Unimplemented
 
 

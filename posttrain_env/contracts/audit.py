@@ -64,7 +64,14 @@ class AuditJob(BaseModel):
     final_state: str | None = None
     installed: dict[str, str] = Field(default_factory=dict)  # from the launcher's own line
     installer: str | None = None
-    artifact_bytes: int | None = None  # None: not measured
+    artifact_bytes: int | None = Field(
+        default=None,
+        description=(
+            "Bytes of the job's outputs (its artifact) when the episode ended, as its backend "
+            "stores them; null: not measured. Retention may delete the folder later: what it "
+            "deleted is in <audit dir>/retention/<episode_id>.json."
+        ),
+    )
 
 
 class AuditEvaluation(BaseModel):

@@ -10,7 +10,9 @@ Every workflow-to-workflow call that an activity makes is listed in this module:
 - `TemporalEpisodeTrail.read`: describe and history of an `EpisodeWorkflow` (the audit record);
 - `TemporalEpisodeCalls.send`: update of an `EpisodeWorkflow` (`call_tool`, to ACCEPTED), a
   rollout's tool call; `.result_of` and `.status`: its queries; `.is_running`: describe;
-- `ensure_reaper_schedule`: the Schedule that starts `ReaperWorkflow` (hf backend only).
+- `ensure_reaper_schedule`: the Schedule that starts `ReaperWorkflow` (hf backend only);
+- `ensure_retention_schedule`: the Schedule that starts `RetentionWorkflow` (every backend that
+  keeps job folders).
 
 Workflows reach each other directly (signals and children) and list those calls in their own
 modules.
@@ -21,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Coroutine
 from datetime import timedelta
+from typing import Any
 
 from pydantic import BaseModel
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
@@ -53,11 +57,15 @@ from workflows.account import AccountState, AccountWorkflow, Admission, Exposure
 from workflows.episode import EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 from workflows.reaper import ReaperInput, ReaperWorkflow
+from workflows.retention import RetentionInput, RetentionWorkflow
 from workflows.watcher import WatcherInput, WatcherWorkflow, WatchRequest
 
 log = logging.getLogger(__name__)
 
 REAPER_EVERY = timedelta(minutes=10)
+# Retention acts on days-old folders: an hourly sweep is prompt enough, and its cap per run
+# (POSTTRAIN_RETENTION_MAX_FOLDERS) bounds each run's work.
+RETENTION_EVERY = timedelta(hours=1)
 
 
 class TemporalEpisodeTrail:
@@ -304,11 +312,15 @@ class TemporalEpisodeCalls:
         return await TemporalEpisodeLiveness(self._client).is_running(episode_id)
 
 
-# -- the orphan reaper's Schedule (hf backend) ---------------------------------------------------
+# -- Schedules: the orphan reaper (hf backend) and retention (every backend) -------------------
 
 
 def reaper_schedule_id(namespace: str, task_queue: str) -> str:
     return f"posttrain-reaper/{namespace}/{task_queue}"
+
+
+def retention_schedule_id(namespace: str, task_queue: str) -> str:
+    return f"posttrain-retention/{namespace}/{task_queue}"
 
 
 async def ensure_reaper_schedule(
@@ -316,20 +328,48 @@ async def ensure_reaper_schedule(
 ) -> str:
     """Create the Schedule that runs ReaperWorkflow every `every` (kept if it exists already).
     Returns its id."""
+    action = ScheduleActionStartWorkflow(
+        ReaperWorkflow.run,
+        ReaperInput(),
+        id=f"posttrain-reaper-run/{client.namespace}/{task_queue}",
+        task_queue=task_queue,
+    )
     schedule_id = reaper_schedule_id(client.namespace, task_queue)
+    return await _ensure_schedule(client, schedule_id, action, every, "orphan reaper")
+
+
+async def ensure_retention_schedule(
+    client: Client, task_queue: str, every: timedelta = RETENTION_EVERY
+) -> str:
+    """Create the Schedule that runs RetentionWorkflow every `every` (kept if it exists
+    already; its runs read the policy from the worker's settings, so changing them needs no new
+    Schedule). Returns its id."""
+    action = ScheduleActionStartWorkflow(
+        RetentionWorkflow.run,
+        RetentionInput(),
+        id=f"posttrain-retention-run/{client.namespace}/{task_queue}",
+        task_queue=task_queue,
+    )
+    schedule_id = retention_schedule_id(client.namespace, task_queue)
+    return await _ensure_schedule(client, schedule_id, action, every, "retention sweep")
+
+
+async def _ensure_schedule(
+    client: Client,
+    schedule_id: str,
+    action: ScheduleActionStartWorkflow,
+    every: timedelta,
+    what: str,
+) -> str:
     schedule = Schedule(
-        action=ScheduleActionStartWorkflow(
-            ReaperWorkflow.run,
-            ReaperInput(),
-            id=f"posttrain-reaper-run/{client.namespace}/{task_queue}",
-            task_queue=task_queue,
-        ),
+        action=action,
         spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=every)]),
+        # A run still going when the next is due: the next is skipped, never doubled.
         policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
     )
     try:
         await client.create_schedule(schedule_id, schedule)
-        log.info("orphan reaper scheduled every %s (%s)", every, schedule_id)
+        log.info("%s scheduled every %s (%s)", what, every, schedule_id)
     except ScheduleAlreadyRunningError:
         pass
     return schedule_id
@@ -341,16 +381,28 @@ def schedule_reaper_soon(
     """Create the reaper's Schedule in the background of the running event loop (the worker is
     built synchronously); a failure is logged, and the next worker start tries again. None when
     no loop runs (nothing is attempted)."""
+    return _soon(ensure_reaper_schedule(client, task_queue, every), "the orphan reaper")
+
+
+def schedule_retention_soon(
+    client: Client, task_queue: str, every: timedelta = RETENTION_EVERY
+) -> asyncio.Task[str] | None:
+    """As `schedule_reaper_soon`, for the retention sweep's Schedule."""
+    return _soon(ensure_retention_schedule(client, task_queue, every), "the retention sweep")
+
+
+def _soon(creating: Coroutine[Any, Any, str], what: str) -> asyncio.Task[str] | None:
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        log.warning("no event loop: the orphan reaper's schedule was not created")
+        creating.close()  # never awaited: closed, so no "never awaited" warning
+        log.warning("no event loop: the schedule of %s was not created", what)
         return None
-    task = loop.create_task(ensure_reaper_schedule(client, task_queue, every))
-    task.add_done_callback(_log_failure)
+    task = loop.create_task(creating)
+    task.add_done_callback(lambda done: _log_failure(done, what))
     return task
 
 
-def _log_failure(task: asyncio.Task[str]) -> None:
+def _log_failure(task: asyncio.Task[str], what: str) -> None:
     if not task.cancelled() and task.exception() is not None:
-        log.warning("the orphan reaper's schedule was not created: %s", task.exception())
+        log.warning("the schedule of %s was not created: %s", what, task.exception())

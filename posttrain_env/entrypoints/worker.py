@@ -21,6 +21,8 @@ from activities.campaign_store import CampaignStore
 from activities.campaigns import CampaignActivities, CampaignConfig
 from activities.episodes import EpisodeActivities, EpisodeConfig
 from activities.jobs import JobsActivities
+from activities.retention import RetentionActivities
+from activities.storage import JobStorage, NoStorage
 from posttrain_env.entrypoints.temporal_client import connect
 from posttrain_env.entrypoints.temporal_setup import require_search_attributes
 from posttrain_env.entrypoints.wiring import (
@@ -32,6 +34,7 @@ from posttrain_env.entrypoints.wiring import (
     WatcherSettings,
     make_backend,
     schedule_reaper_soon,
+    schedule_retention_soon,
 )
 from posttrain_env.keys import ServerKey
 from posttrain_env.settings import Settings
@@ -42,6 +45,7 @@ from workflows.episode import EpisodeWorkflow
 from workflows.ids import account_workflow_id, watcher_workflow_id
 from workflows.job import JobWorkflow
 from workflows.reaper import ReaperWorkflow
+from workflows.retention import RetentionWorkflow
 from workflows.rollout import RolloutWorkflow
 from workflows.session import SessionWorkflow
 from workflows.watcher import WatcherWorkflow
@@ -61,6 +65,7 @@ WORKFLOWS: Sequence[type] = (
     AccountWorkflow,
     CampaignWorkflow,
     RolloutWorkflow,
+    RetentionWorkflow,
 )
 
 
@@ -72,9 +77,13 @@ def build_worker(
     task_queue: str | None = None,
     tasks_dir: Path | None = None,
     watch_interval_s: float | None = None,
+    storage: JobStorage | None = None,
 ) -> Worker:
-    """A worker for `task_queue` (default: the settings') with every workflow and activity."""
+    """A worker for `task_queue` (default: the settings') with every workflow and activity.
+    `storage`: where the backend keeps job folders (default: the backend's own)."""
     queue = task_queue or settings.task_queue
+    storage = storage or backend.storage()
+    audit_dir = settings.audit_dir or settings.state_dir / "audit"
     tasks_dir = tasks_dir or settings.tasks_dir or TASKS_DIR
     namespace = client.namespace
     key = ServerKey.load_or_create(settings.state_dir / "server.key")
@@ -102,11 +111,9 @@ def build_worker(
             deployment=settings.deployment,
         ),
     )
-    audit = AuditActivities(
-        TemporalEpisodeTrail(client),
-        backend,
-        key,
-        settings.audit_dir or settings.state_dir / "audit",
+    audit = AuditActivities(TemporalEpisodeTrail(client), backend, key, audit_dir, storage)
+    retention = RetentionActivities(
+        storage, TemporalEpisodeLiveness(client), audit_dir, settings.retention_policy
     )
     campaigns = CampaignActivities(
         backend,
@@ -126,12 +133,16 @@ def build_worker(
         episodes.prepare_episode,
         episodes.reserve_server_spend,
         audit.write_audit,
+        retention.sweep_retention,
         campaigns.plan_campaign,
         campaigns.open_conversation,
         campaigns.send_call,
         campaigns.collect_answer,
         campaigns.finish_attempt,
     ]
+    # Every backend that keeps job folders has them swept (the fake keeps none).
+    if settings.retention_policy.deletes_anything and not isinstance(storage, NoStorage):
+        schedule_retention_soon(client, queue)
     if backend.name == "hf":
         workflows_hf, activities_hf = _orphan_reaper(client, backend, queue)
         workflows += workflows_hf

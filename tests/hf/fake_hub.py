@@ -383,6 +383,9 @@ class FakeHub:
         self._ns(api, bucket_id.split("/")[0])
         for content, path in kw.get("add") or []:
             self.buckets.setdefault(bucket_id, {})[path] = len(content)
+        for path in kw.get("delete") or []:
+            # As the Hub: deleting a path that is not there is no error.
+            self.buckets.get(bucket_id, {}).pop(path, None)
 
     # -- a job at the fake clock's time ----------------------------------------------------------
 

@@ -3,6 +3,7 @@ activity retry policies, settlement, scoring, and a stuck cancellation as the UI
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -42,6 +43,12 @@ async def test_an_episode_runs_settles_61_s_as_2_minutes_and_is_scored_by_a_grad
         final = await ep.call_over(timedelta(minutes=5), "submit", job_id=job_id)
         assert final.done and final.reward == 0.75
         assert final.metadata["service_spend"]["settled"]["usd"] == 2 * CPU_PRICE / 1e6
+        await ep.handle.result()
+        audit = h.settings.state_dir / "audit" / f"{ep.episode_id}.json"
+        jobs = {job["role"]: job for job in json.loads(audit.read_text())["jobs"]}
+    # The record measures each job's artifact in the bucket (the agent's checkpoint).
+    assert jobs["agent"]["artifact_bytes"] == 1000
+    assert jobs["grader"]["artifact_bytes"] == 0
     agent, grader = hub.calls_to("run_uv_job")
     assert grader.args["secrets"] == {
         HIDDEN_SEED_SECRET: grader.args["secrets"][HIDDEN_SEED_SECRET]
