@@ -39,6 +39,7 @@ class AuditActivities(AuditApi):
         if record.end is None:
             record.end = request.end
             record.ended_at = request.now
+        record.contamination = request.contamination
         await self._add_installed(record, request.now)
         return await asyncio.to_thread(write_record, self._folder, record)
 

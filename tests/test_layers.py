@@ -16,12 +16,19 @@ from temporalio import activity
 
 import activities
 from activities.audit import AuditActivities
+from activities.contamination import ContaminationActivities
 from activities.episodes import EpisodeActivities
 from activities.hf.reaper import ReaperActivities
 from activities.jobs import JobsActivities
 from activities.local import plan
 from job_launcher import launcher
-from posttrain_env.contracts.activities import AuditApi, EpisodesApi, JobsApi, ReaperApi
+from posttrain_env.contracts.activities import (
+    AuditApi,
+    ContaminationApi,
+    EpisodesApi,
+    JobsApi,
+    ReaperApi,
+)
 from posttrain_env.errors import GatewayCode
 from posttrain_env.tools import TOOLS
 from workflows.episode_tools import HANDLED_TOOLS
@@ -181,6 +188,7 @@ def test_every_activity_interface_method_is_implemented_as_an_activity() -> None
         (EpisodesApi, EpisodeActivities),
         (ReaperApi, ReaperActivities),
         (AuditApi, AuditActivities),
+        (ContaminationApi, ContaminationActivities),
     ):
         declared = {
             name for name, fn in vars(interface).items() if activity._Definition.from_callable(fn)

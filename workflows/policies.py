@@ -45,3 +45,8 @@ READ_RETRY = RetryPolicy(
 
 # Writing an episode's audit record reads its whole history (every run): minutes at most.
 AUDIT_TIMEOUT = timedelta(minutes=5)
+
+# The grader-side contamination check reads the episode's history and up to 256 MiB of datasets
+# and scans them at a few MB/s: minutes, within this. Retried as reads are (a transient backend
+# error); when it still fails, the episode ends with `check_failed` and its reward stands.
+CONTAMINATION_TIMEOUT = timedelta(minutes=15)

@@ -23,6 +23,7 @@ from posttrain_env.contracts.campaigns import (
     PlanCampaign,
     TurnSummary,
 )
+from posttrain_env.contracts.contamination import CheckContamination, ContaminationReport
 from posttrain_env.contracts.episodes import EpisodeSetup, PrepareEpisode, ServerSpend
 from posttrain_env.contracts.jobs import (
     BackendJob,
@@ -112,6 +113,17 @@ class AuditApi:
     async def write_audit(self, request: WriteAudit) -> str:
         """Read the episode's history and the backend's job facts; write the record; its
         file's name."""
+        raise Unimplemented
+
+
+class ContaminationApi:
+    """The grader-side contamination check (`activities.contamination.ContaminationActivities`):
+    on the main worker, never in a job, not charged to the agent."""
+
+    @activity.defn
+    async def check_contamination(self, check: CheckContamination) -> ContaminationReport:
+        """Look for the task's test items in the episode's scripts and mounted datasets: the
+        counts for the agent, the evidence for the audit record."""
         raise Unimplemented
 
 

@@ -19,6 +19,7 @@ from activities.audit import AuditActivities
 from activities.backend import JobsBackend
 from activities.campaign_store import CampaignStore
 from activities.campaigns import CampaignActivities, CampaignConfig
+from activities.contamination import ContaminationActivities
 from activities.episodes import EpisodeActivities, EpisodeConfig
 from activities.jobs import JobsActivities
 from posttrain_env.entrypoints.temporal_client import connect
@@ -108,6 +109,8 @@ def build_worker(
         key,
         settings.audit_dir or settings.state_dir / "audit",
     )
+    # Grader-side: on this worker, which runs no agent code.
+    contamination = ContaminationActivities(TemporalEpisodeTrail(client), backend, tasks_dir)
     campaigns = CampaignActivities(
         backend,
         CampaignStore(settings.campaign_root),
@@ -126,6 +129,7 @@ def build_worker(
         episodes.prepare_episode,
         episodes.reserve_server_spend,
         audit.write_audit,
+        contamination.check_contamination,
         campaigns.plan_campaign,
         campaigns.open_conversation,
         campaigns.send_call,
