@@ -23,7 +23,7 @@ from pathlib import Path
 from temporalio import activity
 
 from activities.backend import JobsBackend
-from activities.contamination_scan import Scan, TestItem, cap_matches
+from activities.contamination_scan import ItemText, Scan, cap_matches
 from activities.ports import EpisodeTrail
 from posttrain_env.contracts.activities import ContaminationApi
 from posttrain_env.contracts.audit import AuditRecord
@@ -47,8 +47,11 @@ from posttrain_env.limits import (
 from posttrain_env.models import ContaminationSummary
 from tasks.registry import TaskSpecError, test_items_path
 
+# An item's id as the evidence names it (ids come from the task's own file).
+MAX_ITEM_ID_CHARS = 200
 
-class TestItemsError(ValueError):
+
+class ItemsFileError(ValueError):
     """The task's test items cannot be read; the message says why (it quotes no item)."""
 
 
@@ -75,7 +78,7 @@ class ContaminationActivities(ContaminationApi):
             return skipped_generated()
         try:
             items = await asyncio.to_thread(self._test_items, check)
-        except TestItemsError as err:
+        except ItemsFileError as err:
             return check_failed(spec, str(err))
         record = await self._trail.read(check.episode_id)
         scan = Scan(items, spec.ngram, spec.threshold)
@@ -86,9 +89,21 @@ class ContaminationActivities(ContaminationApi):
             items=scan.items,
             ngram=spec.ngram,
             threshold=spec.threshold,
-            sources=sources[:MAX_LISTED_SOURCES],
+            sources=[
+                source.model_copy(update={"where": cut_text(source.where)})
+                for source in sources[:MAX_LISTED_SOURCES]
+            ],
             sources_unlisted=max(0, len(sources) - MAX_LISTED_SOURCES),
-            matches=[ContaminationMatch(**vars(match)) for match in matches],
+            matches=[
+                ContaminationMatch(
+                    item_id=cut_text(match.item_id, MAX_ITEM_ID_CHARS),
+                    found_ngrams=match.found_ngrams,
+                    item_ngrams=match.item_ngrams,
+                    places=[cut_text(place) for place in match.places],
+                    snippet=match.snippet,
+                )
+                for match in matches
+            ],
             matches_unlisted=unlisted,
         )
         matched = len(matches) + unlisted
@@ -97,11 +112,11 @@ class ContaminationActivities(ContaminationApi):
         )
         return ContaminationReport(summary=summary, evidence=evidence)
 
-    def _test_items(self, check: CheckContamination) -> list[TestItem]:
+    def _test_items(self, check: CheckContamination) -> list[ItemText]:
         try:
             path = test_items_path(check.task_id, check.family, check.spec, self._tasks_dir)
         except TaskSpecError as err:
-            raise TestItemsError(str(err)) from None
+            raise ItemsFileError(str(err)) from None
         return load_test_items(path)
 
     async def _scan(self, scan: Scan, record: AuditRecord) -> list[ContaminationSource]:
@@ -138,30 +153,30 @@ class ContaminationActivities(ContaminationApi):
         return sources
 
 
-def load_test_items(path: Path) -> list[TestItem]:
+def load_test_items(path: Path) -> list[ItemText]:
     """The items of a JSON Lines file: one object per line with a string `text` and an
     optional `id` (a string or an integer; default `line-<n>`); blank lines are skipped.
-    Raises TestItemsError naming the line, never quoting it."""
+    Raises ItemsFileError naming the line, never quoting it."""
     try:
         if path.stat().st_size > CONTAMINATION_ITEMS_BYTES:
-            raise TestItemsError(
+            raise ItemsFileError(
                 f"{path.name} is over {CONTAMINATION_ITEMS_BYTES} bytes (the test items' cap)"
             )
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
-        raise TestItemsError(f"{path.name} cannot be read: {type(err).__name__}") from None
-    items: list[TestItem] = []
+        raise ItemsFileError(f"{path.name} cannot be read: {type(err).__name__}") from None
+    items: list[ItemText] = []
     for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             entry = json.loads(line)
         except json.JSONDecodeError:
-            raise TestItemsError(f"{path.name} line {n}: not JSON") from None
+            raise ItemsFileError(f"{path.name} line {n}: not JSON") from None
         if not isinstance(entry, dict) or not isinstance(entry.get("text"), str):
-            raise TestItemsError(f"{path.name} line {n}: an object with a string `text`")
+            raise ItemsFileError(f"{path.name} line {n}: an object with a string `text`")
         item_id = entry.get("id", f"line-{n}")
         if not isinstance(item_id, str | int) or isinstance(item_id, bool):
-            raise TestItemsError(f"{path.name} line {n}: `id` is a string or an integer")
-        items.append(TestItem(item_id=str(item_id), text=entry["text"]))
+            raise ItemsFileError(f"{path.name} line {n}: `id` is a string or an integer")
+        items.append(ItemText(item_id=str(item_id), text=entry["text"]))
     return items

@@ -43,7 +43,7 @@ def words(text: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class TestItem:
+class ItemText:
     item_id: str
     text: str
 
@@ -69,7 +69,7 @@ class Match:
 class Scan:
     """Look for `items` in the sources fed to it, then `matches()`."""
 
-    def __init__(self, items: Iterable[TestItem], ngram: int, threshold: float) -> None:
+    def __init__(self, items: Iterable[ItemText], ngram: int, threshold: float) -> None:
         self.threshold = threshold
         self._items: list[_Item] = []
         self._grams: dict[Gram, list[int]] = {}  # n-gram -> the items that hold it
