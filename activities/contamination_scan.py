@@ -1,12 +1,15 @@
-"""Normalized n-gram overlap between a task's test items and what an agent controlled (pure).
+r"""Normalized n-gram overlap between a task's test items and what an agent controlled (pure).
 
 Normalization: lowercase, then the text is its words, a word being a run of letters and digits
 (any script); punctuation, symbols and whitespace only separate words. So "What is (17 + 5)?"
-and "what is 17 5" are the same four words. An item's n-grams are its runs of `n` consecutive
-words; an item shorter than `n` words is one n-gram of all its words (so short items, such as
-one-line questions, are found only whole); an item with no word is not checked. An item is
-*matched* when at least `threshold` of its distinct n-grams occur somewhere in the scanned text,
-in any of the sources together.
+and "what is 17 5" are the same four words. The escapes a string literal or a JSON line writes
+for whitespace (`\n`, `\t`, ...) separate words too, and `\uXXXX` is read as its character,
+so an item pasted into a script or a JSON Lines dataset reads as it does in the test items.
+
+An item's n-grams are its runs of `n` consecutive words; an item shorter than `n` words is one
+n-gram of all its words (so short items, such as one-line questions, are found only whole); an
+item with no word is not checked. An item is *matched* when at least `threshold` of its
+distinct n-grams occur somewhere in the scanned text, in any of the sources together.
 
 Text is fed in chunks (a dataset is read in pieces, never held as one list of words): the last
 words of a chunk are carried to the next, so an n-gram across a chunk boundary is still seen.
@@ -27,6 +30,7 @@ from posttrain_env.limits import (
 
 _WORD = re.compile(r"[^\W_]+")
 _WORD_CHAR = re.compile(r"[^\W_]")
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|[nrtfv0])")
 # Bytes of a source decoded and scanned at a time.
 CHUNK_BYTES = 1 << 20
 # A word cut by a chunk's end is carried to the next chunk up to this length; a longer run of
@@ -39,7 +43,14 @@ Gram = tuple[str, ...]
 
 def words(text: str) -> list[str]:
     """`text` normalized: its words, lowercased."""
+    if "\\" in text:
+        text = _ESCAPE.sub(_unescape, text)
     return _WORD.findall(text.lower())
+
+
+def _unescape(escape: re.Match[str]) -> str:
+    code = escape.group(1)
+    return chr(int(code, 16)) if code else " "
 
 
 @dataclass(frozen=True)
