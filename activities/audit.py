@@ -48,6 +48,7 @@ class AuditActivities(AuditApi):
         if record.end is None:
             record.end = request.end
             record.ended_at = request.now
+        record.contamination = request.contamination
         await self._add_installed(record, request.now)
         await self._add_artifact_sizes(record)
         return await asyncio.to_thread(write_record, self._folder, record)

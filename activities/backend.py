@@ -7,6 +7,7 @@ ignore it, the fake derives its jobs' progress from it so that time skipping wor
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
@@ -36,6 +37,15 @@ class ArtifactRejected(Exception):
     """An evaluation refused before it starts because of the evaluated job's outputs (over the
     task's cap, or refused by the backend's own checks): the artifact's fault, so the evaluation
     scores 0 with `artifact_valid: false`, never `score_failed` (DESIGN §10)."""
+
+
+@dataclass(frozen=True)
+class DatasetBytes:
+    """The first bytes of a dataset at one revision, as a job would see it mounted: its files in
+    path order, read until `max_bytes` in all (the last file read may be cut)."""
+
+    files: list[tuple[str, bytes]] = field(default_factory=list)  # (path in the repo, bytes)
+    cut: bool = False  # True when files or bytes were left unread at the cap
 
 
 class JobsBackend(Protocol):
@@ -79,4 +89,10 @@ class JobsBackend(Protocol):
 
     def storage(self) -> JobStorage:
         """Where this backend keeps its jobs' folders (artifact sizes, retention)."""
+        ...
+
+    async def read_dataset(self, repo_id: str, revision: str, max_bytes: int) -> DatasetBytes:
+        """What a job mounting `repo_id@revision` at `/datasets/<repo_id>` reads, up to
+        `max_bytes` (for the grader-side contamination check; without the broker's token).
+        Raises TransientBackendError when a retry may help, ToolError when it cannot."""
         ...

@@ -69,6 +69,21 @@ MAX_JOBS_PER_EPISODE = 256
 # well as when Temporal suggests it.
 CONTINUE_AS_NEW_HISTORY_BYTES = 8 * MIB
 
+# -- the contamination check (activities/contamination.py; README "Contamination check") ---------
+# Bytes of one mounted dataset the check reads (its files in path order, the last one cut):
+# what a grader-side scan of sixteen datasets can afford in minutes of one CPU.
+CONTAMINATION_DATASET_BYTES = 32 * MIB
+# ... and of all the datasets an episode mounted together (datasets past it are listed as not
+# read). The scan reads a few MB of text per second: this keeps a check within minutes.
+CONTAMINATION_TOTAL_BYTES = 256 * MIB
+# A task's test items file: larger ones are refused (the check reports `check_failed`).
+CONTAMINATION_ITEMS_BYTES = 16 * MIB
+# Evidence kept for the audit record (it crosses Temporal once, in the check's result): this
+# many matched items, each with this many places and a snippet of this many characters.
+MAX_CONTAMINATION_EVIDENCE = 50
+MAX_CONTAMINATION_PLACES = 4
+MAX_CONTAMINATION_SNIPPET_CHARS = 300
+
 # -- campaigns (a spec, its agents' turns, what a campaign carries) --------------------------------
 # A campaign's rollouts (tasks x agents x epochs), and how many may be in flight at once.
 MAX_CAMPAIGN_ROLLOUTS = 100_000

@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     field_validator,
+    model_validator,
 )
 
 from posttrain_env.errors import ErrorType
@@ -196,12 +197,33 @@ class EndReason(enum.StrEnum):
     abandoned = "abandoned"
 
 
+# What a task does when its test items are found in what the agent controlled: `report` (the
+# reward stands, the counts are shown) or `zero_reward` (a flagged episode's reward is 0). A
+# Literal, not an enum: task specs are validated strictly, and TOML gives a string.
+ContaminationPolicy = Literal["report", "zero_reward"]
+
+
+class ContaminationSummary(BaseModel):
+    """`episode_end.contamination`: the counts of the grader-side contamination check, all an
+    agent ever sees of it (the evidence, which may quote test items, goes to the audit record
+    only). Present on an end by `submit` when the task has a `[contamination]` table."""
+
+    checked: bool
+    flagged: bool = False
+    # The task's policy; "none" when nothing was checked.
+    policy: ContaminationPolicy | Literal["none"] = "none"
+    matched_items: int = 0
+    # Why nothing was checked: `hidden_split_generated` (the task's hidden split is generated
+    # inside the grader, so there are no test items to find) or `check_failed`.
+    skipped: str | None = None
+
+
 class EpisodeEnd(BaseModel):
     reason: EndReason
     reward: float | None = None
     # Set when the score line was missing, repeated or out of range: the reward is then 0.
     invalid_score: str | None = None
-    contamination: dict[str, Any] | None = None
+    contamination: ContaminationSummary | None = None
 
     def view(self) -> dict[str, Any]:
         """As clients see it: `reward` always present (null: no reward), other fields when set."""
@@ -246,6 +268,51 @@ class BaseModelSpec(BaseModel):
     local_revision: str = "main"
 
 
+# The contamination check's defaults (README, "Contamination check"): 13-word n-grams, as in
+# GPT-3's and later contamination studies; an item is matched when half its n-grams are found.
+DEFAULT_CONTAMINATION_NGRAM = 13
+DEFAULT_CONTAMINATION_THRESHOLD = 0.5
+
+
+class ContaminationSpec(BaseModel):
+    """The `[contamination]` table: where the task's test items come from, and what happens
+    when they are found in the agent's scripts or mounted datasets.
+
+    Either `hidden_split = "generated"` (the grader generates its hidden items itself; nothing
+    to check, the check is skipped), or `test_items`, a JSON Lines file in the task's folder (or
+    its family's), one `{"id": ..., "text": ...}` per line, with `policy`, `ngram`, `threshold`.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hidden_split: Literal["public", "generated"] = "public"
+    test_items: str | None = None
+    policy: ContaminationPolicy = "report"
+    # Words per n-gram (after normalization); an item shorter than this is one n-gram.
+    ngram: int = Field(default=DEFAULT_CONTAMINATION_NGRAM, ge=1, le=64)
+    # The fraction of an item's n-grams that must be found for the item to be matched.
+    threshold: float = Field(default=DEFAULT_CONTAMINATION_THRESHOLD, gt=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _items_or_generated(self) -> ContaminationSpec:
+        if self.hidden_split == "generated" and self.test_items is not None:
+            raise ValueError(
+                "a generated hidden split has no test items: set either "
+                'hidden_split = "generated" or test_items, not both'
+            )
+        if self.hidden_split == "public" and self.test_items is None:
+            raise ValueError(
+                "test_items is required (a JSON Lines file in the task's folder), unless "
+                'the hidden split is generated inside the grader (hidden_split = "generated")'
+            )
+        return self
+
+    @property
+    def checks(self) -> bool:
+        """True when there are test items to look for."""
+        return self.test_items is not None
+
+
 class TaskSpec(BaseModel):
     """One task: what the agent is asked, what it may use, and its limits."""
 
@@ -274,6 +341,9 @@ class TaskSpec(BaseModel):
     family: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_]*$")
     # The evaluator's parameters (the `[evaluation]` table), handed to every evaluation job.
     evaluation: dict[str, EvaluationParam] = Field(default_factory=dict)
+    # Where the test items come from, for the grader-side contamination check (the
+    # `[contamination]` table). None: the task declares nothing and nothing is checked.
+    contamination: ContaminationSpec | None = None
 
     @property
     def budget_micro_usd(self) -> int:

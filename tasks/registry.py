@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from posttrain_env.models import TaskSpec
+from posttrain_env.models import ContaminationSpec, TaskSpec
 
 TASKS_DIR = Path(__file__).parent
 SPEC_FILE = "task.toml"
@@ -72,6 +72,10 @@ def load_task(task_id: str, tasks_dir: Path = TASKS_DIR) -> TaskSpec:
     evaluator_problem = _evaluator_problem(spec.evaluator)
     if evaluator_problem:
         raise TaskSpecError(f"{shown}: field 'evaluator': {evaluator_problem}")
+    items = spec.contamination.test_items if spec.contamination else None
+    items_problem = _evaluator_problem(items) if items is not None else None
+    if items_problem:
+        raise TaskSpecError(f"{shown}: field 'contamination.test_items': {items_problem}")
     return spec
 
 
@@ -95,6 +99,26 @@ def evaluator_path(spec: TaskSpec, tasks_dir: Path = TASKS_DIR) -> Path:
             f"(field 'evaluator' = {spec.evaluator!r} in {shown_spec}); "
             f"this task cannot be evaluated until it is added"
         )
+    return path
+
+
+def test_items_path(
+    task_id: str, family: str | None, spec: ContaminationSpec, tasks_dir: Path = TASKS_DIR
+) -> Path:
+    """The task's test items file (`[contamination] test_items`), in the task's folder or its
+    family's. Raises TaskSpecError if it is not declared, leads outside that folder or is
+    missing (the grader-side contamination check then reports `check_failed`)."""
+    if spec.test_items is None:
+        raise TaskSpecError(f"task {task_id!r} declares no test items")
+    task_dir = tasks_dir / (family or task_id)
+    problem = _evaluator_problem(spec.test_items)
+    path = task_dir / spec.test_items
+    if problem is None and not path.resolve().is_relative_to(task_dir.resolve()):
+        problem = f"{spec.test_items!r} leads outside the task's folder"
+    if problem:
+        raise TaskSpecError(f"task {task_id!r}: field 'contamination.test_items': {problem}")
+    if not path.is_file():
+        raise TaskSpecError(f"task {task_id!r}: its test items {spec.test_items!r} do not exist")
     return path
 
 

@@ -16,6 +16,7 @@ from temporalio import activity
 
 import activities
 from activities.audit import AuditActivities
+from activities.contamination import ContaminationActivities
 from activities.episodes import EpisodeActivities
 from activities.hf.reaper import ReaperActivities
 from activities.jobs import JobsActivities
@@ -24,6 +25,7 @@ from activities.retention import RetentionActivities
 from job_launcher import launcher
 from posttrain_env.contracts.activities import (
     AuditApi,
+    ContaminationApi,
     EpisodesApi,
     JobsApi,
     ReaperApi,
@@ -189,6 +191,7 @@ def test_every_activity_interface_method_is_implemented_as_an_activity() -> None
         (ReaperApi, ReaperActivities),
         (AuditApi, AuditActivities),
         (RetentionApi, RetentionActivities),
+        (ContaminationApi, ContaminationActivities),
     ):
         declared = {
             name for name, fn in vars(interface).items() if activity._Definition.from_callable(fn)

@@ -22,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from posttrain_env.contracts.audit import AuditEnd, WriteAudit
     from posttrain_env.contracts.episodes import EpisodeSetup
     from posttrain_env.errors import ErrorType, ToolError
-    from posttrain_env.models import EndReason, EpisodeEnd
+    from posttrain_env.models import ContaminationSummary, EndReason, EpisodeEnd
     from posttrain_env.tools import oversized_error
     from workflows.episode_contract import (
         EndRequest,
@@ -220,11 +220,21 @@ class EpisodeWorkflow:
     # -- the end ---------------------------------------------------------------------------------
 
     async def _end(
-        self, reason: EndReason, reward: float | None, invalid_score: str | None = None
+        self,
+        reason: EndReason,
+        reward: float | None,
+        invalid_score: str | None = None,
+        *,
+        contamination: ContaminationSummary | None = None,
     ) -> None:
         """End the episode (once) and cancel every live job explicitly."""
         if self._s.end is None:
-            self._s.end = EpisodeEnd(reason=reason, reward=reward, invalid_score=invalid_score)
+            self._s.end = EpisodeEnd(
+                reason=reason,
+                reward=reward,
+                invalid_score=invalid_score,
+                contamination=contamination,
+            )
             self._rearm = True
             workflow.logger.info("episode %s ended: %s", self._setup.episode_id, reason.value)
         await self._jobs.cancel_every_live_job()
@@ -243,6 +253,7 @@ class EpisodeWorkflow:
                         reason=end.reason.value, reward=end.reward, invalid_score=end.invalid_score
                     ),
                     now=workflow.now(),
+                    contamination=self._s.contamination,
                 ),
                 start_to_close_timeout=AUDIT_TIMEOUT,
                 retry_policy=READ_RETRY,

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from posttrain_env.contracts.contamination import ContaminationReport
 from posttrain_env.contracts.jobs import JobRole, ScoreResult
 from posttrain_env.models import BoundedText, EpisodeEnd, JobState
 from workflows.episode_contract import ToolResult
@@ -63,3 +64,6 @@ class EpisodeCarry(BaseModel):
     recent_sizes: dict[str, int] = Field(default_factory=dict)
     # Short hashes of requests whose result was dropped from `recent`: never run again.
     answered: list[str] = Field(default_factory=list)
+    # The contamination check's report, kept for the audit record (its evidence may quote test
+    # items: it is never part of an answer, a query or the end).
+    contamination: ContaminationReport | None = None

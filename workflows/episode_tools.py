@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
@@ -18,11 +18,14 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from job_launcher.requirements import merged_dependencies, validate_script, validate_text
     from posttrain_env.contracts.activities import JobsApi
+    from posttrain_env.contracts.contamination import reward_under_policy
     from posttrain_env.contracts.episodes import EpisodeSetup
     from posttrain_env.contracts.jobs import JobLogs, JobRole
     from posttrain_env.errors import ErrorType, ToolError, tool_error_of
     from posttrain_env.models import (
+        ContaminationSummary,
         EndReason,
+        EpisodeEnd,
         JobIdArgs,
         JobsLogsArgs,
         JobsStatusArgs,
@@ -44,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         Tool,
         parse_tool_args,
     )
+    from workflows.episode_contamination import check_contamination
     from workflows.episode_jobs import EpisodeJobs
     from workflows.episode_rules import (
         agent_job,
@@ -63,8 +67,22 @@ A = TypeVar("A", bound=ToolArgs)
 # Patch ids (workflow.patched): changes to the commands this code makes.
 SYNTAX_OF_THE_JOBS_PYTHON = "jobs-submit-checks-syntax-for-the-jobs-python"
 Answer = dict[str, Any]
-# How a tool ends the episode: reason, reward, why a score was invalid.
-EndEpisode = Callable[[EndReason, float | None, str | None], Awaitable[None]]
+
+
+class EndEpisode(Protocol):
+    """How a tool ends the episode: reason, reward, why a score was invalid, and the
+    contamination check's counts (a submit's end)."""
+
+    async def __call__(
+        self,
+        reason: EndReason,
+        reward: float | None,
+        invalid_score: str | None = None,
+        *,
+        contamination: ContaminationSummary | None = None,
+    ) -> None: ...
+
+
 _HANDLERS: dict[str, Callable[[Any, Any], Awaitable[Answer]]] = {}
 # A long call sent again attaches to the work in flight (see EpisodeTools, "sent again").
 ATTACH_REPEATED_CALLS = "attach-repeated-long-calls"
@@ -252,14 +270,27 @@ class EpisodeTools:
                 )
             )
         )
-        self._s.submitting = False
         score = grader.score
         if score is None:
+            self._s.submitting = False
             await self._end(EndReason.score_failed, None, None)
             return grading_answer(job.job_id, grader)
         reward = score.score if score.valid else 0.0
-        await self._end(EndReason.submitted, reward, None if score.valid else score.reason)
-        return grading_answer(job.job_id, grader)
+        # Before the reward is final, still `submitting` (the deadline waits for it too).
+        report = await check_contamination(self._setup) if self._s.end is None else None
+        self._s.submitting = False
+        summary = None
+        if report is not None:
+            self._s.contamination = report
+            summary = report.summary
+            reward = reward_under_policy(reward, summary)
+        await self._end(
+            EndReason.submitted,
+            reward,
+            None if score.valid else score.reason,
+            contamination=summary,
+        )
+        return grading_answer(job.job_id, grader, self._s.end)
 
     # -- long calls sent again (issue 20) --------------------------------------------------------
     # A client that gave up waiting (the OpenAI Agents SDK after 5 s, the MCP Inspector after
@@ -287,8 +318,12 @@ class EpisodeTools:
         if not (self._s.submitting and graders) or not workflow.patched(ATTACH_REPEATED_CALLS):
             return None
         grader = graders[-1]
-        await workflow.wait_condition(lambda: grader.final or self._grading_interrupted())
-        return grading_answer(job.job_id, grader)
+        # Until the submit that started the grading ends the episode (after the contamination
+        # check, when the task has one), or a reset or cancel interrupts it.
+        await workflow.wait_condition(
+            lambda: (grader.final and not self._s.submitting) or self._grading_interrupted()
+        )
+        return grading_answer(job.job_id, grader, self._s.end)
 
     def answer_after_the_end(self, tool: str, arguments: dict[str, Any]) -> Answer | None:
         """A `submit` of the graded job sent again once the episode ended by its grading: the
@@ -300,7 +335,9 @@ class EpisodeTools:
             return None
         job_id = arguments.get("job_id")
         graders = [r for r in self._evaluations_of(JobRole.grader, str(job_id)) if r.final]
-        return grading_answer(graders[-1].evaluated_job_id or "", graders[-1]) if graders else None
+        if not graders:
+            return None
+        return grading_answer(graders[-1].evaluated_job_id or "", graders[-1], end)
 
     def _evaluations_of(self, role: JobRole, job_id: str) -> list[JobRecord]:
         """`role` evaluations of the agent job `job_id`, oldest first."""
@@ -338,15 +375,21 @@ class EpisodeTools:
         return job_view(self._setup.episode_id, record, workflow.now()).model_dump(mode="json")
 
 
-def grading_answer(job_id: str, grader: JobRecord) -> Answer:
+def grading_answer(job_id: str, grader: JobRecord, end: EpisodeEnd | None = None) -> Answer:
     """What `submit` answers once its grading ended: the hidden-split score (0 when the score
-    line was invalid), or `score: None` with the reason the grader gave none."""
+    line was invalid), or `score: None` with the reason the grader gave none. When the episode
+    ended by this grading, `score` is its reward (0 for a flagged episode under the task's
+    `zero_reward` policy) and `contamination` the check's counts."""
     score = grader.score
     if score is None:
         reason = grader.message or f"the grader job ended {grader.state.value}"
         return {"job_id": job_id, "score": None, "reason": reason}
     reward = score.score if score.valid else 0.0
-    return {"job_id": job_id, "split": "hidden", **score.model_dump(), "score": reward}
+    answer = {"job_id": job_id, "split": "hidden", **score.model_dump(), "score": reward}
+    if end is not None and end.reason is EndReason.submitted and end.contamination is not None:
+        answer["score"] = end.reward
+        answer["contamination"] = end.contamination.model_dump(mode="json", exclude_none=True)
+    return answer
 
 
 # Every entry of the registry has exactly one handler (also checked by a test).

@@ -51,3 +51,7 @@ AUDIT_TIMEOUT = timedelta(minutes=5)
 # timeout, and the next attempt (or the next scheduled run) finishes the work.
 RETENTION_TIMEOUT = timedelta(minutes=30)
 RETENTION_HEARTBEAT = timedelta(minutes=2)
+# The grader-side contamination check reads the episode's history and up to 256 MiB of datasets
+# and scans them at a few MB/s: minutes, within this. Retried as reads are (a transient backend
+# error); when it still fails, the episode ends with `check_failed` and its reward stands.
+CONTAMINATION_TIMEOUT = timedelta(minutes=15)

@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from activities.backend import JobRequest, TransientBackendError
+from activities.backend import DatasetBytes, JobRequest, TransientBackendError
+from activities.dataset_bytes import read_until
 from activities.storage import NoStorage
 from job_launcher.trusted_lines import LAUNCHER_TAG, NONCE_ENV, SCORE_TAG, format_trusted_line
 from posttrain_env.contracts.episodes import JobLimits
@@ -77,6 +78,8 @@ class FakeDataset(BaseModel):
     revision: str = "0" * 40
     private: bool = False
     gated: bool = False
+    # What a job mounting it reads: path in the repo -> text (the contamination check reads it).
+    files: dict[str, str] = Field(default_factory=dict)
 
 
 class FakeScenario(BaseModel):
@@ -225,6 +228,13 @@ class FakeBackend:
 
     def storage(self) -> NoStorage:
         return NoStorage(self.name)  # the fake keeps no job folders
+
+    async def read_dataset(self, repo_id: str, revision: str, max_bytes: int) -> DatasetBytes:
+        dataset = self.scenario.datasets.get(repo_id)
+        if dataset is None or dataset.revision != revision:
+            raise ToolError(ErrorType.not_allowed, f"no dataset {repo_id}@{revision}")
+        files = sorted((path, text.encode()) for path, text in dataset.files.items())
+        return read_until(((path, lambda n, b=data: b[:n]) for path, data in files), max_bytes)
 
     # -- test controls -------------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from huggingface_hub.errors import HfHubHTTPError, JobNotFoundError
 from pydantic import BaseModel
 from temporalio import activity
 
-from activities.backend import JobRequest, TransientBackendError
+from activities.backend import DatasetBytes, JobRequest, TransientBackendError
 from activities.hf import inputs
 from activities.hf.artifacts import GIB, evaluated_outputs
 from activities.hf.calls import HubCalls
@@ -290,6 +290,9 @@ class HfBackend:
 
     async def resolve_dataset(self, repo_id: str, denylist: Sequence[str]) -> str:
         return await inputs.resolve_dataset(self._calls, self._public, repo_id, denylist)
+
+    async def read_dataset(self, repo_id: str, revision: str, max_bytes: int) -> DatasetBytes:
+        return await inputs.read_dataset(self._calls, self._public, repo_id, revision, max_bytes)
 
     # -- for the reaper and the smoke test ------------------------------------------------------
 

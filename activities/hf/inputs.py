@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from huggingface_hub import DatasetInfo, HfApi
+from huggingface_hub import DatasetInfo, HfApi, RepoFile, get_session, hf_hub_url
 from huggingface_hub.errors import (
     DisabledRepoError,
     GatedRepoError,
@@ -20,8 +20,10 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.utils import validate_repo_id
+from huggingface_hub.utils import hf_raise_for_status, validate_repo_id
 
+from activities.backend import DatasetBytes
+from activities.dataset_bytes import read_until
 from activities.hf.calls import HubCalls
 from posttrain_env.errors import ErrorType, ToolError
 
@@ -126,3 +128,45 @@ async def resolve_model(calls: HubCalls, public: HfApi, repo_id: str, revision: 
             ErrorType.hf_error, f"the base model {repo_id!r}@{revision} has no resolvable commit"
         )
     return info.sha
+
+
+async def read_dataset(
+    calls: HubCalls, public: HfApi, repo_id: str, revision: str, max_bytes: int
+) -> DatasetBytes:
+    """The first `max_bytes` of the public dataset at `revision` (the contamination check):
+    its files listed and read in path order without the token, each by a streamed GET asking
+    for its first bytes only, in one Hub call under the activity's budget."""
+    return await calls.call(
+        f"reading dataset {repo_id!r}", _read_public, public, repo_id, revision, max_bytes
+    )
+
+
+def _read_public(public: HfApi, repo_id: str, revision: str, max_bytes: int) -> DatasetBytes:
+    entries = public.list_repo_tree(
+        repo_id, recursive=True, revision=revision, repo_type="dataset", token=False
+    )
+    paths = sorted(entry.path for entry in entries if isinstance(entry, RepoFile))
+    session = get_session()
+
+    def reader(path: str):  # type: ignore[no-untyped-def]
+        def read_at_most(n: int) -> bytes:
+            url = hf_hub_url(
+                repo_id, path, repo_type="dataset", revision=revision, endpoint=public.endpoint
+            )
+            # A server that ignores Range sends the whole file: read only what is wanted.
+            with session.stream(
+                "GET", url, headers={"Range": f"bytes=0-{n - 1}"}, follow_redirects=True
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    hf_raise_for_status(response)  # HfHubHTTPError, translated by `calls`
+                data = bytearray()
+                for chunk in response.iter_bytes():
+                    data += chunk
+                    if len(data) >= n:
+                        break
+            return bytes(data[:n])
+
+        return read_at_most
+
+    return read_until(((path, reader(path)) for path in paths), max_bytes)

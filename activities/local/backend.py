@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from activities.backend import JobRequest
+from activities.backend import DatasetBytes, JobRequest
+from activities.dataset_bytes import read_folder
 from activities.local import jobfiles as jf
 from activities.local.containment import FALLBACK_NICENESS, Containment, find_containment
 from activities.local.hub import HubError, LocalHub
@@ -201,6 +202,13 @@ class LocalBackend:
 
     def storage(self) -> LocalJobStorage:
         return LocalJobStorage(self.store)
+
+    async def read_dataset(self, repo_id: str, revision: str, max_bytes: int) -> DatasetBytes:
+        try:
+            folder = self.hub.path("datasets", repo_id, revision)
+        except HubError as exc:
+            raise ToolError(ErrorType.not_allowed, str(exc)) from None
+        return await asyncio.to_thread(read_folder, folder, max_bytes)
 
     # -- submit ----------------------------------------------------------------------------------
 

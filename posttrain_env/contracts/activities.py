@@ -23,6 +23,7 @@ from posttrain_env.contracts.campaigns import (
     PlanCampaign,
     TurnSummary,
 )
+from posttrain_env.contracts.contamination import CheckContamination, ContaminationReport
 from posttrain_env.contracts.episodes import EpisodeSetup, PrepareEpisode, ServerSpend
 from posttrain_env.contracts.jobs import (
     BackendJob,
@@ -123,6 +124,17 @@ class RetentionApi:
     @activity.defn
     async def sweep_retention(self, request: SweepRetention) -> RetentionReport:
         """One bounded sweep over the audit records: what it deleted, refused or left."""
+        raise Unimplemented
+
+
+class ContaminationApi:
+    """The grader-side contamination check (`activities.contamination.ContaminationActivities`):
+    on the main worker, never in a job, not charged to the agent."""
+
+    @activity.defn
+    async def check_contamination(self, check: CheckContamination) -> ContaminationReport:
+        """Look for the task's test items in the episode's scripts and mounted datasets: the
+        counts for the agent, the evidence for the audit record."""
         raise Unimplemented
 
 

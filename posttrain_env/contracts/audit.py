@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from posttrain_env.contracts.contamination import ContaminationReport
+
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("audit.schema.json")
 
@@ -107,7 +109,9 @@ class AuditRecord(BaseModel):
     scripts: dict[str, str] = Field(default_factory=dict)  # sha256 -> the script's text
     end: AuditEnd | None = None
     final_spend_micro_usd: int = 0
-    contamination: dict[str, Any] | None = None  # the grader-side check's evidence, when run
+    # The grader-side contamination check (tasks with a `[contamination]` table, episodes
+    # ended by `submit`): its counts and its evidence, which may quote test items.
+    contamination: ContaminationReport | None = None
 
 
 def audit_schema() -> dict[str, Any]:
@@ -125,3 +129,5 @@ class WriteAudit(BaseModel):
     episode_id: str
     end: AuditEnd
     now: datetime  # workflow time: what the backend's reads are asked at (fakes need it)
+    # The contamination check's report (bounded: posttrain_env/contracts/contamination.py).
+    contamination: ContaminationReport | None = None

@@ -19,6 +19,7 @@ from activities.audit import AuditActivities
 from activities.backend import JobsBackend
 from activities.campaign_store import CampaignStore
 from activities.campaigns import CampaignActivities, CampaignConfig
+from activities.contamination import ContaminationActivities
 from activities.episodes import EpisodeActivities, EpisodeConfig
 from activities.jobs import JobsActivities
 from activities.retention import RetentionActivities
@@ -115,6 +116,8 @@ def build_worker(
     retention = RetentionActivities(
         storage, TemporalEpisodeLiveness(client), audit_dir, settings.retention_policy
     )
+    # Grader-side: on this worker, which runs no agent code.
+    contamination = ContaminationActivities(TemporalEpisodeTrail(client), backend, tasks_dir)
     campaigns = CampaignActivities(
         backend,
         CampaignStore(settings.campaign_root),
@@ -134,6 +137,7 @@ def build_worker(
         episodes.reserve_server_spend,
         audit.write_audit,
         retention.sweep_retention,
+        contamination.check_contamination,
         campaigns.plan_campaign,
         campaigns.open_conversation,
         campaigns.send_call,
