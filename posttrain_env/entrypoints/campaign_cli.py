@@ -1,4 +1,4 @@
-"""`posttrain-env campaign run | status | list | cancel | resume`, from any terminal.
+"""`posttrain-env campaign run | status | list | cancel | resume | report`, from any terminal.
 
 Everything lives in Temporal and the campaign's folder, so a terminal that is closed (or killed)
 loses nothing: `status` and `cancel` work from any other, at any time. A spec is checked before
@@ -46,6 +46,9 @@ def add_campaign_commands(sub: Any) -> None:
     cancel.add_argument("--no-wait", action="store_true", help="do not wait for the end")
     resume = commands.add_parser("resume", help="go on with a campaign whose workers were down")
     resume.add_argument("id")
+    from posttrain_env.entrypoints.campaign_report_cli import add_report_command
+
+    add_report_command(commands)
 
 
 def run_campaign_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
@@ -68,6 +71,10 @@ async def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
 
     settings = Settings()
     command = args.campaign_command
+    if command == "report":
+        from posttrain_env.entrypoints.campaign_report_cli import report_command
+
+        return report_command(args, settings.campaign_root, out)
     if command == "run":
         try:
             spec = load_spec(
