@@ -13,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")  # before pyplot: no display anywhere the report is written
 
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from posttrain_env.campaigns.report import (
@@ -35,7 +36,7 @@ def reward_vs_usd_figure(report: Report) -> Figure:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for agent, points in spend_and_reward(report).items():
         ax.scatter([p[0] for p in points], [p[1] for p in points], label=agent, alpha=0.7)
-    _finish(ax, f"{report.campaign_id}: reward vs dollars per rollout")
+    _finish(fig, ax, f"{report.campaign_id}: reward vs dollars per rollout")
     return fig
 
 
@@ -49,7 +50,7 @@ def pareto_figure(report: Report) -> Figure:
         if most > front[-1][0]:
             front.append((most, front[-1][1]))
         ax.step([p[0] for p in front], [p[1] for p in front], where="post", marker="o", label=agent)
-    _finish(ax, f"{report.campaign_id}: each agent's Pareto front")
+    _finish(fig, ax, f"{report.campaign_id}: each agent's Pareto front")
     return fig
 
 
@@ -83,10 +84,10 @@ def write_plots(report: Report, folder: Path) -> list[Path]:
     return written
 
 
-def _finish(ax: plt.Axes, title: str) -> None:
+def _finish(fig: Figure, ax: Axes, title: str) -> None:
     ax.set_xlabel(SPEND_LABEL)
     ax.set_ylabel(REWARD_LABEL)
     ax.set_title(title)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(title="agent")
-    ax.figure.tight_layout()
+    fig.tight_layout()

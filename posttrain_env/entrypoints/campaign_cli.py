@@ -1,4 +1,4 @@
-"""`posttrain-env campaign run | status | list | cancel | resume | report`, from any terminal.
+"""`posttrain-env campaign run | status | list | cancel | resume | retry | report`, anywhere.
 
 Everything lives in Temporal and the campaign's folder, so a terminal that is closed (or killed)
 loses nothing: `status` and `cancel` work from any other, at any time. A spec is checked before
@@ -46,6 +46,10 @@ def add_campaign_commands(sub: Any) -> None:
     cancel.add_argument("--no-wait", action="store_true", help="do not wait for the end")
     resume = commands.add_parser("resume", help="go on with a campaign whose workers were down")
     resume.add_argument("id")
+    retry = commands.add_parser("retry", help="run a campaign's unscored or error rollouts again")
+    retry.add_argument("id")
+    retry.add_argument("--only", choices=["unscored", "errors"], required=True)
+    retry.add_argument("--detach", action="store_true", help="queue them and return at once")
     from posttrain_env.entrypoints.campaign_report_cli import add_report_command
 
     add_report_command(commands)
@@ -133,10 +137,42 @@ async def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
             return 0 if args.no_wait else await follow(handle, out)
         if command == "resume":
             return await resume(client, handle, settings, out)
+        if command == "retry":
+            return await retry(client, args, settings, out)
     except RPCError as err:
         print(f"posttrain-env campaign: {args.id}: {err.message}", file=sys.stderr)
         return 1
     raise AssertionError(command)
+
+
+async def retry(client: Client, args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
+    from posttrain_env.entrypoints.campaign_retry import RetryRefused, retry_campaign
+    from workflows.campaign import CampaignWorkflow
+    from workflows.ids import campaign_workflow_id
+
+    try:
+        answer = await retry_campaign(
+            client,
+            args.id,
+            args.only,
+            campaign_root=settings.campaign_root,
+            task_queue=settings.task_queue,
+            agent_task_queue=settings.agent_task_queue,
+        )
+    except RetryRefused as exc:
+        print(f"posttrain-env campaign: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"campaign {args.id}: {answer.queued} {args.only} rollouts get a new attempt"
+        + (" (more are left: run `retry` again)" if answer.more else ""),
+        file=out,
+    )
+    for rollout_id in answer.rollout_ids:
+        print(f"  {rollout_id}", file=out)
+    if args.detach or not answer.queued:
+        return 0
+    handle = client.get_workflow_handle_for(CampaignWorkflow.run, campaign_workflow_id(args.id))
+    return await follow(handle, out)
 
 
 async def follow(handle: WorkflowHandle[Any, Any], out: TextIO) -> int:

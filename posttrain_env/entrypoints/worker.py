@@ -120,6 +120,8 @@ def build_worker(
         campaigns.send_call,
         campaigns.collect_answer,
         campaigns.finish_attempt,
+        campaigns.pick_retries,
+        campaigns.reopen_campaign,
     ]
     if backend.name == "hf":
         workflows_hf, activities_hf = _orphan_reaper(client, backend, queue)
