@@ -175,21 +175,35 @@ async def retry(client: Client, args: argparse.Namespace, settings: Settings, ou
     return await follow(handle, out)
 
 
-async def follow(handle: WorkflowHandle[Any, Any], out: TextIO) -> int:
-    """Print the campaign's status as it changes, until it ends; the exit status."""
+async def follow(
+    handle: WorkflowHandle[Any, Any], out: TextIO, every_s: float = FOLLOW_EVERY_S
+) -> int:
+    """Show the campaign's progress (live on a terminal, a line per change otherwise) until it
+    ends; the exit status. It only reads the `status` query: stopping it changes nothing."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from posttrain_env.entrypoints.campaign_progress import display_for
     from workflows.campaign import CampaignWorkflow
 
-    shown = ""
-    while True:
-        current: CampaignStatus = await handle.query(CampaignWorkflow.status)
-        line = progress(current)
-        if line != shown:
-            print(line, file=out, flush=True)
-            shown = line
-        if current.phase.final:
-            print(describe(current), file=out, flush=True)
-            return FAILED.get(current.phase.value, 0)
-        await asyncio.sleep(FOLLOW_EVERY_S)
+    display = display_for(out)
+    try:
+        while True:
+            try:
+                current: CampaignStatus = await handle.query(CampaignWorkflow.status)
+            except RPCError as err:
+                # A busy worker may not answer in the RPC's time: ask again, never guess.
+                if err.status is not RPCStatusCode.DEADLINE_EXCEEDED:
+                    raise
+                await asyncio.sleep(every_s)
+                continue
+            display.show(current)
+            if current.phase.final:
+                break
+            await asyncio.sleep(every_s)
+    finally:
+        display.close()
+    print(describe(current), file=out, flush=True)
+    return FAILED.get(current.phase.value, 0)
 
 
 def progress(s: CampaignStatus) -> str:
