@@ -39,7 +39,7 @@ async def retry_campaign(
     agent_task_queue: str,
 ) -> RetryAnswer:
     """Queue the retries; what was queued. Raises RetryRefused."""
-    from temporalio.client import WorkflowUpdateFailedError
+    from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
     from temporalio.common import WorkflowIDReusePolicy
     from temporalio.exceptions import WorkflowAlreadyStartedError
     from temporalio.service import RPCError, RPCStatusCode
@@ -63,7 +63,10 @@ async def retry_campaign(
             if err.status is not RPCStatusCode.NOT_FOUND:
                 raise
         # It has ended (or is ending): take it up again from its records.
-        final = await handle.result()
+        try:
+            final = await handle.result()
+        except WorkflowFailureError as err:  # terminated or failed: its end is unknown
+            raise RetryRefused(f"campaign {campaign_id} did not end normally: {err}") from None
         if final.phase.value not in REOPENABLE:
             raise RetryRefused(
                 f"campaign {campaign_id} ended {final.phase.value}: nothing to retry"

@@ -22,13 +22,14 @@ from posttrain_env.entrypoints.campaign_retry import retry_campaign
 from tests.campaigns.harness import Campaigns, running_campaigns
 from tests.campaigns.test_campaign_flow import GRADER_FAILS, SOLVES, scripted
 from workflows.campaign_contract import (
+    BudgetStop,
     CampaignCarry,
     CampaignInput,
     CampaignPhase,
     RetryRequest,
 )
 from workflows.campaign_retries import queue_retries
-from workflows.campaign_rules import next_start, slot, started, status
+from workflows.campaign_rules import next_start, nothing_left, slot, started, status
 
 SPEC = parse_spec(
     {
@@ -108,6 +109,28 @@ def test_a_retried_rollout_keeps_its_outcome_until_the_new_attempt_starts() -> N
     current = status(inp, s)
     assert current.finished == 7 and current.in_flight == 1 and current.queued == 0
     assert current.counts[Outcome.unscored] == 3 and s.retried == 1
+
+
+def test_a_retry_the_budget_cannot_fit_is_dropped_and_its_rollout_keeps_its_outcome() -> None:
+    inp = CampaignInput(campaign_id="r", spec=SPEC)
+    worst = {f"{t}/{a.name}": 2_000_000 for t in SPEC.tasks for a in SPEC.agents}
+    s = CampaignCarry(
+        created_at=NOW,
+        plan=CampaignPlan(tasks={}, worst_case_micro_usd=worst),
+        phase=CampaignPhase.running,
+        next_index=3,  # stopped by the budget at the fourth rollout, in an earlier run
+        budget_stop=BudgetStop(rollout_id="r/t_b/solver/1", needed_usd=2.0, left_usd=1.0),
+        env_micro_usd=SPEC.budget_micro_usd - 1_500_000,
+    )
+    s.counts[Outcome.unscored] = 3
+    picks = pick_retries(SPEC, [rec("t_a", "graderfail", 1, Outcome.unscored)], "unscored")
+    queue_retries(inp, s, RetryRequest(only="unscored"), picks, NOW, more=False)
+    assert status(inp, s).queued == 1 and not nothing_left(inp, s)
+
+    assert next_start(inp, s, NOW) is None
+    assert s.retries == [] and s.counts[Outcome.unscored] == 3 and nothing_left(inp, s)
+    assert s.budget_stop.rollout_id == "r/t_b/solver/1"  # the first stop is kept
+    assert status(inp, s).queued == 0 and status(inp, s).not_run == 5  # 8 - the 3 decided
 
 
 GRADER_FIXED = FakeScenario(jobs=[FakeJobScript(role=JobRole.grader, score=0.75, run_s=30)])
