@@ -22,7 +22,8 @@ from activities.episodes import pinned_base_model
 from activities.ports import EpisodeCalls
 from posttrain_env.agents.conversation import AgentCall, Message
 from posttrain_env.agents.prompts import error_data
-from posttrain_env.campaigns.records import CampaignMeta, RepoRevision
+from posttrain_env.campaigns.records import CampaignMeta, RepoRevision, read_records
+from posttrain_env.campaigns.retry import RetryPick, pick_retries, rebuild
 from posttrain_env.campaigns.spec import CampaignSpec, SpecError
 from posttrain_env.contracts.activities import CampaignsApi
 from posttrain_env.contracts.campaigns import (
@@ -31,12 +32,16 @@ from posttrain_env.contracts.campaigns import (
     CampaignPlan,
     FinishAttempt,
     OpenConversation,
+    PickRetries,
     PlanCampaign,
+    ReopenCampaign,
+    Reopened,
     TaskPlan,
 )
 from posttrain_env.contracts.episode_calls import ToolResult, tool_call
+from posttrain_env.contracts.jobs import RepoRef
 from posttrain_env.errors import ErrorType, ToolError
-from posttrain_env.models import TaskSpec, usd
+from posttrain_env.models import MICRO, TaskSpec, usd
 from tasks.registry import TaskSpecError, load_task
 
 # The error type of a spec that cannot run (the campaign ends `invalid`, nothing started).
@@ -180,6 +185,43 @@ class CampaignActivities(CampaignsApi):
         record = record.model_copy(update={"project_version": self._config.project_version})
         record.total_usd = round(record.service_spend.settled.usd + record.llm.usd, 6)
         await asyncio.to_thread(self._store.append_record, record)
+
+    @activity.defn
+    async def pick_retries(self, pick: PickRetries) -> list[RetryPick]:
+        folder = self._store.folder(pick.campaign_id)
+        records = await asyncio.to_thread(read_records, folder)
+        return pick_retries(pick.spec, records, pick.only, pick.skip)
+
+    @activity.defn
+    async def reopen_campaign(self, reopen: ReopenCampaign) -> Reopened:
+        meta = await asyncio.to_thread(self._store.read_meta, reopen.campaign_id)
+        if meta is None:
+            raise ApplicationError(
+                f"campaign {reopen.campaign_id} has no campaign.json in its folder",
+                type=CAMPAIGN_INVALID,
+                non_retryable=True,
+            )
+        try:
+            tasks = check_tasks(reopen.spec, self._config.tasks_dir)
+        except SpecError as err:
+            raise ApplicationError(str(err), type=CAMPAIGN_INVALID, non_retryable=True) from None
+        records = await asyncio.to_thread(read_records, self._store.folder(reopen.campaign_id))
+        plan = CampaignPlan(
+            tasks={
+                task_id: TaskPlan(
+                    task_id=task_id,
+                    budget_micro_usd=task.budget_micro_usd,
+                    # The commit pinned when the campaign started, never resolved again.
+                    base_model=RepoRef(
+                        repo_id=meta.base_models[task_id].repo_id,
+                        revision=meta.base_models[task_id].revision,
+                    ),
+                )
+                for task_id, task in tasks.items()
+            },
+            worst_case_micro_usd={k: round(v * MICRO) for k, v in meta.worst_case_usd.items()},
+        )
+        return Reopened(plan=plan, rebuilt=rebuild(reopen.spec, records))
 
     # -- helpers -------------------------------------------------------------------------------
 

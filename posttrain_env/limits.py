@@ -101,6 +101,9 @@ MAX_AGENT_TURN_BYTES = 4 * MIB
 MAX_TOOL_MESSAGE_CHARS = 20_000
 # In-flight rollouts named in a campaign's status (the counts cover them all).
 MAX_STATUS_ROLLOUTS_LISTED = 100
+# Rollouts one `campaign retry` queues (each a few integers in the campaign's carry); a
+# second `retry` takes the rest.
+MAX_RETRIES_PER_REQUEST = 5_000
 
 # -- the Hugging Face Hub (activities/hf) --------------------------------------------------------
 # Every Hub request (activities/hf/http.py), in seconds. Each is shorter than the shortest activity

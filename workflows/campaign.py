@@ -9,6 +9,15 @@ a deterministic id, admitted against the budget (`campaign_rules.py`), and repor
 signal; the campaign continues as new when its history grows long, carrying only its counters,
 the in-flight set and the retries waiting. Cancelling the campaign cancels every rollout in
 flight, and through their episodes every job, and waits until they have all ended.
+
+`campaign retry --only unscored|errors` (the `retry` update) gives the rollouts whose deciding
+attempt ended so a new attempt, numbered after the latest in the records (an activity reads
+them): a new workflow id, so no finished attempt runs twice, admitted against the budget as any
+other. A campaign that has finished is started again under the same id with `reopen` (the
+`REJECT_DUPLICATE` of `run` is only for `run`): it does not plan again but rebuilds its counters
+from its records and takes the plan pinned in `campaign.json`, so its spend so far still counts
+against the budget; it starts no rollout that never ran (a budget stop stays one), only the
+retries, and ends when they have.
 """
 
 from __future__ import annotations
@@ -22,14 +31,23 @@ from temporalio.exceptions import ActivityError, FailureError, WorkflowAlreadySt
 
 with workflow.unsafe.imports_passed_through():
     from posttrain_env.contracts.activities import AgentsApi, CampaignsApi
-    from posttrain_env.contracts.campaigns import CheckAgents, PlanCampaign
-    from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES
+    from posttrain_env.contracts.campaigns import (
+        CheckAgents,
+        PickRetries,
+        PlanCampaign,
+        ReopenCampaign,
+    )
+    from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES, MAX_RETRIES_PER_REQUEST
     from workflows.campaign_contract import (
         CampaignCarry,
         CampaignInput,
         CampaignPhase,
         CampaignStatus,
+        Reopen,
+        RetryAnswer,
+        RetryRequest,
     )
+    from workflows.campaign_retries import busy_indexes, queue_retries, reopen_carry
     from workflows.campaign_rules import (
         Start,
         final_phase,
@@ -59,20 +77,32 @@ class CampaignWorkflow:
         self._changed = False
         self._told_to_cancel: set[str] = set()
         self._alarm = Alarm()
+        self._closing = False  # nothing left to run: no retry is taken any more
 
     @workflow.run
     async def run(self, inp: CampaignInput) -> CampaignStatus:
         s = self._s
-        if s.phase is CampaignPhase.planning and not await self._plan():
-            return self.status()
+        if s.phase is CampaignPhase.planning:
+            if not await (self._reopen(inp.reopen) if inp.reopen else self._plan()):
+                return self.status()
+            if inp.retry is not None:
+                await self._queue_retries(inp.retry)
         while True:
             try:
                 await self._step()
                 if not s.in_flight and nothing_left(inp, s):
-                    break
+                    # A retry taken before this point may still be picking its rollouts.
+                    self._closing = True
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    if not s.in_flight and nothing_left(inp, s):
+                        break
+                    self._closing = False
+                    continue
                 if self._history_is_long():
                     await workflow.wait_condition(workflow.all_handlers_finished)
-                    workflow.continue_as_new(inp.model_copy(update={"carry": s}))
+                    workflow.continue_as_new(
+                        inp.model_copy(update={"carry": s, "reopen": None, "retry": None})
+                    )
                 await self._wait_for_change()
             except asyncio.CancelledError:
                 # Cancelled through Temporal (the UI, `temporal workflow cancel`): as `cancel`.
@@ -92,6 +122,19 @@ class CampaignWorkflow:
             self._s.cancel_requested = True
             self._changed = True
         return self.status()
+
+    @workflow.update
+    async def retry(self, request: RetryRequest) -> RetryAnswer:
+        """Give every rollout whose deciding attempt ended as `request.only` selects (and that
+        is not in flight or waiting already) a new attempt."""
+        return await self._queue_retries(request)
+
+    @retry.validator
+    def _retry_allowed(self, request: RetryRequest) -> None:
+        s = self._s
+        if self._closing or s.phase.final or s.cancel_requested or s.plan is None:
+            # The CLI then waits for the end and starts the campaign again (`reopen`).
+            raise ValueError(f"campaign is {s.phase.value}: not taking retries")
 
     @workflow.signal(name=SIGNAL_ROLLOUT_FINISHED)
     def rollout_finished(self, result: RolloutResult) -> None:
@@ -128,6 +171,39 @@ class CampaignWorkflow:
             return False
         s.phase = CampaignPhase.running
         return True
+
+    async def _reopen(self, reopen: Reopen) -> bool:
+        inp, s = self._inp, self._s
+        try:
+            reopened = await workflow.execute_activity_method(
+                CampaignsApi.reopen_campaign,
+                ReopenCampaign(campaign_id=inp.campaign_id, spec=inp.spec),
+                start_to_close_timeout=READ_TIMEOUT,
+                retry_policy=READ_RETRY,
+            )
+        except ActivityError as err:
+            cause = err.cause
+            s.error = cause.message if isinstance(cause, FailureError) else str(err)
+            s.phase = CampaignPhase.invalid
+            s.finished_at = workflow.now()
+            return False
+        reopen_carry(inp, s, reopen, reopened)
+        return True
+
+    async def _queue_retries(self, request: RetryRequest) -> RetryAnswer:
+        inp, s = self._inp, self._s
+        picks = await workflow.execute_activity_method(
+            CampaignsApi.pick_retries,
+            PickRetries(
+                campaign_id=inp.campaign_id, spec=inp.spec, only=request.only, skip=busy_indexes(s)
+            ),
+            start_to_close_timeout=READ_TIMEOUT,
+            retry_policy=READ_RETRY,
+        )
+        more = len(picks) >= MAX_RETRIES_PER_REQUEST
+        answer = queue_retries(inp, s, request, picks, workflow.now(), more)
+        self._changed = True
+        return answer
 
     # -- the window ----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from posttrain_env.campaigns.records import Outcome
+from posttrain_env.campaigns.retry import RetryOnly
 from posttrain_env.campaigns.spec import CampaignSpec
 from posttrain_env.contracts.campaigns import CampaignPlan
 from workflows.ids import AGENT_TASK_QUEUE
@@ -40,11 +41,27 @@ class InFlight(BaseModel):
 
 
 class Retry(BaseModel):
-    """A new attempt of a rollout whose attempt ended as an `error`, due at `not_before`."""
+    """A new attempt of a rollout, due at `not_before`: after an `error` (the rollout is not
+    counted yet), or asked for by `campaign retry` (`replaces`: the outcome the rollout is
+    counted with until the new attempt starts)."""
 
     index: int
     attempt: int
     not_before: datetime
+    replaces: Outcome | None = None
+
+
+class RetryRequest(BaseModel):
+    """`campaign retry --only unscored|errors`: run those rollouts again, as new attempts."""
+
+    only: RetryOnly
+
+
+class RetryAnswer(BaseModel):
+    only: RetryOnly
+    queued: int  # rollouts given a new attempt
+    rollout_ids: list[str] = Field(default_factory=list)  # at most MAX_STATUS_ROLLOUTS_LISTED
+    more: bool = False  # more were selected than one request queues: `retry` again
 
 
 class BudgetStop(BaseModel):
@@ -53,6 +70,14 @@ class BudgetStop(BaseModel):
     rollout_id: str
     needed_usd: float
     left_usd: float
+
+
+class Reopen(BaseModel):
+    """A finished campaign started again (same id) to run retries: what its last run ended
+    with that its records do not say."""
+
+    created_at: datetime
+    budget_stop: BudgetStop | None = None
 
 
 class CampaignCarry(BaseModel):
@@ -73,6 +98,7 @@ class CampaignCarry(BaseModel):
     budget_stop: BudgetStop | None = None
     cancel_requested: bool = False
     finished_at: datetime | None = None
+    last_retry: RetryAnswer | None = None
 
 
 class CampaignInput(BaseModel):
@@ -84,6 +110,10 @@ class CampaignInput(BaseModel):
     continue_as_new_events: int | None = None
     answer_poll_s: float = 60.0
     carry: CampaignCarry | None = None
+    # A finished campaign started again by `campaign retry`: its state is rebuilt from its
+    # folder instead of planned, and `retry` is queued first (both dropped on continue-as-new).
+    reopen: Reopen | None = None
+    retry: RetryRequest | None = None
 
 
 class CampaignStatus(BaseModel):
@@ -116,3 +146,4 @@ class CampaignStatus(BaseModel):
     in_flight_ids: list[str] = Field(default_factory=list)  # at most MAX_STATUS_ROLLOUTS_LISTED
     created_at: datetime
     finished_at: datetime | None = None
+    last_retry: RetryAnswer | None = None  # what the last `campaign retry` queued

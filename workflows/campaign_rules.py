@@ -6,6 +6,11 @@ reserves a rollout's worst case (its task's budget plus its agent's `llm_cap_usd
 campaign's budget; when the next rollout does not fit, scheduling waits for the rollouts in
 flight to settle (they usually cost less than their worst case), and stops for good only when it
 still does not fit with none in flight: at exactly the first rollout that would exceed it.
+
+Retries asked for by `campaign retry` (`campaign_retries.py`) are admitted the same way, and
+may start after a budget stop if they fit (the stop ends new rollouts, not the retries asked
+for). The rollout keeps its old outcome in the counts until its new attempt starts; a retry that
+cannot fit is dropped, and the rollout keeps it.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class Start:
     slot: Slot
     attempt: int
     reserved_micro_usd: int
+    replaces: Outcome | None = None
 
 
 def next_start(inp: CampaignInput, s: CampaignCarry, now: datetime) -> Start | None:
@@ -69,26 +75,35 @@ def next_start(inp: CampaignInput, s: CampaignCarry, now: datetime) -> Start | N
     `s.budget_stop` when the budget stops scheduling for good."""
     spec, plan = inp.spec, s.plan
     assert plan is not None
-    if s.cancel_requested or s.budget_stop is not None or len(s.in_flight) >= spec.concurrency:
+    if s.cancel_requested or len(s.in_flight) >= spec.concurrency:
         return None
-    due = [r for r in s.retries if r.not_before <= now]
+    # After a budget stop only the retries asked for may still start (if they fit).
+    due = [
+        r
+        for r in s.retries
+        if r.not_before <= now and (s.budget_stop is None or r.replaces is not None)
+    ]
     if due:
-        candidate, attempt = slot(spec, due[0].index), due[0].attempt
-    elif s.next_index < spec.rollouts:
-        candidate, attempt = slot(spec, s.next_index), 1
+        candidate, attempt, replaces = slot(spec, due[0].index), due[0].attempt, due[0].replaces
+    elif s.budget_stop is None and s.next_index < spec.rollouts:
+        candidate, attempt, replaces = slot(spec, s.next_index), 1, None
     else:
         return None
     worst = plan.worst_case_micro_usd[candidate.cell]
     committed = committed_micro_usd(s)
     if committed + worst > spec.budget_micro_usd:
         if not s.in_flight:
-            s.budget_stop = BudgetStop(
-                rollout_id=candidate.rollout_id(inp.campaign_id),
-                needed_usd=usd(worst),
-                left_usd=usd(spec.budget_micro_usd - committed),
-            )
+            if s.budget_stop is None:
+                s.budget_stop = BudgetStop(
+                    rollout_id=candidate.rollout_id(inp.campaign_id),
+                    needed_usd=usd(worst),
+                    left_usd=usd(spec.budget_micro_usd - committed),
+                )
+            # Spend only grows: the retries asked for will not fit either (they keep their
+            # rollouts' old outcomes).
+            s.retries = [r for r in s.retries if r.replaces is None]
         return None
-    return Start(candidate, attempt, worst)
+    return Start(candidate, attempt, worst, replaces)
 
 
 def started(inp: CampaignInput, s: CampaignCarry, start: Start) -> None:
@@ -102,6 +117,8 @@ def started(inp: CampaignInput, s: CampaignCarry, start: Start) -> None:
     else:
         s.retries = [r for r in s.retries if r.index != start.slot.index]
         s.retried += 1
+        if start.replaces is not None:
+            s.counts[start.replaces] -= 1  # undecided again until the new attempt ends
 
 
 def finished(inp: CampaignInput, s: CampaignCarry, result: RolloutResult, now: datetime) -> bool:
@@ -133,8 +150,10 @@ def finished(inp: CampaignInput, s: CampaignCarry, result: RolloutResult, now: d
 
 def nothing_left(inp: CampaignInput, s: CampaignCarry) -> bool:
     """True when no attempt will start any more (the in-flight ones may still run)."""
-    if s.cancel_requested or s.budget_stop is not None:
+    if s.cancel_requested:
         return True
+    if s.budget_stop is not None:
+        return not any(r.replaces is not None for r in s.retries)
     return s.next_index >= inp.spec.rollouts and not s.retries
 
 
@@ -156,6 +175,8 @@ def status(inp: CampaignInput, s: CampaignCarry) -> CampaignStatus:
     in_flight = len(s.in_flight)
     remaining = spec.rollouts - decided - in_flight
     stopped = s.cancel_requested or s.budget_stop is not None or s.phase.final
+    # Retries asked for: their rollouts are still counted (decided) until they start.
+    asked = 0 if s.cancel_requested else sum(r.replaces is not None for r in s.retries)
     reserved = sum(f.reserved_micro_usd for f in s.in_flight.values())
     spent = s.env_micro_usd + s.llm_micro_usd
     worst = max(plan.worst_case_micro_usd.values()) if plan else 0
@@ -167,7 +188,7 @@ def status(inp: CampaignInput, s: CampaignCarry) -> CampaignStatus:
         rollouts=spec.rollouts,
         finished=decided,
         in_flight=in_flight,
-        queued=0 if stopped else remaining,
+        queued=asked if stopped else remaining + asked,
         not_run=remaining if stopped else 0,
         counts=dict(s.counts),
         attempts=s.attempts,
@@ -186,4 +207,5 @@ def status(inp: CampaignInput, s: CampaignCarry) -> CampaignStatus:
         in_flight_ids=sorted(s.in_flight)[:MAX_STATUS_ROLLOUTS_LISTED],
         created_at=s.created_at,
         finished_at=s.finished_at,
+        last_retry=s.last_retry,
     )

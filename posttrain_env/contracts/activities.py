@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
+from posttrain_env.campaigns.retry import RetryPick
 from posttrain_env.contracts.audit import WriteAudit
 from posttrain_env.contracts.campaigns import (
     AgentTurn,
@@ -20,7 +21,10 @@ from posttrain_env.contracts.campaigns import (
     CheckAgents,
     FinishAttempt,
     OpenConversation,
+    PickRetries,
     PlanCampaign,
+    ReopenCampaign,
+    Reopened,
     TurnSummary,
 )
 from posttrain_env.contracts.contamination import CheckContamination, ContaminationReport
@@ -165,6 +169,16 @@ class CampaignsApi:
     @activity.defn
     async def finish_attempt(self, finish: FinishAttempt) -> None:
         """Append the attempt's record (once, whatever the retries)."""
+        raise Unimplemented
+
+    @activity.defn
+    async def pick_retries(self, pick: PickRetries) -> list[RetryPick]:
+        """The rollouts whose deciding attempt ended as `pick.only` selects, from the records."""
+        raise Unimplemented
+
+    @activity.defn
+    async def reopen_campaign(self, reopen: ReopenCampaign) -> Reopened:
+        """A finished campaign's plan (as pinned) and counters (from its records)."""
         raise Unimplemented
 
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 
 from posttrain_env.agents.conversation import TaskBrief, Usage
 from posttrain_env.campaigns.records import RolloutRecord
+from posttrain_env.campaigns.retry import Rebuilt, RetryOnly
 from posttrain_env.campaigns.spec import AgentSpec, CampaignSpec
 from posttrain_env.contracts.jobs import RepoRef
 from posttrain_env.models import EndReason, ServiceSpend
@@ -100,3 +101,26 @@ class EpisodeFacts(BaseModel):
     job_ids: list[str] = Field(default_factory=list)
     service_spend: ServiceSpend | None = None
     end_reason: EndReason | None = None
+
+
+class PickRetries(BaseModel):
+    """Which rollouts of the campaign to run again (`campaigns.retry.pick_retries`); `skip`:
+    the places of rollouts in flight or already waiting for a new attempt."""
+
+    campaign_id: str
+    spec: CampaignSpec
+    only: RetryOnly
+    skip: list[int] = Field(default_factory=list)
+
+
+class ReopenCampaign(BaseModel):
+    campaign_id: str
+    spec: CampaignSpec
+
+
+class Reopened(BaseModel):
+    """A finished campaign taken up again: its plan as it was pinned (`campaign.json`) and its
+    counters rebuilt from its records."""
+
+    plan: CampaignPlan
+    rebuilt: Rebuilt

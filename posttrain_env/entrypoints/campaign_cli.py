@@ -1,4 +1,4 @@
-"""`posttrain-env campaign run | status | list | cancel | resume`, from any terminal.
+"""`posttrain-env campaign run | status | list | cancel | resume | retry | report`, anywhere.
 
 Everything lives in Temporal and the campaign's folder, so a terminal that is closed (or killed)
 loses nothing: `status` and `cancel` work from any other, at any time. A spec is checked before
@@ -46,6 +46,13 @@ def add_campaign_commands(sub: Any) -> None:
     cancel.add_argument("--no-wait", action="store_true", help="do not wait for the end")
     resume = commands.add_parser("resume", help="go on with a campaign whose workers were down")
     resume.add_argument("id")
+    retry = commands.add_parser("retry", help="run a campaign's unscored or error rollouts again")
+    retry.add_argument("id")
+    retry.add_argument("--only", choices=["unscored", "errors"], required=True)
+    retry.add_argument("--detach", action="store_true", help="queue them and return at once")
+    from posttrain_env.entrypoints.campaign_report_cli import add_report_command
+
+    add_report_command(commands)
 
 
 def run_campaign_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
@@ -68,6 +75,10 @@ async def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
 
     settings = Settings()
     command = args.campaign_command
+    if command == "report":
+        from posttrain_env.entrypoints.campaign_report_cli import report_command
+
+        return report_command(args, settings.campaign_root, out)
     if command == "run":
         try:
             spec = load_spec(
@@ -126,27 +137,73 @@ async def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
             return 0 if args.no_wait else await follow(handle, out)
         if command == "resume":
             return await resume(client, handle, settings, out)
+        if command == "retry":
+            return await retry(client, args, settings, out)
     except RPCError as err:
         print(f"posttrain-env campaign: {args.id}: {err.message}", file=sys.stderr)
         return 1
     raise AssertionError(command)
 
 
-async def follow(handle: WorkflowHandle[Any, Any], out: TextIO) -> int:
-    """Print the campaign's status as it changes, until it ends; the exit status."""
+async def retry(client: Client, args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
+    from posttrain_env.entrypoints.campaign_retry import RetryRefused, retry_campaign
+    from workflows.campaign import CampaignWorkflow
+    from workflows.ids import campaign_workflow_id
+
+    try:
+        answer = await retry_campaign(
+            client,
+            args.id,
+            args.only,
+            campaign_root=settings.campaign_root,
+            task_queue=settings.task_queue,
+            agent_task_queue=settings.agent_task_queue,
+        )
+    except RetryRefused as exc:
+        print(f"posttrain-env campaign: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"campaign {args.id}: {answer.queued} {args.only} rollouts get a new attempt"
+        + (" (more are left: run `retry` again)" if answer.more else ""),
+        file=out,
+    )
+    for rollout_id in answer.rollout_ids:
+        print(f"  {rollout_id}", file=out)
+    if args.detach or not answer.queued:
+        return 0
+    handle = client.get_workflow_handle_for(CampaignWorkflow.run, campaign_workflow_id(args.id))
+    return await follow(handle, out)
+
+
+async def follow(
+    handle: WorkflowHandle[Any, Any], out: TextIO, every_s: float = FOLLOW_EVERY_S
+) -> int:
+    """Show the campaign's progress (live on a terminal, a line per change otherwise) until it
+    ends; the exit status. It only reads the `status` query: stopping it changes nothing."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from posttrain_env.entrypoints.campaign_progress import display_for
     from workflows.campaign import CampaignWorkflow
 
-    shown = ""
-    while True:
-        current: CampaignStatus = await handle.query(CampaignWorkflow.status)
-        line = progress(current)
-        if line != shown:
-            print(line, file=out, flush=True)
-            shown = line
-        if current.phase.final:
-            print(describe(current), file=out, flush=True)
-            return FAILED.get(current.phase.value, 0)
-        await asyncio.sleep(FOLLOW_EVERY_S)
+    display = display_for(out)
+    try:
+        while True:
+            try:
+                current: CampaignStatus = await handle.query(CampaignWorkflow.status)
+            except RPCError as err:
+                # A busy worker may not answer in the RPC's time: ask again, never guess.
+                if err.status is not RPCStatusCode.DEADLINE_EXCEEDED:
+                    raise
+                await asyncio.sleep(every_s)
+                continue
+            display.show(current)
+            if current.phase.final:
+                break
+            await asyncio.sleep(every_s)
+    finally:
+        display.close()
+    print(describe(current), file=out, flush=True)
+    return FAILED.get(current.phase.value, 0)
 
 
 def progress(s: CampaignStatus) -> str:

@@ -143,6 +143,8 @@ def build_worker(
         campaigns.send_call,
         campaigns.collect_answer,
         campaigns.finish_attempt,
+        campaigns.pick_retries,
+        campaigns.reopen_campaign,
     ]
     # Every backend that keeps job folders has them swept (the fake keeps none).
     if settings.retention_policy.deletes_anything and not isinstance(storage, NoStorage):

@@ -225,6 +225,18 @@ def test_campaign_cli_survives_sigkilled_workers_and_runs_every_rollout_once(
             break
         time.sleep(1)
     assert found == sorted(str(r.episode_id) for r in records)
+    # The README's retry and report commands on this campaign: nothing is unscored or an
+    # error, so nothing runs again (and the campaign is not started again); the report counts
+    # every rollout once.
+    for only in ("unscored", "errors"):
+        retried = cli(stack, "retry", CAMPAIGN, "--only", only)
+        assert retried.returncode == 0, retried
+        assert f"0 {only} rollouts get a new attempt" in retried.stdout, retried
+    assert status_of(stack).attempts == ROLLOUTS
+    reported = cli(stack, "report", CAMPAIGN)
+    assert reported.returncode == 0, reported
+    assert "| t0_artifact | reference | 3 (3 attempts) | 1.000 (n=3) |" in reported.stdout
+    assert (stack.campaigns / CAMPAIGN / "report" / "summary.md").stat().st_size > 0
 
     # `campaign cancel` from the command line: it waits for the end; no job is left live.
     other = cli(stack, "run", "examples/campaign.toml", "--id", "cli-cancel", "--detach")
