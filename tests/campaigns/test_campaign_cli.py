@@ -24,6 +24,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
 from posttrain_env.campaigns.records import Outcome, read_records
 from posttrain_env.contracts.jobs import JobRole
+from posttrain_env.entrypoints.campaign_cli import describe
 from tests.gateway.server import ServerProcess, command
 from workflows.campaign_contract import CampaignPhase, CampaignStatus
 from workflows.ids import rollout_workflow_id
@@ -162,6 +163,19 @@ def test_campaign_cli_survives_sigkilled_workers_and_runs_every_rollout_once(
         assert time.monotonic() < deadline, status
         time.sleep(0.5)
     rollout_id, before = playing[0]
+    # A terminal following the campaign is SIGKILLed with the workers; nothing is lost.
+    follower = subprocess.Popen(
+        [*command(), "campaign", "status", CAMPAIGN, "--follow"],
+        env=stack.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=REPO,
+    )
+    assert follower.stdout is not None
+    first_line = follower.stdout.readline().decode()
+    assert f"/{ROLLOUTS} done" in first_line, first_line
+    follower.send_signal(signal.SIGKILL)
+    follower.wait(timeout=30)
     stack.kill()
     listed = cli(stack, "list")
     assert listed.returncode == 0 and CAMPAIGN in listed.stdout, listed
@@ -173,6 +187,8 @@ def test_campaign_cli_survives_sigkilled_workers_and_runs_every_rollout_once(
     followed = cli(stack, "status", CAMPAIGN, "--follow", timeout=600)
     assert followed.returncode == 0, followed
     final = status_of(stack)
+    # The follow that picked the campaign up again ends with the query's own numbers.
+    assert describe(final) in followed.stdout, (describe(final), followed.stdout[-2000:])
     records = read_records(stack.campaigns / CAMPAIGN)
     requests = stack.server.requests(JobRole.agent)
     after = rollout_status(stack, rollout_id)
