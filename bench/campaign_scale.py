@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario  # noqa: E402
 from posttrain_env.campaigns.spec import parse_spec  # noqa: E402
 from posttrain_env.contracts.jobs import JobRole  # noqa: E402
+from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES  # noqa: E402
 from posttrain_env.entrypoints.agent_worker import build_agent_worker  # noqa: E402
 from posttrain_env.entrypoints.worker import build_worker  # noqa: E402
 from posttrain_env.settings import Settings  # noqa: E402
@@ -83,6 +84,8 @@ async def bench(rollouts: int, concurrency: int, turns_at_once: int) -> dict[str
         dev_server_existing_path=temporal,
         dev_server_database_filename=str(workdir / "temporal.db"),
         dev_server_log_level="error",
+        # Episodes upsert the operator's search attributes: an unknown one fails their tasks.
+        search_attributes=SEARCH_ATTRIBUTES,
     )
     try:
         client = env.client

@@ -38,6 +38,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.hf.backend import HfBackend, HfBackendConfig
 from activities.hf.labels import LABEL_JOB, LABEL_KEY
+from posttrain_env.entrypoints.temporal_setup import add_search_attributes
 from posttrain_env.entrypoints.worker import build_worker
 from posttrain_env.settings import Settings
 from tests.hf.fake_hub import FakeHub, JobPlan, model_json
@@ -143,6 +144,8 @@ async def bench(jobs: int, run_minutes: float, interval_s: float, workdir: Path)
         test_server_existing_path=_binary("temporal-test-server"),
     )
     try:
+        # Episodes upsert the operator's search attributes: an unknown one fails their tasks.
+        await add_search_attributes(env.client)
         client, queue = env.client, f"hub-load-{uuid.uuid4().hex[:8]}"
         settings = Settings(state_dir=workdir / "state", backend="fake")
         worker = build_worker(
