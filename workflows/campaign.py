@@ -58,6 +58,7 @@ with workflow.unsafe.imports_passed_through():
         started,
         status,
     )
+    from workflows.history import history_is_long
     from workflows.ids import SIGNAL_ROLLOUT_FINISHED, campaign_workflow_id, rollout_workflow_id
     from workflows.policies import READ_RETRY, READ_TIMEOUT
     from workflows.rollout import RolloutWorkflow
@@ -268,10 +269,4 @@ class CampaignWorkflow:
         self._changed = False
 
     def _history_is_long(self) -> bool:
-        info = workflow.info()
-        if info.get_current_history_size() >= CONTINUE_AS_NEW_HISTORY_BYTES:
-            return True
-        limit = self._inp.continue_as_new_events
-        if limit is not None:
-            return info.get_current_history_length() >= limit
-        return info.is_continue_as_new_suggested()
+        return history_is_long(CONTINUE_AS_NEW_HISTORY_BYTES, self._inp.continue_as_new_events)

@@ -46,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.episode_state import EpisodeCarry
     from workflows.episode_tools import EpisodeTools
+    from workflows.history import history_is_long
     from workflows.ids import SIGNAL_EPISODE_CLOSED, SIGNAL_JOB_CHANGED, SIGNAL_TOOL_ANSWERED
     from workflows.job import JobSnapshot
     from workflows.ledger import Ledger
@@ -273,13 +274,8 @@ class EpisodeWorkflow:
         return self._history_is_long() and not self._s.submitting
 
     def _history_is_long(self) -> bool:
-        info = workflow.info()
-        if info.get_current_history_size() >= self._setup.continue_as_new_bytes:
-            return True  # Temporal terminates a workflow whose history reaches 50 MB
-        limit = self._setup.continue_as_new_events
-        if limit is not None:
-            return info.get_current_history_length() >= limit
-        return info.is_continue_as_new_suggested()
+        setup = self._setup
+        return history_is_long(setup.continue_as_new_bytes, setup.continue_as_new_events)
 
     def _deadline_passed(self) -> bool:
         return workflow.now() >= deadline(self._setup, self._s)

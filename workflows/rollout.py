@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
     from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES
     from posttrain_env.models import EndReason
     from workflows.episode import EpisodeInput, EpisodeWorkflow
+    from workflows.history import history_is_long
     from workflows.ids import (
         SIGNAL_EPISODE_CLOSED,
         SIGNAL_ROLLOUT_FINISHED,
@@ -333,13 +334,7 @@ class RolloutWorkflow:
         await workflow.wait_condition(lambda: s.closed is not None)
 
     def _history_is_long(self) -> bool:
-        info = workflow.info()
-        if info.get_current_history_size() >= CONTINUE_AS_NEW_HISTORY_BYTES:
-            return True
-        limit = self._inp.continue_as_new_events
-        if limit is not None:
-            return info.get_current_history_length() >= limit
-        return info.is_continue_as_new_suggested()
+        return history_is_long(CONTINUE_AS_NEW_HISTORY_BYTES, self._inp.continue_as_new_events)
 
 
 def _record_error(err: ActivityError, default_type: str) -> RecordError:

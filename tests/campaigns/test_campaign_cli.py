@@ -7,9 +7,7 @@ conversation (its turns did not start over)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import signal
 import subprocess
 import time
@@ -18,20 +16,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
 from posttrain_env.campaigns.records import Outcome, read_records
 from posttrain_env.contracts.jobs import JobRole
 from posttrain_env.entrypoints.campaign_cli import describe
+from tests.campaigns.dev_stack import REPO, Workers, campaign_status, cli, rollout_status
 from tests.gateway.server import ServerProcess, command
 from workflows.campaign_contract import CampaignPhase, CampaignStatus
-from workflows.ids import rollout_workflow_id
-from workflows.rollout import RolloutWorkflow
-from workflows.rollout_contract import RolloutStatus
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 QUICK = FakeScenario(
@@ -44,51 +37,6 @@ QUICK = FakeScenario(
 CAMPAIGN = "cli-smoke"
 LIVE = ("queued", "running", "cancelling")
 ROLLOUTS = 6
-
-
-class Workers:
-    """The worker and the agent worker, started and SIGKILLed as a test wants."""
-
-    def __init__(self, server: ServerProcess, campaigns: Path, agent_state: Path) -> None:
-        self.server = server
-        self.campaigns = campaigns
-        self.agent_state = agent_state
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def env(self) -> dict[str, str]:
-        return {
-            **self.server.env(),
-            "TEMPORAL_ADDRESS": self.server.temporal_address,
-            "POSTTRAIN_CAMPAIGNS_DIR": str(self.campaigns),
-        }
-
-    def agent_env(self) -> dict[str, str]:
-        # No broker secret: its own state dir (no server key), the shared campaigns folder.
-        env = {**self.env(), "POSTTRAIN_STATE_DIR": str(self.agent_state)}
-        env.pop("POSTTRAIN_FAKE_SCENARIO", None)
-        return env
-
-    def start(self) -> None:
-        for name, env in (("worker", self.env()), ("agent-worker", self.agent_env())):
-            log = (self.server.state_dir / f"{name}.log").open("ab")
-            self.procs[name] = subprocess.Popen(
-                [*command(), name],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def kill(self) -> None:
-        for proc in self.procs.values():
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
 
 
 @pytest.fixture
@@ -107,34 +55,8 @@ def stack(tmp_path: Path) -> Iterator[Workers]:
         server.stop()
 
 
-def cli(workers: Workers, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*command(), "campaign", *args],
-        env=workers.env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-    )
-
-
 def status_of(workers: Workers) -> CampaignStatus:
-    done = cli(workers, "status", CAMPAIGN, "--json")
-    assert done.returncode == 0, done
-    return CampaignStatus.model_validate_json(done.stdout)
-
-
-def rollout_status(workers: Workers, rollout_id: str) -> RolloutStatus:
-    async def query() -> RolloutStatus:
-        client = await Client.connect(
-            workers.server.temporal_address, data_converter=pydantic_data_converter
-        )
-        handle = client.get_workflow_handle_for(
-            RolloutWorkflow.run, rollout_workflow_id(rollout_id, 1)
-        )
-        return await handle.query(RolloutWorkflow.status)
-
-    return asyncio.run(query())
+    return campaign_status(workers, CAMPAIGN)
 
 
 def test_campaign_cli_survives_sigkilled_workers_and_runs_every_rollout_once(
