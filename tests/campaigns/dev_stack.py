@@ -8,7 +8,10 @@ import asyncio
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -65,6 +68,23 @@ class Workers:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
+
+
+@contextmanager
+def campaign_stack(
+    tmp_path: Path, extra_env: dict[str, str] | None = None, **server: Any
+) -> Iterator[Workers]:
+    """`posttrain-env server --no-worker` (its campaigns folder under `tmp_path`) and the
+    controls of its two workers, everything stopped at the end."""
+    env = {"POSTTRAIN_CAMPAIGNS_DIR": str(tmp_path / "campaigns"), **(extra_env or {})}
+    process = ServerProcess(tmp_path / "server", extra_env=env, **server)
+    process.start("--no-worker")
+    workers = Workers(process, tmp_path / "campaigns", tmp_path / "agents")
+    try:
+        yield workers
+    finally:
+        workers.stop()
+        process.stop()
 
 
 def cli(workers: Workers, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

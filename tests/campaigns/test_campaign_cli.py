@@ -21,8 +21,15 @@ from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
 from posttrain_env.campaigns.records import Outcome, read_records
 from posttrain_env.contracts.jobs import JobRole
 from posttrain_env.entrypoints.campaign_cli import describe
-from tests.campaigns.dev_stack import REPO, Workers, campaign_status, cli, rollout_status
-from tests.gateway.server import ServerProcess, command
+from tests.campaigns.dev_stack import (
+    REPO,
+    Workers,
+    campaign_stack,
+    campaign_status,
+    cli,
+    rollout_status,
+)
+from tests.gateway.server import command
 from workflows.campaign_contract import CampaignPhase, CampaignStatus
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -41,18 +48,8 @@ ROLLOUTS = 6
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Workers]:
-    server = ServerProcess(
-        tmp_path / "server",
-        scenario=QUICK,
-        extra_env={"POSTTRAIN_CAMPAIGNS_DIR": str(tmp_path / "campaigns")},
-    )
-    server.start("--no-worker")
-    workers = Workers(server, tmp_path / "campaigns", tmp_path / "agents")
-    try:
+    with campaign_stack(tmp_path, scenario=QUICK) as workers:
         yield workers
-    finally:
-        workers.stop()
-        server.stop()
 
 
 def status_of(workers: Workers) -> CampaignStatus:

@@ -28,8 +28,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from activities.local import jobfiles as jf
 from activities.local.store import REF, JobStore
 from posttrain_env.campaigns.records import Outcome, read_records
-from tests.campaigns.dev_stack import Workers, campaign_status, cli, rollout_status
-from tests.gateway.server import ServerProcess
+from tests.campaigns.dev_stack import Workers, campaign_stack, campaign_status, cli, rollout_status
 from tests.processes import live_pids_of_uid
 from workflows.campaign import CampaignWorkflow
 from workflows.campaign_contract import CampaignPhase
@@ -62,23 +61,14 @@ JOBS_PER_EPISODE = Counter({"agent": 1, "dev": 1, "grader": 1})
 def stack(tmp_path: Path) -> Iterator[Workers]:
     if os.geteuid() != 0:
         raise RuntimeError("the local backend tests run as root (CI does); see tests/local")
-    server = ServerProcess(
-        tmp_path / "server",
-        extra_env={
-            "POSTTRAIN_BACKEND": "local",
-            "POSTTRAIN_CAMPAIGNS_DIR": str(tmp_path / "campaigns"),
-            "POSTTRAIN_JOB_PYTHON": "/usr/bin/python3",
-            # The reference solution and the evaluator need no packages: no find-links.
-            "POSTTRAIN_LOCAL_FIND_LINKS": "",
-        },
-    )
-    server.start("--no-worker")
-    workers = Workers(server, tmp_path / "campaigns", tmp_path / "agents")
-    try:
+    local = {
+        "POSTTRAIN_BACKEND": "local",
+        "POSTTRAIN_JOB_PYTHON": "/usr/bin/python3",
+        # The reference solution and the evaluator need no packages: no find-links.
+        "POSTTRAIN_LOCAL_FIND_LINKS": "",
+    }
+    with campaign_stack(tmp_path, extra_env=local) as workers:
         yield workers
-    finally:
-        workers.stop()
-        server.stop()
 
 
 def jobs_dir(workers: Workers) -> Path:
