@@ -15,7 +15,9 @@ import os
 import secrets
 import signal
 import statistics
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -408,6 +410,57 @@ time.sleep(600)  # hold everything while the test looks at the host
     )
     assert "/dev/shm was full (at most 128 MiB and 2000 files; ENOSPC)" in cancelled.message
     assert leftovers(jobs, job.ref) == []
+
+
+@pytest.fixture
+def small_host_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 100 MiB filesystem of its own (a tmpfs) to hold a state dir: a host disk that jobs'
+    disks can outgrow without filling the real one."""
+    mount = tmp_path / "small-host-disk"
+    mount.mkdir()
+    options = "size=100m,mode=0755"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "posttrain-test", mount], check=True)
+    try:
+        yield mount
+    finally:
+        if subprocess.run(["umount", mount], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", mount], check=True)
+
+
+def test_a_job_whose_disk_the_host_cannot_hold_beside_the_running_jobs_does_not_start(
+    small_host_disk: Path, tmp_path: Path
+) -> None:
+    # Jobs of 40 MiB, a host reserve of 10 MiB, a host disk of 100 MiB. The images are sparse
+    # (they take almost nothing until written), so free space alone would let every job in.
+    limits = dataclasses.replace(SMALL, disk_cap_bytes=40 * MIB, host_disk_reserve_bytes=10 * MIB)
+    state_dir = small_host_disk / "state" / "local"
+    backend = LocalBackend(state_dir, job_python=JOB_PYTHON, limits=limits, bwrap=TEST_BWRAP)
+    jobs = Jobs(backend, write_model(tmp_path / "model-src"))
+    running = [jobs.submit(SLEEPER, episode_id=f"ep-{n}") for n in (1, 2)]
+    for job in running:
+        wait_for(lambda job=job: logged(jobs, job.ref, "started"))
+    refused = jobs.run("print('the script ran')", episode_id="ep-3")
+    assert refused.state.value == "failed"
+    assert refused.message.startswith(
+        "not started: the host's disk cannot hold this job's disk of 40 MiB (/data, /tmp and "
+        "its packages) beside the host's reserve of 10 MiB: "
+    ), refused.message
+    assert "of it held for other running jobs' disks" in refused.message
+    assert not logged(jobs, refused.ref, "the script ran")
+    assert not (jobs.folder(refused.ref) / "fs.img").exists()
+    for job in running:
+        assert asyncio.run(jobs.backend.cancel(job.ref, now())).state.value == "cancelled"
+    # Alone, a job whose disk is larger than the whole free disk does not start either.
+    too_big = jobs.run("print('the script ran')", artifact_cap_bytes=200 * MIB)
+    assert too_big.state.value == "failed"
+    assert too_big.message.startswith(
+        "not started: the host's disk cannot hold this job's disk of 200 MiB"
+    ), too_big.message
+    # Once the others have ended, their disks are free again.
+    fits = jobs.run("print('the script ran')", episode_id="ep-3")
+    assert fits.state.value == "succeeded", fits.message
+    for job in [*running, refused, too_big, fits]:
+        assert leftovers(jobs, job.ref) == []
 
 
 def test_unlinked_inodes_past_the_file_cap_get_enospc(state_dir: Path, tmp_path: Path) -> None:
