@@ -38,9 +38,9 @@ from posttrain_env.contracts.campaigns import (
     Reopened,
     TaskPlan,
 )
-from posttrain_env.contracts.episode_calls import ToolResult, tool_call
+from posttrain_env.contracts.episode_calls import ToolResult, episode_over, tool_call
 from posttrain_env.contracts.jobs import RepoRef
-from posttrain_env.errors import ErrorType, ToolError, campaign_invalid
+from posttrain_env.errors import ToolError, campaign_invalid
 from posttrain_env.models import MICRO, TaskSpec, usd
 from tasks.registry import TaskSpecError, load_task
 
@@ -233,7 +233,7 @@ class CampaignActivities(CampaignsApi):
     async def _after_the_end(self, call: CallRef) -> ToolResult:
         status = await self._calls.status(call.episode_id)
         assert status.metadata is not None
-        over = ToolError(ErrorType.episode_over, "the episode is over")
+        over = episode_over(status.end)
         return ToolResult(
             tool="",
             data=over.envelope(),
@@ -249,7 +249,7 @@ class CampaignActivities(CampaignsApi):
             role="tool",
             call_id=agent_call.id,
             tool=agent_call.tool,
-            data=result.data,
+            data=result.worded_for("rollout").data,  # this path's edge: what to do after the end
             steps_left=meta.steps_left,
             time_left_s=meta.time_left_s,
             spend_usd={"settled": spend.settled.usd, "reserved": spend.reserved.usd},

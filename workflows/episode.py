@@ -136,7 +136,7 @@ class EpisodeWorkflow:
             await self._end(EndReason.time_limit, 0.0)
         if self._s.end is not None:
             return self.answer_again(call) or self._answer(
-                call, episode_over(call.path, self._s.end).envelope()
+                call, episode_over(self._s.end).envelope()
             )
         if self._s.steps_used >= self._setup.task.max_steps:
             limit = ToolError(
