@@ -41,16 +41,18 @@ whitespace, it is exactly `ANSWER: <integer>` and the integer is right. score = 
 Faults. Every check on the artifact runs before any model code, in isolated children with
 memory and CPU-time caps that follow the base model's size, never the artifact's. The first
 (standard library only) reads the artifact's headers, within a byte budget set by the base
-model's, and compares names, dtypes and shapes with the base model's; the second imports torch,
-runs the value check (no NaN or inf) on the base model's own weights, then on the artifact's.
-Each child reports how far it got: a child that fails once it has started on the artifact
-(anything wrong, anything the artifact makes the reader do, including its CPU-time cap) gives
-score 0 with `artifact_valid: false` and the reason; one that fails before (torch missing, the
-value check failing on the base model itself) is the grader's. Once the weights pass, what the
-model run needs does not depend on them (their names, dtypes and shapes are the base model's),
-so a failure after the checks (out of memory, a CUDA error) is the grader's too: no score line,
-exit status 2, which the broker reports as score_failed. The model run's child decides the
-device (CUDA when torch sees it, else the CPU) and, on the CPU, caps its memory.
+model's, and compares names, dtypes and shapes with the base model's. Then this process imports
+torch (a grader that cannot is at fault: exit 2), and the second child runs the value check (no
+NaN or inf) on the base model's own weights, then on the artifact's. Each child reports how far
+it got: one that fails once it has started on the artifact (anything wrong, anything the
+artifact makes the reader do, its CPU-time cap included) gives score 0 with `artifact_valid:
+false` and the reason; one that fails before (the value check failing on the base model itself,
+under the same caps) is the grader's. Once the weights pass, what the model run needs does not
+depend on them (their names, dtypes and shapes are the base model's), so a failure after the
+checks (out of memory, a CUDA error) is the grader's too: no score line, exit status 2, which
+the broker reports as score_failed. The model run's child decides the device, once (CUDA when
+torch sees it, else the CPU; this process never initialises CUDA), and on the CPU caps its
+memory.
 
 Output: exactly one `POSTTRAIN_SCORE <nonce> {json}` line with `score`, `n`, `format_ok`,
 `correct`, `split` and `artifact_valid`.
@@ -203,11 +205,11 @@ def check_values(
     False, "reason"}, or {"grader_fault": why}. The same check runs on the base model's files
     first, under the same caps: the artifact's tensors have the base model's names, dtypes and
     shapes, so once it passes there, whatever fails on the artifact is the artifact's doing."""
-    import torch  # only here and in the model run: the parent never loads torch
+    import torch  # imported by the parent already (before the fork): nothing to load here
     from safetensors import safe_open
 
-    cap_address_space(memory)  # after the import: the cap is for the work, not for torch
-    report("imported")
+    cap_address_space(memory)  # above what torch maps already: the cap is for the work
+    report("base model")
 
     def non_finite(paths: list[str]) -> str:
         for path in paths:
@@ -386,13 +388,14 @@ def evaluate(environ: dict[str, str]) -> str:
     )
     if headers.get("ok"):
         weights: dict[str, str] = headers["weights"]
+        _import_torch()
         values = verdict(
             run_isolated(
                 check_values,
                 sorted({info.path for info in base.values()}),
                 sorted(set(weights.values())),
                 memory,
-                memory_bytes=None,  # the child caps itself once torch is imported
+                memory_bytes=None,  # the child caps itself above what torch maps
                 cpu_seconds=CHECK_CPU_SECONDS,
                 stages=True,
             ),
@@ -428,6 +431,17 @@ def evaluate(environ: dict[str, str]) -> str:
         "reason": "" if counts["correct"] == n else f"{n - counts['correct']} of {n} not right",
     }
     return _finish(nonce, payload, started)
+
+
+def _import_torch() -> None:
+    """Import torch and safetensors here, once, for the children forked after it (never
+    transformers, and nothing that could initialise CUDA: only the model run's child does). A
+    grader that cannot import them is at fault, whatever the artifact."""
+    try:
+        import torch  # noqa: F401, I001 (torch first: the error names what is missing)
+        import safetensors.torch  # noqa: F401
+    except ImportError as exc:
+        raise GraderFault(f"the grader cannot import torch and safetensors: {exc}") from None
 
 
 def _finish(nonce: str, payload: dict[str, Any], started: float) -> str:

@@ -207,7 +207,7 @@ def test_a_header_that_claims_huge_tensors_scores_0_within_seconds(
 def test_without_torch_the_grader_fails_unscored_never_the_artifact(
     evaluator_file: Path, base_model: Path, tmp_path: Path
 ) -> None:
-    """The job interpreter has no torch: the value check cannot start, which is the grader's
+    """The job interpreter has no torch: the value check cannot run, which is the grader's
     fault (exit 2, no score line: score_failed), not a 0 for a valid artifact."""
     missing = subprocess.run([JOB_PYTHON, "-I", "-c", "import torch"], capture_output=True)
     assert missing.returncode != 0, "this test needs an interpreter without torch"
@@ -216,7 +216,7 @@ def test_without_torch_the_grader_fails_unscored_never_the_artifact(
     shutil.copy(base_model / "model.safetensors", artifact)
     run = run_evaluator(evaluator_file, base_model, artifact)
     assert run.returncode == 2 and SCORE_TAG not in run.stdout
-    assert "the value check failed before reading the artifact" in run.stderr
+    assert "the grader cannot import torch" in run.stderr
     assert "No module named 'torch'" in run.stderr
 
 
