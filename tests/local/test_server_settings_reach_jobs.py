@@ -22,6 +22,13 @@ from tests.launcher.conftest import make_wheel
 from tests.local.conftest import JOB_PYTHON, SMALL, TEST_BWRAP, Jobs, write_model
 
 
+def server_backend(state_dir: Path) -> LocalBackend:
+    """The local backend as the server builds it from its settings (the environment's)."""
+    backend = local_backend(Settings(state_dir=state_dir.parent))
+    assert isinstance(backend, LocalBackend)
+    return backend
+
+
 def test_the_find_links_setting_reaches_a_local_jobs_install(
     state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -29,7 +36,7 @@ def test_the_find_links_setting_reaches_a_local_jobs_install(
     wheels.mkdir()
     make_wheel(wheels, "pt-probe", "1.0", "VALUE = 'probe-1.0'\n")
     monkeypatch.setenv("POSTTRAIN_LOCAL_FIND_LINKS", str(wheels))
-    backend = local_backend(Settings(state_dir=state_dir.parent))  # as the server builds it
+    backend = server_backend(state_dir)
     assert backend.machine.find_links == (str(wheels),)
     # Nothing from PyPI: the package can only come from the setting's folder.
     backend.machine = dataclasses.replace(backend.machine, no_index=True)
@@ -47,7 +54,7 @@ def test_without_the_setting_a_package_only_those_folders_hold_is_not_found(
     state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("POSTTRAIN_LOCAL_FIND_LINKS", "")
-    backend = local_backend(Settings(state_dir=state_dir.parent))
+    backend = server_backend(state_dir)
     assert backend.machine.find_links == ()
     backend.machine = dataclasses.replace(backend.machine, no_index=True)
     jobs = Jobs(backend, write_model(tmp_path / "model"))
