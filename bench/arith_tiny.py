@@ -24,11 +24,11 @@ folders, pip's `find-links`; built once under the uv cache's folder and reused):
                  24 layers at a tiny width (the Python and per-operation dispatch that a GPU does
                  not remove); the GPU cannot step faster than that;
        checks    the value check's NaN/inf pass over the base model's and the artifact's weights
-                 (measured here on the real-size model), and imports (measured here);
+                 (measured here on the real-size model, in memory), and imports (measured here);
 
    added up (no overlap assumed: an upper estimate), beside a stated allowance for what this
-   machine cannot measure (the job's start on Hugging Face and the install of the CUDA build of
-   torch), against `eval_timeout_minutes` and `score_timeout_s`.
+   machine cannot measure (the job's start on Hugging Face, the install of the CUDA build of
+   torch, reading the weights from disk), against `eval_timeout_minutes` and `score_timeout_s`.
 
 `--quick` (tests) caps training at 20 s and makes the dry run one small batch.
 """
@@ -74,9 +74,10 @@ QWEN_PROMPT_TOKENS = 45
 # NVIDIA L4 datasheet: 121 TFLOPS dense bf16 (242 with sparsity), 300 GB/s of GDDR6.
 L4_BF16_FLOPS = 121e12
 L4_BYTES_PER_S = 300e9
-# Not measurable here: a Hugging Face job's start on l4x1 and the install of the CUDA build of
-# torch with its NVIDIA libraries (a few GB of wheels from PyPI) into the job's venv. An
-# allowance, not a measurement: ten minutes.
+# Not measurable here: a Hugging Face job's start on l4x1, the install of the CUDA build of
+# torch with its NVIDIA libraries (a few GB of wheels from PyPI) into the job's venv, and
+# reading the weights from the job's disk (~1 GB three times: the base model's check, the
+# artifact's, the model run's). An allowance, not a measurement: ten minutes.
 START_AND_INSTALL_ALLOWANCE_S = 600
 # A timeout below this many times the expected cost is flagged.
 TIMEOUT_MARGIN = 2.0
@@ -229,7 +230,8 @@ def hf_member_cost(python: Path, env: dict[str, str], *, quick: bool) -> list[st
             f"{on_cpu / 60:.1f} min on one core of this CPU",
             f"    on {FULL.eval_flavor}: compute {compute_s:.1f} s + memory {memory_s:.1f} s"
             f" + host {host_s:.1f} s + checks and imports {checks_s:.1f} s = {run_s:.0f} s; with "
-            f"{START_AND_INSTALL_ALLOWANCE_S} s allowed for the job's start and torch's install: "
+            f"{START_AND_INSTALL_ALLOWANCE_S} s allowed for the job's start, torch's install "
+            "and reading the weights: "
             f"{expected_s / 60:.1f} min against a timeout of {timeout_s / 60:.0f} min "
             f"({margin:.1f}x){'' if margin >= TIMEOUT_MARGIN else '  <-- below the margin'}",
         ]
