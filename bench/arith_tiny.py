@@ -39,6 +39,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -150,8 +151,15 @@ def model_python(cache: Path) -> Path:
     return python
 
 
-def evaluate(python: Path, base: Path, model: Path, work: Path) -> tuple[float, float]:
-    """(dev score, seconds) of the family's evaluator on `model`."""
+def children_cpu_s() -> float:
+    """CPU seconds used so far by this process's finished children (the machine's other load
+    does not count in them, unlike in wall time)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def evaluate(python: Path, base: Path, model: Path, work: Path) -> tuple[float, float, float]:
+    """(dev score, seconds, CPU seconds) of the family's evaluator on `model`."""
     script = work / "evaluator.py"
     script.write_text(evaluator_script(TINY))
     env = {
@@ -163,15 +171,15 @@ def evaluate(python: Path, base: Path, model: Path, work: Path) -> tuple[float, 
         "POSTTRAIN_BASE_MODEL_DIR": str(base),
         "POSTTRAIN_TASK_PARAMS": json.dumps(TINY.evaluation),
     }
-    started = time.monotonic()
+    started, cpu = time.monotonic(), children_cpu_s()
     done = subprocess.run(
         [str(python), str(script)], env=env, capture_output=True, text=True, check=True
     )
-    seconds = time.monotonic() - started
+    seconds, cpu = time.monotonic() - started, children_cpu_s() - cpu
     reading = read_score(done.stdout.splitlines(), "bench")
     if not reading.valid:
         raise SystemExit(f"the evaluator gave no valid score: {reading.reason}\n{done.stderr}")
-    return reading.score, seconds
+    return reading.score, seconds, cpu
 
 
 def count(task: TaskSpec, key: str) -> int:
@@ -244,7 +252,10 @@ def main() -> None:
     args = parser.parse_args()
     cache = Path(os.environ.get("UV_CACHE_DIR") or Path.home() / ".cache" / "uv").parent
     python = model_python(cache)
-    lines = [f"{os.cpu_count()} cores; torch from {', '.join(pip_find_links())}"]
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    lines = [
+        f"{os.cpu_count()} cores, load average {load}; torch from {', '.join(pip_find_links())}"
+    ]
     with tempfile.TemporaryDirectory(prefix="arith-bench-") as tmp:
         work = Path(tmp)
         base, trained = work / "base", work / "trained"
@@ -255,24 +266,26 @@ def main() -> None:
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         if args.quick:
             env["MAX_TRAIN_SECONDS"] = "20"
-        started = time.monotonic()
+        started, cpu = time.monotonic(), children_cpu_s()
         subprocess.run(
             [str(python), str(REFERENCE), str(base), str(trained)],
             env=env,
             check=True,
             capture_output=True,
         )
-        train_s = time.monotonic() - started
-        base_score, base_s = evaluate(python, base, copy, work)
-        trained_score, trained_s = evaluate(python, base, trained, work)
+        train_s, train_cpu = time.monotonic() - started, children_cpu_s() - cpu
+        base_score, base_s, base_cpu = evaluate(python, base, copy, work)
+        trained_score, trained_s, trained_cpu = evaluate(python, base, trained, work)
         items = count(TINY, "dev_items")
         lines += [
             "t0_arithmetic_format_tiny (dev split, "
             f"{items} items, {TINY.evaluation['max_new_tokens']} new tokens):",
-            f"  base model      score {base_score:.2f}   evaluation {base_s:6.1f} s",
-            f"  reference       score {trained_score:.2f}   evaluation {trained_s:6.1f} s "
-            f"({items / trained_s:.1f} items/s, model loading included)",
-            f"  training        {train_s:6.1f} s wall (reference solution, CPU)",
+            f"  base model      score {base_score:.2f}   evaluation {base_s:6.1f} s wall, "
+            f"{base_cpu:.1f} CPU-s",
+            f"  reference       score {trained_score:.2f}   evaluation {trained_s:6.1f} s wall, "
+            f"{trained_cpu:.1f} CPU-s ({items / trained_s:.1f} items/s, model loading included)",
+            f"  training        {train_s:6.1f} s wall, {train_cpu:.1f} CPU-s (reference "
+            "solution, CPU)",
         ]
         lines += hf_member_cost(python, env, quick=args.quick)
     print("\n".join(lines))
