@@ -258,3 +258,19 @@ def test_malformed_parameters_are_the_graders_fault(
     shutil.copy(base_model / "model.safetensors", artifact)
     run = run_evaluator(evaluator_file, base_model, artifact, raw_params='{"unknown": 1}')
     assert run.returncode == 2 and SCORE_TAG not in run.stdout
+
+
+@pytest.mark.parametrize("stage", ["", "base model"])
+def test_a_check_child_that_fails_before_the_artifact_is_the_graders_fault(stage: str) -> None:
+    """Out of memory while checking the base model's own weights (or before anything) says
+    nothing about the artifact: score_failed, never a 0."""
+    from tasks.evaluator_kit import Isolated
+
+    failed = Isolated(False, None, "the evaluation ran out of memory", stage)
+    with pytest.raises(EVALUATOR.GraderFault, match="failed before reading the artifact"):
+        EVALUATOR.verdict(failed, "the value check")
+    on_artifact = failed._replace(stage=EVALUATOR.ON_ARTIFACT)
+    assert EVALUATOR.verdict(on_artifact, "the value check") == {
+        "artifact_valid": False,
+        "reason": "the evaluation ran out of memory",
+    }
