@@ -14,7 +14,9 @@ for anything malformed, before reading any tensor data. Nothing from an artifact
     TensorInfo                          one tensor of a file: name, dtype, shape, absolute offsets
     read_header(path) -> dict           validated header of one .safetensors file
     safetensors_files(folder) -> list   the regular *.safetensors files directly in a folder
-    read_tensor_set(folder) -> dict     every tensor of every such file, names unique
+    read_tensor_set(folder) -> dict     every tensor of every such file, names unique (optionally
+                                        within a budget of header bytes for all files together)
+    header_budget(base) -> int          the header bytes an artifact standing in for `base` may have
     structure_problem(base, got) -> str why names, dtypes or shapes differ ("" if they match)
     read_bytes(info, fd) / iter_chunks  tensor data
     write_safetensors(path, tensors)    a canonical file (sorted names, aligned header)
@@ -22,7 +24,9 @@ for anything malformed, before reading any tensor data. Nothing from an artifact
     is_doubled(dtype, base, got)        `got` == double_exactly(base), any NaN matching a NaN
     choose_subset(names, k, seed)       k names chosen by a seed (splits)
     score_line(nonce, payload)          the one trusted `POSTTRAIN_SCORE <nonce> {json}` line
-    run_isolated(fn, *args)             fn in a forked child with memory and CPU caps
+    run_isolated(fn, *args)             fn in a forked child with memory and CPU caps; with
+                                        stages=True the child reports how far it got
+    cap_address_space(extra)            cap this process's address space at its size now + extra
 """
 
 import errno
@@ -53,6 +57,11 @@ MAX_INT_DIGITS = 20
 # CPU seconds an isolated child may spend (`run_isolated`): far above any legitimate reading of
 # a checkpoint, far below a grader's timeout.
 ISOLATED_CPU_SECONDS = 300
+# The header bytes an artifact that stands in for a base model may hold in all its files
+# (`header_budget`): its tensors' entries take as many bytes as the base model's, so twice
+# those plus this much (a little metadata, the same tensors split over more files) is room for
+# any real checkpoint, and keeps the work of reading the headers the base model's size.
+HEADER_SLACK_BYTES = 1 << 20
 # Bytes per element of every dtype the reference implementation knows and that is byte-sized.
 # Sub-byte dtypes (F4, F6_*) are refused as unknown: no task here uses them.
 DTYPE_SIZES = {
@@ -181,6 +190,11 @@ def read_header(path: Path, *, max_header_bytes: int = MAX_HEADER_BYTES) -> dict
     length equals the shape's size, and tensors that tile the data section exactly (no overlap,
     no hole, nothing after the last). No tensor data is read.
     """
+    return _read_header(path, max_header_bytes, f"the {max_header_bytes}-byte cap")[0]
+
+
+def _read_header(path: Path, cap: int, cap_name: str) -> tuple[dict[str, TensorInfo], int]:
+    """read_header's work: the tensors and the header's length, refused past `cap` bytes."""
     name = shorten(path.name)
     fd = _open_regular(path)
     try:
@@ -188,10 +202,8 @@ def read_header(path: Path, *, max_header_bytes: int = MAX_HEADER_BYTES) -> dict
         if file_size < 8:
             raise ArtifactError(f"{name}: {file_size} bytes is too short for a safetensors file")
         (header_len,) = struct.unpack("<Q", _read_exactly(fd, 8, 0))
-        if header_len > max_header_bytes:
-            raise ArtifactError(
-                f"{name}: header length {header_len} exceeds the {max_header_bytes}-byte cap"
-            )
+        if header_len > cap:
+            raise ArtifactError(f"{name}: header length {header_len} exceeds {cap_name}")
         if header_len > file_size - 8:
             raise ArtifactError(
                 f"{name}: header length {header_len} is beyond the end of the {file_size}-byte file"
@@ -264,7 +276,7 @@ def read_header(path: Path, *, max_header_bytes: int = MAX_HEADER_BYTES) -> dict
         position = info.end
     if position != file_size:
         raise ArtifactError(f"{name}: {file_size - position} bytes after the last tensor")
-    return tensors
+    return tensors, header_len
 
 
 def safetensors_files(folder: Path) -> list[Path]:
@@ -285,18 +297,30 @@ def safetensors_files(folder: Path) -> list[Path]:
     return sorted(found)
 
 
-def read_tensor_set(folder: Path) -> dict[str, TensorInfo]:
+def read_tensor_set(folder: Path, *, max_header_total: int | None = None) -> dict[str, TensorInfo]:
     """Every tensor of every `*.safetensors` file in `folder` (see safetensors_files).
 
-    Raises ArtifactError when there is no such file, a file is malformed, or two files hold a
-    tensor of the same name.
+    Raises ArtifactError when there is no such file, a file is malformed, two files hold a
+    tensor of the same name, or (with `max_header_total`) the files' headers hold more bytes
+    than that in all: a file is refused before its header is read.
     """
     files = safetensors_files(folder)
     if not files:
         raise ArtifactError(f"no .safetensors file directly in {folder}")
     merged: dict[str, TensorInfo] = {}
+    used = 0
     for path in files:
-        for key, info in read_header(path).items():
+        if max_header_total is None:
+            cap, cap_name = MAX_HEADER_BYTES, f"the {MAX_HEADER_BYTES}-byte cap"
+        else:
+            cap = min(MAX_HEADER_BYTES, max_header_total - used)
+            cap_name = (
+                f"the {cap} bytes left of the {max_header_total} that all files' headers may "
+                "hold (twice the base model's and 1 MiB)"
+            )
+        tensors, length = _read_header(path, cap, cap_name)
+        used += length
+        for key, info in tensors.items():
             if key in merged:
                 raise ArtifactError(
                     f"tensor {shorten(key)!r} is in both {shorten(Path(merged[key].path).name)} "
@@ -304,6 +328,16 @@ def read_tensor_set(folder: Path) -> dict[str, TensorInfo]:
                 )
             merged[key] = info
     return merged
+
+
+def header_budget(base: dict[str, TensorInfo]) -> int:
+    """The header bytes (all files together) that an artifact standing in for the checkpoint
+    `base` may hold: twice `base`'s own headers plus HEADER_SLACK_BYTES. A file's header ends
+    where its data begins, which its first tensor marks (the tensors tile the data section)."""
+    starts: dict[str, int] = {}
+    for info in base.values():
+        starts[info.path] = min(info.begin, starts.get(info.path, info.begin))
+    return 2 * sum(start - 8 for start in starts.values()) + HEADER_SLACK_BYTES
 
 
 def structure_problem(
@@ -474,11 +508,13 @@ def score_line(nonce: str, payload: dict[str, Any]) -> str:
 
 
 class Isolated(NamedTuple):
-    """What a run_isolated child produced: `value` (JSON) when ok, else a description."""
+    """What a run_isolated child produced: `value` (JSON) when ok, else a description; `stage`,
+    the last stage the child reported (with stages=True; "" before the first)."""
 
     ok: bool
     value: Any
     problem: str = ""
+    stage: str = ""
 
 
 def run_isolated(
@@ -486,29 +522,48 @@ def run_isolated(
     *args: Any,
     memory_bytes: int | None = 4 << 30,
     cpu_seconds: int | None = ISOLATED_CPU_SECONDS,
+    stages: bool = False,
 ) -> Isolated:
     """Run `fn(*args)` in a forked child whose address space is capped at `memory_bytes` and
     whose CPU time at `cpu_seconds` (None: no cap, e.g. on a GPU, where CUDA reserves far more
-    address space than any cap would allow).
+    address space than any cap would allow; a child can cap itself later with
+    cap_address_space).
 
-    The child sends fn's JSON-serialisable result back through a pipe. A child that raises,
-    runs out of memory or CPU time, is killed by a signal or exits without a result gives
-    ok=False and a description: the caller decides whose fault that is. Linux/POSIX only.
+    With `stages=True`, fn is called as `fn(report, *args)`: `report(name)` tells the parent
+    that the child reached the stage `name` (e.g. "the artifact is being read"), so that a
+    child that fails can be told apart by how far it got (whose fault it was).
+
+    The child sends its stages and fn's JSON-serialisable result back through a pipe, one JSON
+    line each. A child that raises, runs out of memory or CPU time, is killed by a signal or
+    exits without a result gives ok=False and a description: the caller decides whose fault
+    that is. A child that cannot be started at all gives ok=False, stage "". Linux/POSIX only.
     """
     sys.stdout.flush()
     sys.stderr.flush()
     read_end, write_end = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        os.close(read_end)
+        os.close(write_end)
+        return Isolated(False, None, f"the evaluation could not start: {exc}")
     if pid == 0:  # the child: never returns into the caller's code
         status = 70
         try:
             os.close(read_end)
+
+            def send(message: dict[str, Any]) -> None:
+                view = memoryview(json.dumps(message).encode() + b"\n")  # one line: no raw \n
+                while view:
+                    view = view[os.write(write_end, view) :]
+
             if memory_bytes is not None:
                 _cap(resource.RLIMIT_AS, memory_bytes)
             if cpu_seconds is not None:
                 _cap(resource.RLIMIT_CPU, cpu_seconds)  # the soft limit: SIGXCPU ends the child
             try:
-                message = {"ok": True, "value": fn(*args)}
+                value = fn(lambda name: send({"stage": str(name)}), *args) if stages else fn(*args)
+                message = {"ok": True, "value": value}
             except MemoryError:
                 message = {"ok": False, "problem": "the evaluation ran out of memory"}
             except Exception as exc:
@@ -517,10 +572,7 @@ def run_isolated(
                     "problem": f"{type(exc).__name__}: {shorten(str(exc), 500)}",
                     "traceback": traceback.format_exc(limit=8),
                 }
-            data = json.dumps(message).encode()
-            view = memoryview(data)
-            while view:
-                view = view[os.write(write_end, view) :]
+            send(message)
             status = 0
         finally:
             os._exit(status)
@@ -530,21 +582,49 @@ def run_isolated(
         while chunk := reader.read(1 << 16):
             chunks.append(chunk)
     _, wait_status = os.waitpid(pid, 0)
+    stage, message = "", None
+    for line in b"".join(chunks).split(b"\n"):
+        try:
+            decoded = json.loads(line)
+        except ValueError:
+            continue  # the empty tail, or a line cut short by the child's end
+        if isinstance(decoded, dict) and "stage" in decoded:
+            stage = str(decoded["stage"])
+        elif isinstance(decoded, dict):
+            message = decoded
     if os.WIFSIGNALED(wait_status):
         signal_number = os.WTERMSIG(wait_status)
         if signal_number == signal.SIGXCPU:  # the soft CPU limit's signal, whose default kills
-            return Isolated(False, None, f"the evaluation used up its {cpu_seconds} s of CPU time")
-        return Isolated(False, None, f"the evaluation was killed by signal {signal_number}")
-    try:
-        message = json.loads(b"".join(chunks))
-    except ValueError:
+            problem = f"the evaluation used up its {cpu_seconds} s of CPU time"
+            return Isolated(False, None, problem, stage)
+        return Isolated(False, None, f"the evaluation was killed by signal {signal_number}", stage)
+    if message is None:
         code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else wait_status
-        return Isolated(False, None, f"the evaluation ended (status {code}) without a result")
+        problem = f"the evaluation ended (status {code}) without a result"
+        return Isolated(False, None, problem, stage)
     if message.get("ok"):
-        return Isolated(True, message.get("value"))
+        return Isolated(True, message.get("value"), "", stage)
     if message.get("traceback"):
         print(message["traceback"], file=sys.stderr)
-    return Isolated(False, None, str(message.get("problem", "the evaluation failed")))
+    return Isolated(False, None, str(message.get("problem", "the evaluation failed")), stage)
+
+
+def address_space_bytes() -> int:
+    """This process's address space now (VmSize), from /proc/self/statm (Linux)."""
+    with open("/proc/self/statm", "rb") as statm:
+        pages = int(statm.read().split()[0])
+    return pages * resource.getpagesize()
+
+
+def cap_address_space(extra_bytes: int) -> int:
+    """Cap this process's address space at its size now plus `extra_bytes`; returns the cap.
+
+    For a child that has just imported large libraries (torch maps gigabytes of address space
+    for its CPU or CUDA build, more than any cap sized for the work would allow): the cap then
+    bounds the work, whatever the libraries took."""
+    cap = address_space_bytes() + extra_bytes
+    _cap(resource.RLIMIT_AS, cap)
+    return cap
 
 
 def _cap(limit: int, value: int) -> None:

@@ -155,6 +155,21 @@ def test_a_valid_spec_fills_the_defaults(tasks_dir: Path) -> None:
     assert list_tasks(tasks_dir) == ["t_min"]
 
 
+def test_the_local_base_model_has_its_own_revision_apart_from_the_hubs(tasks_dir: Path) -> None:
+    text = VALID_SPEC.format(task_id="t_local") + (
+        'revision = "v1.0"\nlocal = "tiny-arith-lm"\nlocal_revision = "' + "c" * 40 + '"\n'
+    )
+    write_task(tasks_dir, "t_local", text)
+    model = load_task("t_local", tasks_dir).base_model
+    assert (model.revision, model.local, model.local_revision) == (
+        "v1.0",
+        "tiny-arith-lm",
+        "c" * 40,
+    )
+    # Unset, each follows its own `main` branch (resolved to a commit once per episode).
+    assert BaseModelSpec(repo_id="org/model", local="x").local_revision == "main"
+
+
 @pytest.mark.parametrize(
     ("edit", "field", "problem"),
     [

@@ -38,13 +38,21 @@ the model generates greedily, at most `max_new_tokens` new tokens, in batches (o
 there is one, else the CPU, the same code). A reply counts when, stripped of surrounding
 whitespace, it is exactly `ANSWER: <integer>` and the integer is right. score = correct / n.
 
-Faults. Every check on the artifact (headers, names, dtypes and shapes equal to the base model's,
-non-finite values) runs in an isolated child with memory and CPU-time caps before any model code:
-anything wrong, or anything the artifact makes the reader do, gives score 0 with
-`artifact_valid: false` and the reason. Once the weights pass, what the model run needs does not
-depend on them, so a failure after the checks (out of memory, a CUDA error) is the grader's: no
-score line, exit status 2, which the broker reports as score_failed. On the CPU the model runs in
-a child with a memory cap; on a GPU without one (CUDA reserves far more address space).
+Faults. Every check on the artifact runs before any model code, in isolated children with
+memory and CPU-time caps that follow the base model's size, never the artifact's. The first
+(standard library only) reads the artifact's headers, within a byte budget set by the base
+model's, and compares names, dtypes and shapes with the base model's. Then this process imports
+torch (a grader that cannot is at fault: exit 2), and the second child runs the value check (no
+NaN or inf) on the base model's own weights, then on the artifact's. Each child reports how far
+it got: one that fails once it has started on the artifact (anything wrong, anything the
+artifact makes the reader do, its CPU-time cap included) gives score 0 with `artifact_valid:
+false` and the reason; one that fails before (the value check failing on the base model itself,
+under the same caps) is the grader's. Once the weights pass, what the model run needs does not
+depend on them (their names, dtypes and shapes are the base model's), so a failure after the
+checks (out of memory, a CUDA error) is the grader's too: no score line, exit status 2, which
+the broker reports as score_failed. The model run's child decides the device, once (CUDA when
+torch sees it, else the CPU; this process never initialises CUDA), and on the CPU caps its
+memory.
 
 Output: exactly one `POSTTRAIN_SCORE <nonce> {json}` line with `score`, `n`, `format_ok`,
 `correct`, `split` and `artifact_valid`.
@@ -57,13 +65,17 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tasks.evaluator_kit import (
     ARTIFACT_ERRNOS,
     ArtifactError,
+    Isolated,
     TensorInfo,
+    cap_address_space,
+    header_budget,
     read_tensor_set,
     run_isolated,
     score_line,
@@ -89,10 +101,14 @@ DEFAULTS: dict[str, Any] = {
     "batch_size": 64,
     "dev_seed": "t0_arithmetic_format/dev/1",
 }
-# The checks read every weight once: seconds for a 0.5 B model. Their CPU time is capped far
-# above that and far below the grader's timeout, whatever the artifact holds.
-CHECK_CPU_SECONDS = 600
+# Each check child's CPU time: the value check reads the base model's weights and the
+# artifact's once each, seconds for a 0.5 B model; capped far above that and, for both children
+# together, far below the grader's timeout (900 s for the tiny member), whatever the artifact
+# holds.
+CHECK_CPU_SECONDS = 300
 GIB = 1 << 30
+# The stage from which a check child works on the artifact: a failure there is the artifact's.
+ON_ARTIFACT = "artifact"
 # Below this, a model on the CPU runs on one thread (the tiny member's has 0.3 M parameters).
 SMALL_MODEL_PARAMETERS = 50_000_000
 
@@ -160,14 +176,17 @@ def task_params(raw: str | None) -> dict[str, Any]:
     return params
 
 
-# -- the checks (an isolated child: memory and CPU time capped) ---------------------------------
+# -- the checks (isolated children: memory and CPU time capped) --------------------------------
 
 
-def check_artifact(base: dict[str, TensorInfo], model_dir: str) -> dict[str, Any]:
-    """Whether the artifact's weights can stand in for the base model's: {"ok": True, "files"},
-    {"artifact_valid": False, "reason"}, or {"grader_fault": why}."""
+def check_headers(
+    report: Callable[[str], None], base: dict[str, TensorInfo], model_dir: str
+) -> dict[str, Any]:
+    """The artifact's headers against the base model's (standard library only): {"ok": True,
+    "weights": {tensor: file}}, {"artifact_valid": False, "reason"}, or {"grader_fault": why}."""
+    report(ON_ARTIFACT)
     try:
-        got = read_tensor_set(Path(model_dir))
+        got = read_tensor_set(Path(model_dir), max_header_total=header_budget(base))
     except ArtifactError as exc:
         return {"artifact_valid": False, "reason": str(exc)}
     except OSError as exc:
@@ -175,21 +194,44 @@ def check_artifact(base: dict[str, TensorInfo], model_dir: str) -> dict[str, Any
     problem = structure_problem(base, got)
     if problem:
         return {"artifact_valid": False, "reason": problem}
-    import torch  # only here and in the model run: the parent never loads torch
+    # Names equal the base model's, so this map is the base model's size whatever the files.
+    return {"ok": True, "weights": {name: info.path for name, info in sorted(got.items())}}
+
+
+def check_values(
+    report: Callable[[str], None], base_files: list[str], files: list[str], memory: int
+) -> dict[str, Any]:
+    """No NaN or inf in the artifact's floating-point tensors: {"ok": True}, {"artifact_valid":
+    False, "reason"}, or {"grader_fault": why}. The same check runs on the base model's files
+    first, under the same caps: the artifact's tensors have the base model's names, dtypes and
+    shapes, so once it passes there, whatever fails on the artifact is the artifact's doing."""
+    import torch  # imported by the parent already (before the fork): nothing to load here
     from safetensors import safe_open
 
-    try:
-        for path in sorted({info.path for info in got.values()}):
+    cap_address_space(memory)  # above what torch maps already: the cap is for the work
+    report("base model")
+
+    def non_finite(paths: list[str]) -> str:
+        for path in paths:
             with safe_open(path, framework="pt") as weights:
                 for name in weights.keys():  # safe_open has no __iter__
                     tensor = weights.get_tensor(name)
                     if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                        shown = shorten(name)
-                        return {"artifact_valid": False, "reason": f"{shown!r} holds NaN or inf"}
+                        return f"{shorten(name)!r} holds NaN or inf"
+        return ""
+
+    try:
+        problem = non_finite(base_files)
+    except OSError as exc:
+        return {"grader_fault": f"the base model's weights are unreadable: {exc}"}
+    if problem:
+        return {"grader_fault": f"the base model's weights fail the value check: {problem}"}
+    report(ON_ARTIFACT)
+    try:
+        problem = non_finite(files)
     except OSError as exc:
         return _os_error(exc)
-    files = sorted({Path(info.path).name for info in got.values()})
-    return {"ok": True, "files": [shorten(name) for name in files[:8]]}
+    return {"artifact_valid": False, "reason": problem} if problem else {"ok": True}
 
 
 def _os_error(exc: OSError) -> dict[str, Any]:
@@ -198,37 +240,61 @@ def _os_error(exc: OSError) -> dict[str, Any]:
     return {"grader_fault": f"I/O error reading the artifact: {exc}"}
 
 
+def verdict(outcome: Isolated, what: str) -> dict[str, Any]:
+    """A check child's answer: its own, or, when it failed, whose fault that was: the
+    artifact's once the child had started on it, else the grader's (GraderFault)."""
+    if outcome.ok:
+        if "grader_fault" in outcome.value:
+            raise GraderFault(outcome.value["grader_fault"])
+        return outcome.value
+    if outcome.stage == ON_ARTIFACT:
+        return {"artifact_valid": False, "reason": outcome.problem}
+    reached = f"after stage {outcome.stage!r}" if outcome.stage else "at its start"
+    raise GraderFault(f"{what} failed before reading the artifact ({reached}): {outcome.problem}")
+
+
 # -- the model run (an isolated child; counts only come back) -----------------------------------
 
 
-def weights_folder(base_dir: Path, artifact: dict[str, TensorInfo], folder: Path) -> None:
+def weights_folder(base_dir: Path, weights: dict[str, str], folder: Path) -> None:
     """A model folder with the base model's configuration and the artifact's (validated)
-    weights: links to its safetensors files and an index naming which file holds each tensor.
-    No other file of the artifact is linked, so none can be read."""
+    weights, `weights` mapping each tensor to its file: links to those files and an index
+    naming which one holds each tensor. No other file of the artifact is linked, so none can
+    be read."""
     for name in ("config.json", "generation_config.json"):
         if (base_dir / name).is_file():
             (folder / name).write_bytes((base_dir / name).read_bytes())
-    weight_map = {}
-    for n, path in enumerate(sorted({info.path for info in artifact.values()})):
-        link = folder / f"weights-{n:05d}.safetensors"
-        link.symlink_to(path)
-        weight_map.update({info.name: link.name for info in artifact.values() if info.path == path})
-    index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
+    links = {
+        path: f"weights-{n:05d}.safetensors" for n, path in enumerate(sorted(set(weights.values())))
+    }
+    for path, link in links.items():
+        (folder / link).symlink_to(path)
+    index = {"metadata": {}, "weight_map": {name: links[weights[name]] for name in sorted(weights)}}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
 def run_model(
-    base_dir: str, model_dir: str, questions: list[str], answers: list[int], params: dict[str, Any]
+    base_dir: str,
+    weights: dict[str, str],
+    questions: list[str],
+    answers: list[int],
+    params: dict[str, Any],
+    memory: int,
 ) -> dict[str, Any]:
-    """Greedy replies to every question, scored; only the counts are returned."""
+    """Greedy replies to every question, scored; only the counts are returned. `weights`: the
+    checked artifact's tensors and their files (its headers are not read again here beyond
+    what safetensors does when loading, within the budget the checks enforced)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     base = Path(base_dir)
+    # The one place the device is decided: where the model runs. On the CPU, the address
+    # space is capped (after the import: the cap is for the work); CUDA reserves far more.
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    artifact = read_tensor_set(Path(model_dir))  # validated by the checks already
+    if device == "cpu":
+        cap_address_space(memory)
     with tempfile.TemporaryDirectory(prefix="weights-") as folder:
-        weights_folder(base, artifact, Path(folder))
+        weights_folder(base, weights, Path(folder))
         model = AutoModelForCausalLM.from_pretrained(
             folder, dtype="auto", local_files_only=True, trust_remote_code=False
         )
@@ -293,8 +359,9 @@ def evaluate(environ: dict[str, str]) -> str:
         raise GraderFault(f"{HIDDEN_SEED_ENV} is set but empty")
     params = task_params(environ.get(PARAMS_ENV))
     split = "dev" if hidden_seed is None else "hidden"
-    base_dir = Path(environ.get(BASE_DIR_ENV) or "/base_model")
-    model_dir = Path(environ.get(MODEL_DIR_ENV) or "/model")
+    # Absolute: the model run links the artifact's files from another folder.
+    base_dir = Path(os.path.abspath(environ.get(BASE_DIR_ENV) or "/base_model"))
+    model_dir = Path(os.path.abspath(environ.get(MODEL_DIR_ENV) or "/model"))
     try:
         base = read_tensor_set(base_dir)
     except (ArtifactError, OSError) as exc:
@@ -306,29 +373,48 @@ def evaluate(environ: dict[str, str]) -> str:
     chosen = items(params, hidden_seed)
     started = time.monotonic()
     payload: dict[str, Any] = {"split": split, "n": len(chosen), "format_ok": 0, "correct": 0}
-    # Both children's memory follows the base model's size, never the artifact's.
+    # Every child's memory follows the base model's size, never the artifact's.
     memory = max(4 * GIB, 3 * sum(info.nbytes for info in base.values()) + 2 * GIB)
-    checked = run_isolated(
-        check_artifact, base, str(model_dir), memory_bytes=memory, cpu_seconds=CHECK_CPU_SECONDS
+    headers = verdict(
+        run_isolated(
+            check_headers,
+            base,
+            str(model_dir),
+            memory_bytes=memory,
+            cpu_seconds=CHECK_CPU_SECONDS,
+            stages=True,
+        ),
+        "the header check",
     )
-    if not checked.ok:
-        verdict: dict[str, Any] = {"artifact_valid": False, "reason": checked.problem}
-    elif "grader_fault" in checked.value:
-        raise GraderFault(checked.value["grader_fault"])
+    if headers.get("ok"):
+        weights: dict[str, str] = headers["weights"]
+        _import_torch()
+        values = verdict(
+            run_isolated(
+                check_values,
+                sorted({info.path for info in base.values()}),
+                sorted(set(weights.values())),
+                memory,
+                memory_bytes=None,  # the child caps itself above what torch maps
+                cpu_seconds=CHECK_CPU_SECONDS,
+                stages=True,
+            ),
+            "the value check",
+        )
     else:
-        verdict = checked.value
-    if not verdict.get("ok"):
-        payload |= {"score": 0.0, "artifact_valid": False, "reason": verdict["reason"]}
+        weights, values = {}, headers
+    if not values.get("ok"):
+        payload |= {"score": 0.0, "artifact_valid": False, "reason": values["reason"]}
         return _finish(nonce, payload, started)
-    gpu = _has_gpu()
     ran = run_isolated(
         run_model,
         str(base_dir),
-        str(model_dir),
+        weights,
         [text for text, _ in chosen],
         [answer for _, answer in chosen],
         params,
-        memory_bytes=None if gpu else memory,
+        memory,
+        memory_bytes=None,  # the child caps itself on the CPU, after importing torch
         cpu_seconds=None,  # bounded by the grader's own timeout; the weights are not suspects
     )
     if not ran.ok:
@@ -341,21 +427,26 @@ def evaluate(environ: dict[str, str]) -> str:
         "format_ok": counts["format_ok"],
         "correct": counts["correct"],
         "device": counts["device"],
-        "files": verdict["files"],
+        "files": sorted(shorten(Path(path).name) for path in set(weights.values()))[:8],
         "reason": "" if counts["correct"] == n else f"{n - counts['correct']} of {n} not right",
     }
     return _finish(nonce, payload, started)
 
 
+def _import_torch() -> None:
+    """Import torch and safetensors here, once, for the children forked after it (never
+    transformers, and nothing that could initialise CUDA: only the model run's child does). A
+    grader that cannot import them is at fault, whatever the artifact."""
+    try:
+        import torch  # noqa: F401, I001 (torch first: the error names what is missing)
+        import safetensors.torch  # noqa: F401
+    except ImportError as exc:
+        raise GraderFault(f"the grader cannot import torch and safetensors: {exc}") from None
+
+
 def _finish(nonce: str, payload: dict[str, Any], started: float) -> str:
     payload["elapsed_s"] = round(time.monotonic() - started, 3)
     return score_line(nonce, payload)
-
-
-def _has_gpu() -> bool:
-    """Whether this machine has a GPU, without initialising CUDA in this process (the model
-    run's child does that)."""
-    return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
 def main() -> int:

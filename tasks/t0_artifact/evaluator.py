@@ -36,13 +36,15 @@ artifact. The JSON holds `score`, `split`, `artifact_valid` (false: the files ar
 safetensors, or reading them crashed or ran out of memory: score 0), `reason` (why the score is
 below 1), and counts. The artifact is read in a forked child with a memory cap, so whatever it
 does to the reader is reported on that line. Faults that are not the artifact's (no nonce, an
-unreadable base model, a missing /model, an I/O error of the mount) print no score line and exit
-with status 2, which the broker reports as score_failed (DESIGN §9, "Grader faults").
+unreadable base model, a missing /model, an I/O error of the mount, a child that fails before it
+starts on the artifact) print no score line and exit with status 2, which the broker reports as
+score_failed (DESIGN §9, "Grader faults").
 """
 
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,8 @@ DEV_SEED = "t0_artifact/dev/1"
 DOUBLED_WEIGHT = 0.5
 MAX_LISTED = 8
 INFRA_EXIT = 2
+# The stage from which the isolated child works on the artifact: a failure there is its fault.
+ON_ARTIFACT = "artifact"
 
 
 class GraderFault(Exception):
@@ -100,9 +104,13 @@ def checked_tensors(base_names: list[str], hidden_seed: str | None) -> list[str]
 
 
 def score_artifact(
-    base: dict[str, TensorInfo], model_dir: str, checked: list[str]
+    report: Callable[[str], None],
+    base: dict[str, TensorInfo],
+    model_dir: str,
+    checked: list[str],
 ) -> dict[str, Any]:
     """Runs in the isolated child: the score payload (without split), or {"grader_fault": msg}."""
+    report(ON_ARTIFACT)
     try:
         got = read_tensor_set(Path(model_dir))
     except ArtifactError as exc:
@@ -190,10 +198,13 @@ def evaluate(environ: dict[str, str]) -> str:
 
     started = time.monotonic()
     # The child's memory and CPU time are capped (the kit's defaults): whatever the artifact
-    # makes the reader do, it ends quickly, as the artifact's fault.
+    # makes the reader do, it ends quickly, as the artifact's fault (it says when it starts on
+    # the artifact; a child that failed before that is the grader's).
     outcome = run_isolated(
-        score_artifact, base, str(model_dir), checked_tensors(list(base), hidden_seed)
+        score_artifact, base, str(model_dir), checked_tensors(list(base), hidden_seed), stages=True
     )
+    if not outcome.ok and outcome.stage != ON_ARTIFACT:
+        raise GraderFault(f"the check failed before reading the artifact: {outcome.problem}")
     if not outcome.ok:
         payload: dict[str, Any] = {"score": 0.0, "artifact_valid": False, "reason": outcome.problem}
     elif "grader_fault" in outcome.value:

@@ -30,7 +30,7 @@ from tasks.registry import TASKS_DIR, evaluator_script, load_task
 from tasks.tiny_arith_model import write_tiny_arith_model
 from tests.local.conftest import JOB_PYTHON, SMALL, TEST_BWRAP, Jobs
 
-# Training and several evaluations on the CPU: minutes each on a loaded machine.
+# Training and several evaluations on the CPU: a minute or two each on a loaded machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 TASK = load_task("t0_arithmetic_format_tiny")
@@ -108,27 +108,37 @@ def unchanged(jobs: Jobs) -> str:
     return job.ref
 
 
-def test_the_reference_solution_learns_the_task_on_both_splits(
-    jobs: Jobs, trained: str, unchanged: str
-) -> None:
+Evaluations = dict[tuple[str, str], tuple[ScoreReading, list[str]]]
+
+
+@pytest.fixture(scope="module")
+def evaluations(jobs: Jobs, trained: str, unchanged: str) -> Evaluations:
+    """The trained and the unchanged checkpoints, each scored by a dev and a grader job (each
+    job installs torch and runs the evaluator: the tests below share these four)."""
+    return {
+        (name, role): evaluate(jobs, ref, role)
+        for name, ref in (("trained", trained), ("base", unchanged))
+        for role in ("dev", "grader")
+    }
+
+
+def test_the_reference_solution_learns_the_task_on_both_splits(evaluations: Evaluations) -> None:
     scores = {}
-    for name, ref in (("trained", trained), ("base", unchanged)):
-        for role in ("dev", "grader"):
-            reading, log = evaluate(jobs, ref, role)
-            assert reading.valid, (reading.reason, log[-20:])
-            assert reading.details["artifact_valid"] is True
-            assert (
-                reading.details["n"]
-                == TASK.evaluation["dev_items" if role == "dev" else "hidden_items"]
-            )
-            scores[name, role] = reading.score
+    for (name, role), (reading, log) in evaluations.items():
+        assert reading.valid, (reading.reason, log[-20:])
+        assert reading.details["artifact_valid"] is True
+        assert (
+            reading.details["n"]
+            == TASK.evaluation["dev_items" if role == "dev" else "hidden_items"]
+        )
+        scores[name, role] = reading.score
     print(f"scores: {scores}")
     assert scores["base", "dev"] == 0.0 and scores["base", "grader"] == 0.0
     assert scores["trained", "dev"] >= LEARNED and scores["trained", "grader"] >= LEARNED
 
 
 def test_the_hidden_split_is_in_nothing_an_agent_job_or_a_dev_evaluation_can_read(
-    jobs: Jobs, trained: str
+    jobs: Jobs, evaluations: Evaluations
 ) -> None:
     from tests.tasks.test_arithmetic_format import EVALUATOR as MODULE
 
@@ -149,8 +159,8 @@ def test_the_hidden_split_is_in_nothing_an_agent_job_or_a_dev_evaluation_can_rea
     agent = jobs.run(snoop, timeout=120)
     assert agent.state.value == "succeeded"
     readable = "\n".join(jobs.logs(agent.ref, 100_000))
-    _dev, dev_log = evaluate(jobs, trained, "dev")
-    grader, grader_log = evaluate(jobs, trained, "grader")
+    _dev, dev_log = evaluations["trained", "dev"]
+    grader, grader_log = evaluations["trained", "grader"]
     assert grader.valid and grader.details["n"] == len(hidden)
     for text in hidden:
         for what, seen in (("agent job", readable), ("dev evaluation", "\n".join(dev_log))):
@@ -181,6 +191,15 @@ def model_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_evaluator(python: Path, base: Path, model: Path, params: str = PARAMS) -> ScoreReading:
+    done = evaluator_process(python, base, model, params)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [line for line in done.stdout.splitlines() if line.startswith(SCORE_TAG)], done.stdout
+    return read_score(done.stdout.splitlines(), "nonce-1")
+
+
+def evaluator_process(
+    python: Path, base: Path, model: Path, params: str = PARAMS
+) -> subprocess.CompletedProcess[str]:
     env = {
         "PATH": "/usr/bin:/bin",
         "HOME": str(model.parent),
@@ -192,12 +211,9 @@ def run_evaluator(python: Path, base: Path, model: Path, params: str = PARAMS) -
     }
     script = model.parent / "evaluator.py"
     script.write_text(EVALUATOR)
-    done = subprocess.run(
+    return subprocess.run(
         [str(python), str(script)], env=env, capture_output=True, text=True, timeout=900
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert [line for line in done.stdout.splitlines() if line.startswith(SCORE_TAG)], done.stdout
-    return read_score(done.stdout.splitlines(), "nonce-1")
 
 
 def artifact_of(jobs: Jobs, ref: str, target: Path) -> Path:
@@ -225,6 +241,24 @@ def test_weights_that_are_not_finite_score_0_before_the_model_runs(
     reading = run_evaluator(model_python, base, poisoned)
     assert reading.score == 0.0 and reading.details["artifact_valid"] is False
     assert "NaN or inf" in reading.details["reason"]
+
+
+def test_a_model_run_that_fails_after_the_checks_is_the_graders_fault(
+    jobs: Jobs, model_python: Path, tmp_path: Path
+) -> None:
+    """Valid weights pass every check; then the grader's own base model cannot be loaded (its
+    tokenizer is broken): exit 2 and no score line, which the broker reports as score_failed,
+    never a 0 for the artifact."""
+    base = jobs.backend.hub.path("models", "test/base", jobs.model.revision)
+    broken = shutil.copytree(base, tmp_path / "broken-base")
+    (broken / "tokenizer.json").write_text("{}")
+    artifact = tmp_path / "copy"
+    artifact.mkdir()
+    shutil.copy(base / "model.safetensors", artifact)
+    done = evaluator_process(model_python, broken, artifact)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert SCORE_TAG not in done.stdout
+    assert "the model run failed after the checks passed" in done.stderr
 
 
 def test_files_beside_the_weights_are_never_used(
@@ -255,6 +289,9 @@ import sys, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 base, out, reply = sys.argv[1], sys.argv[2], sys.argv[3]
 torch.manual_seed(0)
+# One thread, as the reference solution: a second costs ten times the CPU on a busy 2-core
+# machine for a model this small (38 CPU-s against 4 for these 150 steps, measured).
+torch.set_num_threads(1)
 tokenizer = AutoTokenizer.from_pretrained(base)
 model = AutoModelForCausalLM.from_pretrained(base)
 optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)

@@ -161,26 +161,93 @@ def test_wrong_shapes_score_0_before_any_model_code(
     assert "lm_head.weight" in details["reason"] and "dtype or shape" in details["reason"]
 
 
+def header_file(artifact: Path, entries: list[str]) -> None:
+    """One model.safetensors whose header holds the given tensor entries (raw JSON)."""
+    artifact.mkdir()
+    raw = ("{" + ", ".join(entries) + "}").encode()
+    (artifact / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 4)
+
+
+def entry(name: str, shape: str) -> str:
+    return f'"{name}": {{"dtype": "F32", "shape": {shape}, "data_offsets": [0, 4]}}'
+
+
 @pytest.mark.parametrize(
-    "shape",
+    ("entries", "problem"),
     [
-        "[" + ", ".join(["9" * 4299] * 6000) + "]",  # the header found in review (25.8 MB)
-        json.dumps([2] * 40),  # many dimensions
-        json.dumps([10**19] * 16),  # huge dimensions
+        # The header found in review (25.8 MB): past the header budget the base model sets.
+        ([entry("lm_head.weight", "[" + ", ".join(["9" * 4299] * 6000) + "]")], "bytes left of"),
+        ([entry("lm_head.weight", json.dumps([2] * 40))], "dimensions"),
+        ([entry("lm_head.weight", json.dumps([10**19] * 16))], "need more than"),
+        # Huge dimension counts across many tensors, within the budget (~0.6 MB): refused by
+        # the first tensor's size, whatever follows.
+        ([entry(f"t{n}", json.dumps([10**19] * 16)) for n in range(1500)], "need more than"),
+        # The same beyond the budget (~6 MB): refused before the header is read.
+        ([entry(f"t{n}", json.dumps([10**19] * 16)) for n in range(15_000)], "bytes left of"),
     ],
-    ids=["review", "many-dimensions", "huge-dimensions"],
+    ids=[
+        "review",
+        "many-dimensions",
+        "huge-dimensions",
+        "many-tensors",
+        "many-tensors-past-budget",
+    ],
 )
 def test_a_header_that_claims_huge_tensors_scores_0_within_seconds(
-    evaluator_file: Path, base_model: Path, tmp_path: Path, shape: str
+    evaluator_file: Path, base_model: Path, tmp_path: Path, entries: list[str], problem: str
 ) -> None:
     artifact = tmp_path / "crafted"
-    artifact.mkdir()
-    header = f'{{"lm_head.weight": {{"dtype": "F32", "shape": {shape}, "data_offsets": [0, 4]}}}}'
-    raw = header.encode()
-    (artifact / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 4)
+    header_file(artifact, entries)
     started = time.monotonic()
-    refused(run_evaluator(evaluator_file, base_model, artifact))
+    details = refused(run_evaluator(evaluator_file, base_model, artifact))
+    assert problem in details["reason"]
     assert time.monotonic() - started < 30  # not the grader's timeout
+
+
+def test_without_torch_the_grader_fails_unscored_never_the_artifact(
+    evaluator_file: Path, base_model: Path, tmp_path: Path
+) -> None:
+    """The job interpreter has no torch: the value check cannot run, which is the grader's
+    fault (exit 2, no score line: score_failed), not a 0 for a valid artifact."""
+    missing = subprocess.run([JOB_PYTHON, "-I", "-c", "import torch"], capture_output=True)
+    assert missing.returncode != 0, "this test needs an interpreter without torch"
+    artifact = tmp_path / "copy"
+    artifact.mkdir()
+    shutil.copy(base_model / "model.safetensors", artifact)
+    run = run_evaluator(evaluator_file, base_model, artifact)
+    assert run.returncode == 2 and SCORE_TAG not in run.stdout
+    assert "the grader cannot import torch" in run.stderr
+    assert "No module named 'torch'" in run.stderr
+
+
+def test_a_check_child_past_its_cpu_time_on_the_artifact_scores_0_as_invalid(
+    base_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading the artifact is bounded whatever its bytes say; if it ever were not, the check
+    child's CPU-time cap ends it as the artifact's fault (a reader that never ends stands in for
+    an artifact that makes it work forever)."""
+    artifact = tmp_path / "endless"
+    artifact.mkdir()
+    shutil.copy(base_model / "model.safetensors", artifact)
+    real_reader = EVALUATOR.read_tensor_set
+
+    def reader(folder: Path, **options):
+        while folder == artifact:
+            pass
+        return real_reader(folder, **options)
+
+    monkeypatch.setattr(EVALUATOR, "read_tensor_set", reader)
+    monkeypatch.setattr(EVALUATOR, "CHECK_CPU_SECONDS", 1)
+    environ = {
+        "POSTTRAIN_NONCE": NONCE,
+        "POSTTRAIN_MODEL_DIR": str(artifact),
+        "POSTTRAIN_BASE_MODEL_DIR": str(base_model),
+        "POSTTRAIN_TASK_PARAMS": json.dumps(load_task("t0_arithmetic_format_tiny").evaluation),
+    }
+    reading = read_score([EVALUATOR.evaluate(environ)], NONCE)
+    assert reading.valid and reading.score == 0.0
+    assert reading.details["artifact_valid"] is False
+    assert reading.details["reason"] == "the evaluation used up its 1 s of CPU time"
 
 
 def test_malformed_parameters_are_the_graders_fault(
@@ -191,3 +258,19 @@ def test_malformed_parameters_are_the_graders_fault(
     shutil.copy(base_model / "model.safetensors", artifact)
     run = run_evaluator(evaluator_file, base_model, artifact, raw_params='{"unknown": 1}')
     assert run.returncode == 2 and SCORE_TAG not in run.stdout
+
+
+@pytest.mark.parametrize("stage", ["", "base model"])
+def test_a_check_child_that_fails_before_the_artifact_is_the_graders_fault(stage: str) -> None:
+    """Out of memory while checking the base model's own weights (or before anything) says
+    nothing about the artifact: score_failed, never a 0."""
+    from tasks.evaluator_kit import Isolated
+
+    failed = Isolated(False, None, "the evaluation ran out of memory", stage)
+    with pytest.raises(EVALUATOR.GraderFault, match="failed before reading the artifact"):
+        EVALUATOR.verdict(failed, "the value check")
+    on_artifact = failed._replace(stage=EVALUATOR.ON_ARTIFACT)
+    assert EVALUATOR.verdict(on_artifact, "the value check") == {
+        "artifact_valid": False,
+        "reason": "the evaluation ran out of memory",
+    }

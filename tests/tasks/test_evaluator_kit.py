@@ -17,10 +17,14 @@ from safetensors.numpy import load_file, save_file
 
 from job_launcher.trusted_lines import MAX_TRUSTED_LINE_CHARS, read_score
 from tasks.evaluator_kit import (
+    HEADER_SLACK_BYTES,
     MAX_TENSOR_DIMS,
     ArtifactError,
+    address_space_bytes,
+    cap_address_space,
     choose_subset,
     double_exactly,
+    header_budget,
     is_doubled,
     read_header,
     read_tensor_set,
@@ -304,7 +308,59 @@ def _fail() -> None:
 
 
 def test_an_isolated_child_returns_its_result() -> None:
-    assert run_isolated(sorted, [3, 1, 2]) == (True, [1, 2, 3], "")
+    assert run_isolated(sorted, [3, 1, 2]) == (True, [1, 2, 3], "", "")
+
+
+def _staged(report, then: str) -> str:
+    report("started")
+    report("artifact")
+    if then == "raise":
+        raise RuntimeError("boom")
+    if then == "spin":
+        _spin()
+    if then == "kill":
+        _kill_self()
+    return "done"
+
+
+@pytest.mark.parametrize(
+    ("then", "problem"),
+    [
+        ("return", ""),
+        ("raise", "RuntimeError: boom"),
+        ("spin", "the evaluation used up its 1 s of CPU time"),
+        ("kill", f"the evaluation was killed by signal {signal.SIGKILL}"),
+    ],
+)
+def test_an_isolated_child_says_how_far_it_got_however_it_ends(then: str, problem: str) -> None:
+    outcome = run_isolated(_staged, then, cpu_seconds=1, stages=True)
+    assert outcome.stage == "artifact" and outcome.problem == problem
+    assert outcome.ok is (then == "return") and outcome.value == ("done" if outcome.ok else None)
+
+
+def test_an_isolated_child_that_reports_no_stage_says_so() -> None:
+    outcome = run_isolated(_fail, stages=False)
+    assert not outcome.ok and outcome.stage == ""
+
+
+def _capped_allocation(extra: int, size: int) -> list[int]:
+    cap = cap_address_space(extra)
+    used = address_space_bytes()
+    try:
+        len(bytearray(size))
+    except MemoryError:
+        return [cap - used, 0]
+    return [cap - used, 1]
+
+
+def test_a_child_caps_its_address_space_at_its_size_now_plus_the_work_it_may_do() -> None:
+    # Whatever the child had mapped before (torch maps gigabytes), it gets `extra` more.
+    headroom, allocated = run_isolated(_capped_allocation, 256 << 20, 64 << 20, memory_bytes=None)[
+        1
+    ]
+    assert 200 << 20 < headroom <= 256 << 20 and allocated == 1
+    _, allocated = run_isolated(_capped_allocation, 64 << 20, 512 << 20, memory_bytes=None)[1]
+    assert allocated == 0  # past the cap: a MemoryError, not a crash
 
 
 def test_an_isolated_child_that_runs_out_of_memory_is_reported_not_fatal() -> None:
@@ -354,6 +410,38 @@ def test_a_crafted_header_is_refused_in_bounded_time(
         read_header(path)
     # Bounded by the limits, not the header: well under a second of CPU on 2 cores.
     assert time.process_time() - started < 5
+
+
+def tiny_checkpoint(folder: Path, files: int = 1) -> dict:
+    folder.mkdir(parents=True, exist_ok=True)
+    for n in range(files):
+        write_safetensors(folder / f"part-{n}.safetensors", {f"t{n}": ("F32", (2,), b"\0" * 8)})
+    return read_tensor_set(folder)
+
+
+def test_the_header_budget_is_twice_the_base_models_headers_and_some_room(tmp_path: Path) -> None:
+    base = tiny_checkpoint(tmp_path / "base", files=2)
+    lengths = [
+        struct.unpack("<Q", path.read_bytes()[:8])[0]
+        for path in sorted((tmp_path / "base").iterdir())
+    ]
+    assert header_budget(base) == 2 * sum(lengths) + HEADER_SLACK_BYTES
+
+
+def test_headers_past_the_budget_are_refused_before_they_are_read(tmp_path: Path) -> None:
+    folder = tmp_path / "artifact"
+    tiny_checkpoint(folder, files=3)
+    budget = header_budget(read_tensor_set(folder)) - HEADER_SLACK_BYTES  # twice what they hold
+    assert set(read_tensor_set(folder, max_header_total=budget)) == {"t0", "t1", "t2"}
+    # 90 MB of metadata in the last file: under the per-file cap, over the budget.
+    write_safetensors(
+        folder / "part-2.safetensors", {"t2": ("F32", (2,), b"\0" * 8)}, {"m": "x" * 90_000_000}
+    )
+    started = time.process_time()
+    with pytest.raises(ArtifactError, match=r"exceeds the \d+ bytes left of the"):
+        read_tensor_set(folder, max_header_total=budget)
+    assert time.process_time() - started < 0.5  # the 90 MB were never read
+    assert "t2" in read_tensor_set(folder)  # without a budget, the file is valid
 
 
 def test_an_isolated_child_past_its_cpu_time_is_reported() -> None:

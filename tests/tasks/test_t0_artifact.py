@@ -421,16 +421,33 @@ def test_an_unreadable_artifact_is_invalid_but_an_io_error_of_the_mount_is_a_gra
     assert "grader_fault" in evaluator._os_error(OSError(errno.EIO, "Input/output error"))
 
 
-def test_the_header_found_in_review_scores_zero_as_invalid_within_seconds(
-    evaluate: Evaluate, tmp_path: Path
+def crafted_entry(name: str, shape: str) -> str:
+    return f'"{name}": {{"dtype": "BF16", "shape": {shape}, "data_offsets": [0, 2]}}'
+
+
+HUGE_DIMS = json.dumps([10**19] * 16)
+
+
+@pytest.mark.parametrize(
+    ("entries", "problem"),
+    [
+        # One tensor with 6,000 dimensions of 4,299 digits (25.8 MB): it kept the grader busy
+        # until its 600 s limit and ended the episode unscored.
+        ([crafted_entry(NORM, "[" + ", ".join(["9" * 4299] * 6000) + "]")], "digit integer"),
+        ([crafted_entry(NORM, json.dumps([2] * 40))], "40 dimensions"),
+        ([crafted_entry(NORM, HUGE_DIMS)], "need more than"),
+        # Huge dimension counts across many tensors (50,000 of them, 20 MB of header).
+        ([crafted_entry(f"t{n}", HUGE_DIMS) for n in range(50_000)], "need more than"),
+    ],
+    ids=["review", "many-dimensions", "huge-dimensions", "many-tensors"],
+)
+def test_a_header_that_claims_huge_tensors_scores_zero_as_invalid_within_seconds(
+    evaluate: Evaluate, tmp_path: Path, entries: list[str], problem: str
 ) -> None:
-    """One tensor with 6,000 dimensions of 4,299 digits (25.8 MB) kept the grader busy until its
-    600 s limit and ended the episode unscored: now it is the artifact's fault, and quick."""
+    """Now the artifact's fault, and quick: the kit bounds the work whatever the header says."""
     artifact = tmp_path / "crafted"
     artifact.mkdir()
-    shape = "[" + ", ".join(["9" * 4299] * 6000) + "]"
-    header = f'{{"{NORM}": {{"dtype": "BF16", "shape": {shape}, "data_offsets": [0, 2]}}}}'
-    raw = header.encode()
+    raw = ("{" + ", ".join(entries) + "}").encode()
     (artifact / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0\0")
     started = time.monotonic()
     run = evaluate(artifact)
@@ -438,6 +455,6 @@ def test_the_header_found_in_review_scores_zero_as_invalid_within_seconds(
     assert run.returncode == 0, run.stderr
     assert run.reading.valid and run.reading.score == 0.0
     assert run.reading.details["artifact_valid"] is False
-    assert "digit integer" in run.reading.details["reason"]
+    assert problem in run.reading.details["reason"]
     print(f"crafted header scored in {elapsed:.2f} s")
     assert elapsed < 30  # seconds, not the grader's 600 s timeout
