@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from huggingface_hub import HfApi
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
@@ -23,7 +24,7 @@ from activities.hf.backend import HfBackend
 from activities.hf.calls import HubCalls
 from activities.hf.errors import HubTransientError
 from activities.hf.http import NOT_RETRIED_HERE, HubHttpLimits
-from activities.hf.labels import HfRef
+from activities.hf.labels import LABEL_DEPLOYMENT, HfRef
 from activities.hf.missing import MAX_REMEMBERED, MissingJobs
 from activities.hf.reaper import ReaperActivities
 from activities.jobs import JobsActivities
@@ -42,7 +43,7 @@ from posttrain_env.limits import (
     VANISHED_AFTER_S,
 )
 from posttrain_env.models import JobState
-from tests.hf.conftest import DATASET, FAST_HTTP, MODEL, http_backend, request
+from tests.hf.conftest import DATASET, FAST_HTTP, MODEL, TOKEN, http_backend, request
 from tests.hf.fake_hub import T0, JobPlan
 from tests.hf.http_hub import HubHttp
 from workflows.policies import OBSERVE_TIMEOUT, READ_TIMEOUT, SUBMIT_TIMEOUT
@@ -366,14 +367,21 @@ async def test_a_server_that_ignores_the_label_filter_changes_nothing(
     http_hub.ignore_label_filter = True
     theirs = http_backend(http_hub)
     theirs.deployment = "dother"
-    # Another deployment's job with the very same workflow id, and an unlabelled job.
+    # A job started by hand, with no label at all (the first listed: the oldest), and another
+    # deployment's job with the very same workflow id.
+    bare = HfApi(token=TOKEN, library_name="posttrain-env-tests").run_job(
+        image="python:3.12", command=["python", "-c", "print(1)"], namespace=hub.namespace
+    )
+    assert LABEL_DEPLOYMENT not in (bare.labels or {})  # the library names it, nothing more
+    unlabelled = HfRef.of(bare, hub.namespace).encode()
     foreign = await theirs.submit(request())
     ours = http_backend(http_hub)
-    assert await ours.find_by_key(request().key, T0) is None  # not adopted
+    assert await ours.find_by_key(request().key, T0) is None  # neither is adopted
     mine = await ours.submit(request())
-    assert len(hub.jobs) == 2
+    assert len(hub.jobs) == 3
     hub.advance(10)
-    seen = await ours.observe([mine.ref], hub.now)  # not cancelled as a "duplicate"
+    # Not cancelled as a "duplicate", and not observed even when asked for by its ref.
+    seen = await ours.observe([mine.ref, unlabelled, foreign.ref], hub.now)
     assert set(seen) == {mine.ref}
     assert [job.ref for job in await ours.live_jobs()] == [mine.ref]
 
@@ -382,11 +390,12 @@ async def test_a_server_that_ignores_the_label_filter_changes_nothing(
             return False
 
     search = await ReaperActivities(ours, AllClosed()).find_orphan_jobs()
-    assert [orphan.ref for orphan in search.orphans] == [mine.ref]  # never theirs
-    assert hub.info(HfRef.decode(foreign.ref).job_id).status.stage == "RUNNING"
-    with pytest.raises(ToolError, match="does not carry this deployment's label"):
-        await ours.cancel(foreign.ref, T0)
-    assert hub.info(HfRef.decode(foreign.ref).job_id).status.stage == "RUNNING"
+    assert [orphan.ref for orphan in search.orphans] == [mine.ref]  # never theirs, nor the bare
+    for other in (foreign.ref, unlabelled):
+        with pytest.raises(ToolError, match="does not carry this deployment's label"):
+            await ours.cancel(other, T0)
+        assert hub.info(HfRef.decode(other).job_id).status.stage == "RUNNING"
+    assert not http_hub.requests_to("cancel_job")
 
 
 # -- artifacts: exact prefixes --------------------------------------------------------------------
