@@ -15,11 +15,14 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import HfApi
+from temporalio import activity
 from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+from temporalio.worker import Worker
 
 from activities.backend import ArtifactRejected, TransientBackendError
 from activities.hf import calls as hub_calls
+from activities.hf.attempt_clock import AttemptClock
 from activities.hf.backend import HfBackend
 from activities.hf.calls import HubCalls
 from activities.hf.errors import HubTransientError
@@ -30,6 +33,7 @@ from activities.hf.reaper import ReaperActivities
 from activities.jobs import JobsActivities
 from activities.ports import JobToWatch
 from posttrain_env.contracts.jobs import JobRole, ObserveJobs, SubmitJob
+from posttrain_env.entrypoints.worker import build_worker
 from posttrain_env.errors import ToolError
 from posttrain_env.keys import ServerKey
 from posttrain_env.limits import (
@@ -43,9 +47,11 @@ from posttrain_env.limits import (
     VANISHED_AFTER_S,
 )
 from posttrain_env.models import JobState
+from posttrain_env.settings import Settings
 from tests.hf.conftest import DATASET, FAST_HTTP, MODEL, TOKEN, http_backend, request
-from tests.hf.fake_hub import T0, JobPlan
+from tests.hf.fake_hub import T0, FakeHub, JobPlan
 from tests.hf.http_hub import HubHttp
+from tests.hf.stand_in import OneAttempt
 from workflows.policies import OBSERVE_TIMEOUT, READ_TIMEOUT, SUBMIT_TIMEOUT
 from workflows.watcher import WatcherInput
 
@@ -194,6 +200,55 @@ async def test_inside_an_activity_a_call_ends_before_the_activity_does(
     assert elapsed < 1.2  # the activity's timeout: Temporal's retry cannot overlap this request
     (create,) = http_hub.requests_to("create_job")
     assert create.timeout["read"] is not None and create.timeout["read"] <= 1.0
+
+
+async def test_a_call_after_work_in_its_activity_still_ends_before_the_activity_does(
+    time_skipping_env: WorkflowEnvironment, http_hub: HubHttp, hub: FakeHub, tmp_path: Path
+) -> None:
+    # Long HTTP timeouts: only the activity's own timeout can bound the hung request, and the
+    # activity spends half of that timeout on its own work before its first Hub call (as the
+    # contamination check scans scripts before it reads a dataset).
+    slow = dataclasses.replace(FAST_HTTP, read_s=30.0, call_s=30.0, activity_margin_s=0.2)
+    backend = http_backend(http_hub, limits=slow)
+    http_hub.hang("hardware")
+    timeout_s, work_s = 2.0, 1.0
+
+    @activity.defn(name="work_then_a_hub_call")
+    async def work_then_a_hub_call() -> float:
+        started = time.monotonic()
+        await asyncio.to_thread(time.sleep, work_s)  # the activity's own work, not a wait
+        with pytest.raises(TransientBackendError):
+            await backend.hardware()
+        return time.monotonic() - started
+
+    client = time_skipping_env.client
+    queue = f"tq-{uuid.uuid4().hex[:8]}"
+    config = Settings(state_dir=tmp_path / "state", backend="fake")
+    # The interceptors the hf worker is built with (on a queue of its own: never started).
+    production = build_worker(
+        client, config, backend, task_queue=f"{queue}-built", tasks_dir=tmp_path
+    )
+    interceptors = production.config()["interceptors"]
+    assert any(isinstance(each, AttemptClock) for each in interceptors)
+    with time_skipping_env.auto_time_skipping_disabled():
+        async with Worker(
+            client,
+            task_queue=queue,
+            workflows=[OneAttempt],
+            activities=[work_then_a_hub_call],
+            interceptors=interceptors,
+        ):
+            took = await client.execute_workflow(
+                OneAttempt.run,
+                args=["work_then_a_hub_call", timeout_s],
+                id=f"one-{queue}",
+                task_queue=queue,
+            )
+    # The attempt returned before its timeout (Temporal would have failed the workflow), and
+    # the request waited only for what the work had left of it.
+    assert took < timeout_s
+    (hung,) = http_hub.requests_to("hardware")
+    assert hung.timeout["read"] <= timeout_s - work_s - slow.activity_margin_s
 
 
 async def test_a_trickling_answer_is_cut_at_the_calls_deadline(http_hub: HubHttp) -> None:
@@ -514,7 +569,7 @@ def test_a_call_outside_an_activity_gets_the_call_timeout_and_inside_one_what_it
         calls._pool.shutdown()
 
 
-def test_an_attempts_budget_counts_from_its_first_call_and_old_attempts_are_forgotten(
+def test_without_the_attempt_clock_a_budget_counts_from_the_first_call_and_is_forgotten_later(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(hub_calls, "_REMEMBERED_ATTEMPTS", 2)
