@@ -9,12 +9,13 @@ import dataclasses
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from huggingface_hub import HfApi
+from huggingface_hub import HfApi, set_client_factory
+from huggingface_hub.utils._http import default_client_factory
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
@@ -26,7 +27,7 @@ from activities.hf.attempt_clock import AttemptClock
 from activities.hf.backend import HfBackend
 from activities.hf.calls import HubCalls
 from activities.hf.errors import HubTransientError
-from activities.hf.http import NOT_RETRIED_HERE, HubHttpLimits
+from activities.hf.http import NOT_RETRIED_HERE, HubHttpLimits, install_hub_client
 from activities.hf.labels import LABEL_DEPLOYMENT, HfRef
 from activities.hf.missing import MAX_REMEMBERED, MissingJobs
 from activities.hf.reaper import ReaperActivities
@@ -51,6 +52,7 @@ from posttrain_env.settings import Settings
 from tests.hf.conftest import DATASET, FAST_HTTP, MODEL, TOKEN, http_backend, request
 from tests.hf.fake_hub import T0, FakeHub, JobPlan
 from tests.hf.http_hub import HubHttp
+from tests.hf.slow_server import TLS_RECORD_HEADER, trickling_server
 from tests.hf.stand_in import OneAttempt
 from workflows.policies import OBSERVE_TIMEOUT, READ_TIMEOUT, SUBMIT_TIMEOUT
 from workflows.watcher import WatcherInput
@@ -260,6 +262,43 @@ async def test_a_trickling_answer_is_cut_at_the_calls_deadline(http_hub: HubHttp
     elapsed, error = await timed(backend.observe(["alice/0abc"], T0))
     assert isinstance(error, TransientBackendError) and "time ran out" in str(error)
     assert elapsed < 1.0 + SLACK_S
+
+
+@pytest.fixture
+def real_network() -> Iterator[HubHttpLimits]:
+    """The production client over real sockets (no fake transport), with a 1 s call budget
+    and a read timeout each trickled byte comes well inside."""
+    limits = dataclasses.replace(FAST_HTTP, connect_s=1.0, read_s=1.0, call_s=1.0)
+    install_hub_client(limits)
+    try:
+        yield limits
+    finally:
+        set_client_factory(default_client_factory)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "first"),
+    [
+        ("http", b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Slow: "),
+        ("https", TLS_RECORD_HEADER),  # a TLS handshake that never completes
+    ],
+    ids=["headers", "tls-handshake"],
+)
+async def test_a_server_that_trickles_is_cut_at_the_calls_deadline_on_real_sockets(
+    real_network: HubHttpLimits, scheme: str, first: bytes
+) -> None:
+    # Every byte comes well inside the read timeout; httpcore's timeouts are per socket wait,
+    # so only the deadline of each wait (activities/hf/http.py DeadlineBackend) ends trickled
+    # headers. A handshake `ssl` bounds as a whole, by the timeout already cut to the budget.
+    calls = HubCalls(real_network)
+    try:
+        with trickling_server(first, every_s=0.05, for_s=10.0) as port:
+            api = HfApi(endpoint=f"{scheme}://127.0.0.1:{port}", token=False)
+            elapsed, error = await timed(calls.call("reading prices", api.list_jobs_hardware))
+    finally:
+        calls._pool.shutdown(wait=False)
+    assert isinstance(error, TransientBackendError) and "time ran out" in str(error), error
+    assert elapsed < real_network.call_s + SLACK_S
 
 
 async def test_a_slow_script_upload_outside_our_client_creates_no_job_after_the_deadline(
