@@ -30,6 +30,7 @@ from activities.hf.errors import HubTransientError
 from activities.hf.http import NOT_RETRIED_HERE, HubHttpLimits, install_hub_client
 from activities.hf.labels import LABEL_DEPLOYMENT, HfRef
 from activities.hf.missing import MAX_REMEMBERED, MissingJobs
+from activities.hf.namespaces import MAX_LISTED, RECENT_FOR, NamespaceNotes
 from activities.hf.reaper import ReaperActivities
 from activities.jobs import JobsActivities
 from activities.ports import JobToWatch
@@ -63,6 +64,13 @@ SLACK_S = 0.5  # scheduling and the fake's own work, on a busy machine
 class NoWatch:
     async def watch(self, job: JobToWatch) -> None:
         return None
+
+
+class AllClosed:
+    """Episode liveness as the reaper asks for it: every episode has closed."""
+
+    async def is_running(self, episode_id: str) -> bool:
+        return False
 
 
 def jobs_activities(backend: HfBackend, tmp_path: Path) -> JobsActivities:
@@ -478,11 +486,6 @@ async def test_a_server_that_ignores_the_label_filter_changes_nothing(
     seen = await ours.observe([mine.ref, unlabelled, foreign.ref], hub.now)
     assert set(seen) == {mine.ref}
     assert [job.ref for job in await ours.live_jobs()] == [mine.ref]
-
-    class AllClosed:
-        async def is_running(self, episode_id: str) -> bool:
-            return False
-
     search = await ReaperActivities(ours, AllClosed()).find_orphan_jobs()
     assert [orphan.ref for orphan in search.orphans] == [mine.ref]  # never theirs, nor the bare
     for other in (foreign.ref, unlabelled):
@@ -553,6 +556,51 @@ async def test_a_namespace_change_mid_job_keeps_tracking_the_job(http_hub: HubHt
     for seen in http_hub.seen:
         if seen.route in ("inspect_job", "cancel_job", "job_logs"):
             assert seen.path.startswith("/api/jobs/alice/"), seen.path
+
+
+async def test_the_reaper_finds_and_cancels_an_orphan_left_in_an_earlier_namespace(
+    http_hub: HubHttp, tmp_path: Path
+) -> None:
+    hub = http_hub.hub
+    hub.plan = JobPlan(scheduling_s=0, running_s=3600)
+    http_hub.namespaces.add("alice-org")
+    notes = tmp_path / "state" / "hf_namespaces.json"
+    before = http_backend(http_hub, namespace="alice", namespaces=NamespaceNotes(notes))
+    old = await before.submit(request(n=1))
+    # The worker restarts with POSTTRAIN_NAMESPACE=alice-org: a new process, the same state dir.
+    after = http_backend(http_hub, namespace="alice-org", namespaces=NamespaceNotes(notes))
+    new = await after.submit(request(n=2))
+    reaper = ReaperActivities(after, AllClosed())
+    search = await reaper.find_orphan_jobs()
+    assert sorted(orphan.ref for orphan in search.orphans) == sorted([old.ref, new.ref])
+    (orphan,) = [orphan for orphan in search.orphans if orphan.ref == old.ref]
+    assert (await reaper.cancel_orphan_job(orphan)).state is JobState.cancelled
+    assert hub.info(HfRef.decode(old.ref).job_id).status.stage == "CANCELED"
+    (cancel,) = http_hub.requests_to("cancel_job")
+    assert cancel.path.startswith("/api/jobs/alice/")
+    # A namespace the token can no longer list is skipped; the current one is still reaped.
+    http_hub.namespaces.discard("alice")
+    assert [orphan.ref for orphan in (await reaper.find_orphan_jobs()).orphans] == [new.ref]
+
+
+def test_namespaces_are_noted_at_most_hourly_and_listed_for_a_week_at_most_eight(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "hf_namespaces.json"
+    notes = NamespaceNotes(path)
+    notes.note("alice", T0)
+    assert not notes.needs_note("alice", T0 + timedelta(minutes=59))  # no write per submit
+    assert notes.needs_note("alice", T0 + timedelta(hours=1))
+    for n in range(10):
+        notes.note(f"org-{n}", T0 + timedelta(minutes=n))
+    # Read again from the file, as another process of the deployment reads it.
+    later = NamespaceNotes(path).recent(T0 + RECENT_FOR)
+    assert later == [f"org-{n}" for n in range(9, 9 - MAX_LISTED, -1)]
+    assert NamespaceNotes(path).recent(T0 + RECENT_FOR + timedelta(minutes=5)) == [
+        f"org-{n}" for n in range(9, 4, -1)
+    ]  # the older notes have expired: their jobs ran past any timeout
+    path.write_text("not json")
+    assert NamespaceNotes(path).recent(T0) == []  # a torn file is ignored, not fatal
 
 
 async def test_a_ref_made_before_namespaces_were_stored_still_works(http_hub: HubHttp) -> None:
