@@ -255,6 +255,7 @@ async def test_a_submit_sent_again_mid_grading_attaches_one_grader_one_reward(
     episode_id = episode["episode_id"]
     job_id = await succeeded_job(episode)
     await call_then_vanish(episode, "submit", job_id)
+    steps = (await server.episode_status(episode_id)).steps_used
     started = time.monotonic()
     async with mcp_session(episode) as session:
         again = await session.call_tool("submit", {"job_id": job_id})  # attaches
@@ -262,6 +263,7 @@ async def test_a_submit_sent_again_mid_grading_attaches_one_grader_one_reward(
     assert again.isError is False and data(again)["score"] == 0.75, again
     assert again.meta is not None and again.meta["done"] is True
     status = await server.episode_status(episode_id)
+    assert status.steps_used == steps  # the call sent again was no step
     assert status.end is not None and status.end.reason.value == "submitted"
     assert status.end.reward == 0.75
     graders = [r for r in server.requests(JobRole.grader) if r.episode_id == episode_id]
