@@ -40,6 +40,7 @@ from typing import Any
 import httpcore2
 import httpx2
 from httpcore2._types import SOCKET_OPTION
+from httpx2._utils import get_environment_proxies
 from huggingface_hub import set_client_factory
 from huggingface_hub.utils import parse_ratelimit_headers
 from huggingface_hub.utils._http import hf_request_event_hook
@@ -372,9 +373,9 @@ def _cut(wait: _Wait) -> Iterator[None]:
         raise
 
 
-def deadline_transport() -> httpx2.HTTPTransport:
-    """httpx2's own transport over `DeadlineBackend`."""
-    transport = httpx2.HTTPTransport()
+def deadline_transport(proxy: str | None = None) -> httpx2.HTTPTransport:
+    """httpx2's own transport (through `proxy`, if given) over `DeadlineBackend`."""
+    transport = httpx2.HTTPTransport(proxy=proxy)
     # httpx2 takes no network backend; its connection pool keeps the one it passes to each
     # new connection here (checked by tests/hf: a trickled answer ends at the deadline).
     pool = transport._pool
@@ -396,12 +397,24 @@ def hub_client_factory(
         inner = transport if transport is not None else deadline_transport()
         return httpx2.Client(
             transport=BoundedTransport(inner, limits),
+            mounts=proxy_mounts(limits) if transport is None else None,
             event_hooks={"request": [hf_request_event_hook]},
             follow_redirects=True,
             timeout=limits.timeout(),
         )
 
     return factory
+
+
+def proxy_mounts(limits: HubHttpLimits) -> dict[str, httpx2.BaseTransport | None]:
+    """The environment's proxies (`HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY`, `NO_PROXY`) as
+    bounded transports, read as httpx2 reads them for the library's default client: a client
+    given a transport of its own ignores them, which would cut a worker behind a proxy off
+    the Hub."""
+    return {
+        pattern: None if url is None else BoundedTransport(deadline_transport(url), limits)
+        for pattern, url in get_environment_proxies().items()
+    }
 
 
 def install_hub_client(

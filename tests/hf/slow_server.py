@@ -49,3 +49,34 @@ def trickling_server(first: bytes, every_s: float = 0.05, for_s: float = 10.0) -
         stop.set()
         acceptor.join(timeout=5)
         listener.close()
+
+
+@contextmanager
+def answering_server(body: bytes) -> Iterator[tuple[int, list[bytes]]]:
+    """Answers every request with 200 and the JSON `body`; yields its port and the request
+    lines it received (a proxy sees the absolute URL there)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    seen: list[bytes] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                seen.append(conn.recv(65536).split(b"\r\n", 1)[0])
+                head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                head += f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                conn.sendall(head.encode() + body)
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield listener.getsockname()[1], seen
+    finally:
+        stop.set()
+        acceptor.join(timeout=5)
+        listener.close()

@@ -53,7 +53,7 @@ from posttrain_env.settings import Settings
 from tests.hf.conftest import DATASET, FAST_HTTP, MODEL, TOKEN, http_backend, request
 from tests.hf.fake_hub import T0, FakeHub, JobPlan
 from tests.hf.http_hub import HubHttp
-from tests.hf.slow_server import TLS_RECORD_HEADER, trickling_server
+from tests.hf.slow_server import TLS_RECORD_HEADER, answering_server, trickling_server
 from tests.hf.stand_in import OneAttempt
 from workflows.policies import OBSERVE_TIMEOUT, READ_TIMEOUT, SUBMIT_TIMEOUT
 from workflows.watcher import WatcherInput
@@ -307,6 +307,23 @@ async def test_a_server_that_trickles_is_cut_at_the_calls_deadline_on_real_socke
         calls._pool.shutdown(wait=False)
     assert isinstance(error, TransientBackendError) and "time ran out" in str(error), error
     assert elapsed < real_network.call_s + SLACK_S
+
+
+async def test_the_environments_proxy_is_used_as_the_librarys_own_client_would(
+    real_network: HubHttpLimits, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = HubCalls(real_network)
+    try:
+        with answering_server(b'{"type": "user", "name": "alice"}') as (port, seen):
+            monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{port}")
+            monkeypatch.setenv("NO_PROXY", "")
+            install_hub_client(real_network)  # the environment is read when the client is made
+            api = HfApi(endpoint="http://hub.example", token="hf_FAKE")
+            me = await calls.call("finding the token's user", api.whoami)
+    finally:
+        calls._pool.shutdown(wait=False)
+    assert me["name"] == "alice"
+    assert seen == [b"GET http://hub.example/api/whoami-v2 HTTP/1.1"]
 
 
 async def test_a_slow_script_upload_outside_our_client_creates_no_job_after_the_deadline(
