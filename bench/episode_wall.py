@@ -157,9 +157,8 @@ def main() -> None:
             totals.append((episode, work))
             whole.append(marks["exited"] - marks["start"])
     load_after = os.getloadavg()
-    print(
-        f"command: {'posttrain-env demo (the venv script)' if args.venv else 'uv run posttrain-env demo'}"
-    )
+    shown = "posttrain-env demo (the venv script)" if args.venv else "uv run posttrain-env demo"
+    print(f"command: {shown}")
     print(f"runs: {args.runs} {'cold (empty state dir each)' if args.cold else 'warm'}")
     print(
         f"cores: {os.cpu_count()}; load average before {load_before[0]:.2f}, after "
