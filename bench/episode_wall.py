@@ -1,14 +1,20 @@
 """Wall time of the demo episode from process start, split into phases, beside the work the
 jobs themselves did.
 
-    uv run python bench/episode_wall.py [--runs 3]
+    uv run python bench/episode_wall.py [--runs 3] [--cold] [--venv]
 
-Each run is `posttrain-env demo` as a user runs it, a process of its own (the interpreter, the
+Each run is `uv run posttrain-env demo` as a user types it, timed from the moment `uv run`
+starts: a process of its own (uv's check of the project environment, the interpreter, the
 imports, embedded Temporal, a local-backend worker, the gateway, `PostTrainEnv` playing the
-specification's flow with the t0_artifact reference solution) on a fresh state dir, except that
-the generated base model and the uv cache are kept between runs, as on a user's second run. The
-demo's lines are timestamped as they arrive; every local job records when each of its phases
-(install, run) started and ended. From those:
+specification's flow with the t0_artifact reference solution) on a fresh state dir. Warm (the
+default): the generated base model and the demo's uv cache are kept between runs, as on a
+user's second run, after one warm-up run that is not counted. `--cold`: every run starts from
+an empty state dir, as a user's very first run (the base model is generated, the jobs' uv cache
+starts empty); only uv's own package cache and the project's environment exist already.
+`--venv`: the project environment's `posttrain-env` script directly, without `uv run`. The
+machine's load average is printed before and after. The demo's lines are timestamped as they
+arrive; every local job records when each of its phases (install, run) started and ended.
+From those:
 
 - start-up: from process start until the gateway answers (Python and the imports, Temporal, the
   worker, the gateway), shown apart, and the imports alone in a process of their own;
@@ -47,7 +53,10 @@ MARKS = [
     ("dev_evaluated", re.compile(r"^dev score:")),
     ("graded", re.compile(r"^done: ")),
 ]
-DEMO = [str(Path(sys.executable).with_name("posttrain-env")), "demo"]
+ROOT = Path(__file__).resolve().parents[1]
+VENV_DEMO = [str(Path(sys.executable).with_name("posttrain-env")), "demo"]
+UV = Path(sys.executable).with_name("uv")  # the project's own uv (a dependency)
+UV_DEMO = [str(UV) if UV.exists() else "uv", "run", "posttrain-env", "demo"]
 IMPORTS = (
     "import time; t = time.perf_counter(); "
     "from posttrain_env.entrypoints.demo import load_modules; load_modules(); "
@@ -88,16 +97,17 @@ def breakdown(
     }
 
 
-def one_run(keep: Path) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """`posttrain-env demo` in a process of its own: its marks (wall-clock) and its jobs."""
+def one_run(keep: Path | None, command: list[str]) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """The demo in a process of its own: its marks (wall-clock) and its jobs. `keep`: where
+    the generated model and the demo's uv cache are kept between runs (None: a cold run)."""
     with tempfile.TemporaryDirectory() as state:
         local = Path(state) / "demo" / "local"
-        if keep.exists():  # the generated model and the uv cache of an earlier run
+        if keep is not None and keep.exists():  # the model and the uv cache of an earlier run
             shutil.copytree(keep, local, symlinks=True)
         env = {**os.environ, "POSTTRAIN_STATE_DIR": state, "PYTHONUNBUFFERED": "1"}
         marks = {"start": time.time()}
         with subprocess.Popen(
-            DEMO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         ) as proc:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -110,7 +120,7 @@ def one_run(keep: Path) -> tuple[dict[str, float], list[dict[str, Any]]]:
             raise RuntimeError(f"the demo failed ({proc.returncode}):\n{stderr[-3000:]}")
         jobs = job_phases(local / "jobs")
         shutil.rmtree(local / "jobs")
-        if not keep.exists():
+        if keep is not None and not keep.exists():
             shutil.copytree(local, keep, symlinks=True)
         return marks, jobs
 
@@ -126,19 +136,35 @@ def import_time() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--cold", action="store_true", help="every run on an empty state dir")
+    parser.add_argument("--venv", action="store_true", help="the venv's script, not `uv run`")
     args = parser.parse_args()
+    command = VENV_DEMO if args.venv else UV_DEMO
+    load_before = os.getloadavg()
+    whole: list[float] = []
     with tempfile.TemporaryDirectory() as keep_root:
-        keep = Path(keep_root) / "local"
-        one_run(keep)  # warm-up: generates the base model, fills the uv cache
+        keep = None if args.cold else Path(keep_root) / "local"
+        if keep is not None:
+            one_run(keep, command)  # warm-up: generates the base model, fills the uv cache
         rows: dict[str, list[float]] = {}
         totals: list[tuple[float, float]] = []
         for _ in range(args.runs):
-            marks, jobs = one_run(keep)
+            marks, jobs = one_run(keep, command)
             for name, seconds in breakdown(marks, jobs, import_time()).items():
                 rows.setdefault(name, []).append(seconds)
             episode = marks["graded"] - marks["stack_ready"]
             work = sum(phase_time(j, "install") + phase_time(j, "run") for j in jobs)
             totals.append((episode, work))
+            whole.append(marks["exited"] - marks["start"])
+    load_after = os.getloadavg()
+    shown = "posttrain-env demo (the venv script)" if args.venv else "uv run posttrain-env demo"
+    print(f"command: {shown}")
+    print(f"runs: {args.runs} {'cold (empty state dir each)' if args.cold else 'warm'}")
+    print(
+        f"cores: {os.cpu_count()}; load average before {load_before[0]:.2f}, after "
+        f"{load_after[0]:.2f} (1 min)"
+    )
+    print(f"the whole command, each run (s): {', '.join(f'{w:.2f}' for w in whole)}")
     print(f"{'phase':<40} {'median s':>9}")
     for name, values in rows.items():
         print(f"{name:<40} {statistics.median(values):9.3f}")

@@ -114,7 +114,8 @@ DEV_EVALUATE = Tool(
         "your budget; the number of dev evaluations per episode is limited). Use it to check your "
         "work before you submit. The call lasts as long as the evaluation job (minutes); if your "
         "client gives up sooner, the evaluation goes on: call dev_evaluate again with the same "
-        "job_id to wait for its result. A job is evaluated and charged once."
+        "job_id to wait for its result (that call is no step). A job is evaluated and charged "
+        "once."
     ),
 )
 SUBMIT = Tool(
@@ -124,7 +125,8 @@ SUBMIT = Tool(
         "Submit a succeeded job's artifact. It is scored on a hidden split; that score is your "
         "reward and the episode ends. You can submit only once. The call lasts as long as the "
         "grading job (minutes); if your client gives up sooner, the grading goes on: call "
-        "submit again with the same job_id to wait for its result (it is graded once)."
+        "submit again with the same job_id to wait for its result (it is graded once, and that "
+        "call is no step, even when no step is left)."
     ),
 )
 

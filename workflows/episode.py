@@ -115,13 +115,18 @@ class EpisodeWorkflow:
             return self.answer_again(call) or self._answer(
                 call, episode_over(self._s.end).envelope()
             )
-        if self._s.steps_used >= self._setup.task.max_steps:
+        # A long call sent again, attached to the work in flight, is no step (EpisodeTools).
+        step = call.oversized is not None or not self._tools.takes_no_step(
+            call.tool, call.arguments
+        )
+        if step and self._s.steps_used >= self._setup.task.max_steps:
             limit = ToolError(
                 ErrorType.limit_reached,
                 "the step limit is reached; the episode ends when the calls in flight finish",
             )
             return self._answer(call, limit.envelope())
-        self._s.steps_used += 1
+        if step:
+            self._s.steps_used += 1
         try:
             if call.oversized is not None:
                 big = call.oversized

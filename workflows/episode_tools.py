@@ -86,6 +86,14 @@ class EndEpisode(Protocol):
 _HANDLERS: dict[str, Callable[[Any, Any], Awaitable[Answer]]] = {}
 # A long call sent again attaches to the work in flight (see EpisodeTools, "sent again").
 ATTACH_REPEATED_CALLS = "attach-repeated-long-calls"
+# ... and takes no step, so that it is answered even when no step is left.
+REPEATS_TAKE_NO_STEP = "repeated-long-calls-take-no-step"
+# What interrupts a grading before its grader is final, and how its answer says so.
+INTERRUPTED_BY = {
+    EndReason.reset: "the episode was reset",
+    EndReason.cancelled: "the episode was cancelled (its session closed, or an operator)",
+    EndReason.abandoned: "the episode was abandoned (DELETE /episodes/<episode_id>)",
+}
 
 
 def handles(
@@ -274,7 +282,7 @@ class EpisodeTools:
         if score is None:
             self._s.submitting = False
             await self._end(EndReason.score_failed, None, None)
-            return grading_answer(job.job_id, grader)
+            return grading_answer(job.job_id, grader, self._s.end)
         reward = score.score if score.valid else 0.0
         # Before the reward is final, still `submitting` (the deadline waits for it too).
         report = await check_contamination(self._setup) if self._s.end is None else None
@@ -299,25 +307,54 @@ class EpisodeTools:
     # grader, a second evaluation or a second charge. Behind a patch: the old code started a
     # second dev evaluation, or refused a second submit at once.
 
+    # Such a call starts nothing, so it takes no step (`takes_no_step`): with a client that
+    # gives up after 5 s, a grading of minutes would otherwise cost a step every 5 s, and a
+    # submit that used the last step could not be asked again for its result.
+
+    def takes_no_step(self, tool: str, arguments: dict[str, Any]) -> bool:
+        """True for a call that will attach to, or be answered from, the work an earlier call
+        started: a `submit` of the job being graded, a `dev_evaluate` of a job whose dev
+        evaluation is running or has scored. The episode neither counts it nor refuses it at
+        the step limit. Asked before the call runs, with what its handler will find."""
+        job_id = arguments.get("job_id")
+        if not isinstance(job_id, str):
+            return False
+        if tool == SUBMIT.name:
+            repeat = self._grading_of(job_id) is not None
+        elif tool == DEV_EVALUATE.name:
+            repeat = not self._s.submitting and self._dev_evaluation_of(job_id) is not None
+        else:
+            return False
+        return repeat and workflow.patched(REPEATS_TAKE_NO_STEP)
+
+    def _dev_evaluation_of(self, job_id: str) -> JobRecord | None:
+        """The dev evaluation of agent job `job_id` that is running or has scored, if any."""
+        earlier = [
+            e
+            for e in self._evaluations_of(JobRole.dev, job_id)
+            if not e.final or e.score is not None
+        ]
+        return earlier[-1] if earlier else None
+
+    def _grading_of(self, job_id: str) -> JobRecord | None:
+        """The grader of agent job `job_id` while its submit is in flight, if any."""
+        graders = self._evaluations_of(JobRole.grader, job_id)
+        return graders[-1] if self._s.submitting and graders else None
+
     async def _attach_to_dev_evaluation(self, job: JobRecord) -> Answer | None:
         """The answer of `job`'s dev evaluation that is running (once it ends) or has scored,
         or None when there is none to attach to (a new one then starts)."""
-        earlier = [
-            e
-            for e in self._evaluations_of(JobRole.dev, job.job_id)
-            if not e.final or e.score is not None
-        ]
-        if not earlier or not workflow.patched(ATTACH_REPEATED_CALLS):
+        earlier = self._dev_evaluation_of(job.job_id)
+        if earlier is None or not workflow.patched(ATTACH_REPEATED_CALLS):
             return None
-        return await self._dev_evaluation_answer(job, earlier[-1])
+        return await self._dev_evaluation_answer(job, earlier)
 
     async def _attach_to_grading(self, job: JobRecord) -> Answer | None:
         """The answer of the grading of `job` in flight, once it ends; None when `job` is not
         being graded."""
-        graders = self._evaluations_of(JobRole.grader, job.job_id)
-        if not (self._s.submitting and graders) or not workflow.patched(ATTACH_REPEATED_CALLS):
+        grader = self._grading_of(job.job_id)
+        if grader is None or not workflow.patched(ATTACH_REPEATED_CALLS):
             return None
-        grader = graders[-1]
         # Until the submit that started the grading ends the episode (after the contamination
         # check, when the task has one), or a reset or cancel interrupts it.
         await workflow.wait_condition(
@@ -382,7 +419,12 @@ def grading_answer(job_id: str, grader: JobRecord, end: EpisodeEnd | None = None
     `zero_reward` policy) and `contamination` the check's counts."""
     score = grader.score
     if score is None:
-        reason = grader.message or f"the grader job ended {grader.state.value}"
+        interrupted = INTERRUPTED_BY.get(end.reason) if end is not None else None
+        if interrupted is not None:
+            # Cut short before the grader was final (it is being cancelled): not its failure.
+            reason = f"{interrupted} before its grading finished: the submission has no score"
+        else:
+            reason = grader.message or f"the grader job ended {grader.state.value}"
         return {"job_id": job_id, "score": None, "reason": reason}
     reward = score.score if score.valid else 0.0
     answer = {"job_id": job_id, "split": "hidden", **score.model_dump(), "score": reward}

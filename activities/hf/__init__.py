@@ -4,8 +4,11 @@ labels      the labels every job carries (deployment, episode, idempotency key),
             label check, and the backend ref (namespace, job id, artifacts folder)
 stages      a `JobInfo` as a `BackendJob`: stage mapping, running time, the billing rule
 missing     when a job the Hub answers 404 for counts as vanished (settled at its worst case)
-http        bounded HTTP under every Hub call (huggingface_hub's client factory), no library retries
+http        bounded HTTP under every Hub call (huggingface_hub's client factory), no library
+            retries, every socket wait cut at the call's deadline
 calls       the one way the backend calls the sync Hub client: own threads, a deadline per call
+attempt_clock  when the worker began each activity attempt (the deadlines count from it)
+namespaces  the namespaces this deployment has jobs in, noted for the orphan reaper
 prices      `list_jobs_hardware` prices with a TTL cache
 inputs      repo id checks and dataset/model resolution without the broker's token
 errors      Hub errors as `HubTransientError` (retried by Temporal, after the Hub's own wait) or

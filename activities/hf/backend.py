@@ -57,6 +57,7 @@ from activities.hf.labels import (
     label_value,
 )
 from activities.hf.missing import MissingJobs
+from activities.hf.namespaces import NamespaceNotes
 from activities.hf.prices import DEFAULT_TTL_S, PriceCache
 from activities.hf.stages import LIVE_STAGES, backend_job, stage_of, vanished_job
 from activities.hf.storage import HfJobStorage
@@ -128,8 +129,11 @@ class HfBackend:
         config: HfBackendConfig | None = None,
         clock: Callable[[], datetime] | None = None,
         calls: HubCalls | None = None,
+        namespaces: NamespaceNotes | None = None,
     ) -> None:
-        """`api` holds the broker's token; `public_api` must be an `HfApi(token=False)`."""
+        """`api` holds the broker's token; `public_api` must be an `HfApi(token=False)`.
+        `namespaces`: where the namespaces this deployment has jobs in are noted (default: in
+        memory only)."""
         if getattr(public_api, "token", None) is not False:
             raise ValueError("inputs are looked up without the token: pass HfApi(token=False)")
         self._api = api
@@ -141,6 +145,7 @@ class HfBackend:
         self._config = config or HfBackendConfig()
         self._clock = clock or (lambda: datetime.now(UTC))
         self._calls = calls or HubCalls(self._config.http)
+        self._namespaces = namespaces or NamespaceNotes()
         self._prices = PriceCache(self._fetch_hardware, ttl_s=self._config.price_ttl_s)
         self._missing = MissingJobs(
             self._config.vanished_after_looks, self._config.vanished_after_s
@@ -158,6 +163,7 @@ class HfBackend:
                 "choose one list_hardware shows",
             )
         namespace = await self.namespace()
+        await self._note(namespace)  # before the create: a create that lands late is found
         if _is_a_retry():
             earlier = await self._earlier_attempts_job(request.key, namespace)
             if earlier is not None:
@@ -212,6 +218,7 @@ class HfBackend:
         watched_ids = {hf.job_id for hf in wanted.values()}
         seen: dict[str, BackendJob] = {}
         for namespace, group in by_namespace.items():
+            await self._note(namespace)
             live = await self._list(namespace, {LABEL_DEPLOYMENT: self.deployment}, LIVE_STAGES)
             live_by_id = {info.id: info for info in live}
             for ref, hf in group.items():
@@ -297,19 +304,34 @@ class HfBackend:
     # -- for the reaper and the smoke test ------------------------------------------------------
 
     async def live_jobs(self) -> list[LiveJob]:
-        """This deployment's jobs that are still scheduling or running (current namespace)."""
-        namespace = await self.namespace()
-        found = await self._list(namespace, {LABEL_DEPLOYMENT: self.deployment}, LIVE_STAGES)
-        return [
-            LiveJob(
-                ref=HfRef.of(info, namespace).encode(),
-                episode_id=(info.labels or {}).get(LABEL_EPISODE, ""),
-                job_id=(info.labels or {}).get(LABEL_JOB, ""),
-                role=(info.labels or {}).get(LABEL_ROLE, ""),
-                stage=stage_of(info),
-            )
-            for info in found
-        ]
+        """This deployment's jobs that are still scheduling or running, in the current
+        namespace and in each namespace it has started or watched a job in lately
+        (`activities/hf/namespaces.py`). An earlier namespace that refuses the listing (the
+        token lost access to it) is skipped, logged; the current one's refusal is raised."""
+        current = await self.namespace()
+        earlier = await asyncio.to_thread(self._namespaces.recent, datetime.now(UTC))
+        live: list[LiveJob] = []
+        for namespace in dict.fromkeys([current, *earlier]):
+            try:
+                found = await self._list(
+                    namespace, {LABEL_DEPLOYMENT: self.deployment}, LIVE_STAGES
+                )
+            except ToolError as err:
+                if namespace == current:
+                    raise
+                log.warning("the reaper skips namespace %s: %s", namespace, err.message)
+                continue
+            live += [
+                LiveJob(
+                    ref=HfRef.of(info, namespace).encode(),
+                    episode_id=(info.labels or {}).get(LABEL_EPISODE, ""),
+                    job_id=(info.labels or {}).get(LABEL_JOB, ""),
+                    role=(info.labels or {}).get(LABEL_ROLE, ""),
+                    stage=stage_of(info),
+                )
+                for info in found
+            ]
+        return live
 
     async def episode_jobs(self, episode_id: str) -> list[JobInfo]:
         """Every job of this deployment for one episode, as the Hub records them."""
@@ -331,6 +353,13 @@ class HfBackend:
         return self._namespace
 
     # -- internals -----------------------------------------------------------------------------
+
+    async def _note(self, namespace: str) -> None:
+        """Note that this deployment has a job in `namespace` (for the reaper). On this
+        machine's clock: the notes are kept in real days, whatever clock the Hub shows."""
+        now = datetime.now(UTC)
+        if self._namespaces.needs_note(namespace, now):
+            await asyncio.to_thread(self._namespaces.note, namespace, now)
 
     async def _fetch_hardware(self) -> list[JobHardwareInfo]:
         return await self._calls.call("reading job prices", self._public.list_jobs_hardware)

@@ -4,10 +4,10 @@ call under a budget that ends before its activity does, errors translated.
 A Temporal activity that times out or is cancelled stops awaiting, but a thread cannot be
 stopped: without a budget its request would go on, and a job-creation request that completed
 after the retry had started a job would start a second, paid one. So every call gets a
-`CallBudget` (what is left of the activity's start-to-close timeout minus a margin, or
-HUB_CALL_TIMEOUT_S outside an activity) that `activities/hf/http.py` enforces on each of its
-requests, and a cancelled activity marks its call abandoned so that no further request of it
-starts.
+`CallBudget` (what is left of the activity's start-to-close timeout, counted from the
+attempt's start, minus a margin; HUB_CALL_TIMEOUT_S outside an activity) that
+`activities/hf/http.py` enforces on each of its requests, and a cancelled activity marks its
+call abandoned so that no further request of it starts.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from temporalio import activity
 
+from activities.hf.attempt_clock import attempt_started
 from activities.hf.errors import TRANSLATED, translate
 from activities.hf.http import CURRENT_BUDGET, CallBudget, HubHttpLimits
 
@@ -43,8 +44,10 @@ class HubCalls:
     def call_seconds(self) -> float:
         """How long a call that starts now may take. Inside an activity: what is left of its
         start-to-close timeout, less the margin, measured on this worker's own clock from the
-        attempt's first Hub call (the server's clock may differ from ours; the margin covers
-        the moments before that first call). Outside an activity: HUB_CALL_TIMEOUT_S."""
+        attempt's start (`activities/hf/attempt_clock.py`; the margin covers the moments
+        between the server's start of the attempt and ours). On a worker without the attempt
+        clock (a test's bare worker) it is measured from the attempt's first Hub call, which
+        leaves out the work done before it. Outside an activity: HUB_CALL_TIMEOUT_S."""
         limits = self.limits
         if not activity.in_activity():
             return limits.call_s
@@ -52,11 +55,13 @@ class HubCalls:
         if info.start_to_close_timeout is None:
             return limits.call_s
         now = time.monotonic()
-        attempt = (info.task_token, info.attempt)
-        started = self._attempt_started.setdefault(attempt, now)
-        self._attempt_started.move_to_end(attempt)
-        while len(self._attempt_started) > _REMEMBERED_ATTEMPTS:
-            self._attempt_started.popitem(last=False)
+        started = attempt_started()
+        if started is None:
+            attempt = (info.task_token, info.attempt)
+            started = self._attempt_started.setdefault(attempt, now)
+            self._attempt_started.move_to_end(attempt)
+            while len(self._attempt_started) > _REMEMBERED_ATTEMPTS:
+                self._attempt_started.popitem(last=False)
         left = info.start_to_close_timeout.total_seconds() - (now - started)
         return max(0.0, left - limits.activity_margin_s)
 

@@ -9,9 +9,11 @@ safe here, both in one transport wrapped around the real one (`BoundedTransport`
 - **Every request is bounded.** Each of its connect/read/write/pool timeouts is the factory's
   (`HubHttpLimits`), never None (the library passes `timeout=None` explicitly on paginated
   calls, which would override a client default), and never longer than what is left of the
-  call's budget (`CallBudget`: the activity's own timeout, minus a margin). A response body is
-  read under the same budget, so a server that trickles bytes is cut at the deadline too. No
-  request starts after the deadline or after its activity was cancelled.
+  call's budget (`CallBudget`: the activity's own timeout, minus a margin). Those timeouts are
+  httpcore's, one per socket wait; so that a server that trickles its headers or its body a
+  byte at a time is cut at the deadline too, every socket wait under the real transport is
+  itself cut to what is left (`DeadlineBackend`). No request starts after the deadline or
+  after its activity was cancelled.
 - **The library never retries.** A 408/429/5xx answer and a transport error reach the library
   as our own `HubNotAnswering` exceptions, which `http_backoff` does not catch: the activity
   fails at once and Temporal's retry policy, the one retry loop, tries again (a 429's reset
@@ -27,12 +29,18 @@ from __future__ import annotations
 
 import contextvars
 import json
+import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
+import httpcore2
 import httpx2
+from httpcore2._types import SOCKET_OPTION
+from httpx2._utils import get_environment_proxies
 from huggingface_hub import set_client_factory
 from huggingface_hub.utils import parse_ratelimit_headers
 from huggingface_hub.utils._http import hf_request_event_hook
@@ -114,9 +122,14 @@ class CallBudget:
 
     deadline: float
     cancelled: threading.Event = field(default_factory=threading.Event)
+    # Set when a socket wait cut to the deadline timed out (a clock may read a hair early).
+    ran_out: bool = False
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
+
+    def spent(self) -> bool:
+        return self.ran_out or self.remaining() <= 0
 
     def check(self, what: str) -> float:
         """Seconds left; raises when there are none or the call was abandoned."""
@@ -198,7 +211,7 @@ class BudgetedStream(httpx2.SyncByteStream):
                     self._budget.check(self._what)
                 yield chunk
         except httpx2.ReadTimeout as err:
-            past = self._budget is not None and self._budget.remaining() <= 0
+            past = self._budget is not None and self._budget.spent()
             if self._sse and not past:
                 raise  # the library's "end of the log replay"
             raise _unreachable(err, self._what, self._budget) from err
@@ -212,7 +225,7 @@ class BudgetedStream(httpx2.SyncByteStream):
 def _unreachable(err: Exception, what: str, budget: CallBudget | None) -> HubNotAnswering:
     if budget is not None and budget.cancelled.is_set():
         return HubCallAbandoned(f"{what}: the activity was cancelled")
-    if budget is not None and budget.remaining() <= 0:
+    if budget is not None and budget.spent():
         return HubDeadlineExceeded(f"{what}: the call's time ran out ({type(err).__name__})")
     return HubUnreachable(f"{what}: {type(err).__name__} {err}".strip())
 
@@ -245,6 +258,131 @@ def retry_after_s(response: httpx2.Response) -> float | None:
     return None if wait is None else min(wait + 1.0, HUB_MAX_RETRY_AFTER_S)
 
 
+# -- the network under the transport: socket waits cut at the deadline ------------------------
+
+
+class DeadlineBackend(httpcore2.NetworkBackend):
+    """httpcore's own sockets, each wait of which ends by the call's deadline.
+
+    httpcore applies a read timeout to each `recv`, not to a request: a server that sends a
+    byte every few seconds (headers trickled, or a TLS handshake) keeps a request alive for as
+    long as it likes, each wait inside the timeout. Here every connect, read and write waits
+    at most what is left of the budget (`CURRENT_BUDGET`, set in the thread that makes the
+    request: a pooled connection serves each request in its caller's thread); a TLS
+    handshake is bounded as a whole by its timeout (`ssl` makes it one deadline). Not reached:
+    the name lookup before a connect (the system resolver's own timeouts) and hf_xet's uploads
+    (their own client)."""
+
+    def __init__(self, inner: httpcore2.NetworkBackend) -> None:
+        self._inner = inner
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[SOCKET_OPTION] | None = None,
+    ) -> httpcore2.NetworkStream:
+        wait = _wait(timeout, httpcore2.ConnectTimeout)
+        with _cut(wait):
+            stream = self._inner.connect_tcp(
+                host, port, wait.seconds, local_address, socket_options
+            )
+        return DeadlineStream(stream)
+
+    def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[SOCKET_OPTION] | None = None,
+    ) -> httpcore2.NetworkStream:
+        wait = _wait(timeout, httpcore2.ConnectTimeout)
+        with _cut(wait):
+            stream = self._inner.connect_unix_socket(path, wait.seconds, socket_options)
+        return DeadlineStream(stream)
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+class DeadlineStream(httpcore2.NetworkStream):
+    def __init__(self, inner: httpcore2.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        wait = _wait(timeout, httpcore2.ReadTimeout)
+        with _cut(wait):
+            return self._inner.read(max_bytes, wait.seconds)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        wait = _wait(timeout, httpcore2.WriteTimeout)
+        with _cut(wait):
+            self._inner.write(buffer, wait.seconds)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore2.NetworkStream:
+        # `ssl` bounds a whole handshake by the socket's timeout (not each of its reads).
+        wait = _wait(timeout, httpcore2.ConnectTimeout)
+        with _cut(wait):
+            return DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, wait.seconds))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+@dataclass
+class _Wait:
+    seconds: float | None  # what the socket may wait
+    budget: CallBudget | None  # the call's, if any
+    cut: bool = False  # the deadline, not the timeout asked for, decides it
+
+
+def _wait(timeout: float | None, error: type[Exception]) -> _Wait:
+    """The wait a socket operation may make: `timeout`, cut to the call's budget. Raises
+    `error` when no time is left or the call was abandoned."""
+    budget = CURRENT_BUDGET.get()
+    if budget is None:
+        return _Wait(timeout, None)
+    if budget.cancelled.is_set():
+        raise error("the activity was cancelled")
+    left = budget.remaining()
+    if left <= 0:
+        budget.ran_out = True
+        raise error("the call's time ran out")
+    if timeout is not None and timeout < left:
+        return _Wait(timeout, budget)
+    return _Wait(left, budget, cut=True)
+
+
+@contextmanager
+def _cut(wait: _Wait) -> Iterator[None]:
+    """A timeout of a wait the deadline decided is the deadline's (`CallBudget.ran_out`)."""
+    try:
+        yield
+    except httpcore2.TimeoutException:
+        if wait.cut and wait.budget is not None:
+            wait.budget.ran_out = True
+        raise
+
+
+def deadline_transport(proxy: str | None = None) -> httpx2.HTTPTransport:
+    """httpx2's own transport (through `proxy`, if given) over `DeadlineBackend`."""
+    transport = httpx2.HTTPTransport(proxy=proxy)
+    # httpx2 takes no network backend; its connection pool keeps the one it passes to each
+    # new connection here (checked by tests/hf: a trickled answer ends at the deadline).
+    pool = transport._pool
+    pool._network_backend = DeadlineBackend(pool._network_backend)
+    return transport
+
+
 # -- the client factory ----------------------------------------------------------------------------
 
 
@@ -256,15 +394,27 @@ def hub_client_factory(
     (default: httpx2's own); tests pass a fake Hub there."""
 
     def factory() -> httpx2.Client:
-        inner = transport if transport is not None else httpx2.HTTPTransport()
+        inner = transport if transport is not None else deadline_transport()
         return httpx2.Client(
             transport=BoundedTransport(inner, limits),
+            mounts=proxy_mounts(limits) if transport is None else None,
             event_hooks={"request": [hf_request_event_hook]},
             follow_redirects=True,
             timeout=limits.timeout(),
         )
 
     return factory
+
+
+def proxy_mounts(limits: HubHttpLimits) -> dict[str, httpx2.BaseTransport | None]:
+    """The environment's proxies (`HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY`, `NO_PROXY`) as
+    bounded transports, read as httpx2 reads them for the library's default client: a client
+    given a transport of its own ignores them, which would cut a worker behind a proxy off
+    the Hub."""
+    return {
+        pattern: None if url is None else BoundedTransport(deadline_transport(url), limits)
+        for pattern, url in get_environment_proxies().items()
+    }
 
 
 def install_hub_client(

@@ -2,8 +2,10 @@
 worker's wiring (`posttrain_env/entrypoints/wiring.py`).
 
 Only jobs carrying this deployment's label are ever looked at, so two deployments sharing one
-Hugging Face namespace never reap each other's jobs. An episode counts as closed when its
-workflow is not running: completed, failed, terminated, timed out, or not found at all.
+Hugging Face namespace never reap each other's jobs. It looks in the current namespace and in
+those the deployment has had jobs in lately (`activities/hf/namespaces.py`). An episode counts
+as closed when its workflow is not running: completed, failed, terminated, timed out, or not
+found at all.
 """
 
 from __future__ import annotations

@@ -138,10 +138,15 @@ class EmbeddedTemporal:
                     ) from None
                 await asyncio.sleep(0.1)
 
-    def stop(self) -> None:
+    def stop(self, *, wait: bool = True) -> None:
+        """Stop the server (SIGTERM). `wait=False`: do not wait for its clean shutdown (about
+        2 s); it finishes on its own, and its pid file stays so that the next start on this
+        state dir reaps it if it has not."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
             proc.terminate()
+            if not wait:
+                return
             try:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:

@@ -167,6 +167,7 @@ def hf_backend(settings: Settings) -> JobsBackend:
     from activities.hf.backend import HfBackend, HfBackendConfig
     from activities.hf.http import install_hub_client
     from activities.hf.labels import deployment_id
+    from activities.hf.namespaces import NamespaceNotes
 
     token = settings.hf_token.get_secret_value().strip() if settings.hf_token else ""
     if not token:
@@ -183,6 +184,8 @@ def hf_backend(settings: Settings) -> JobsBackend:
         deployment=deployment_id(settings.state_dir / "server.key"),
         namespace=settings.namespace,
         config=config,
+        # Where jobs were started, for the reaper (activities/hf/namespaces.py).
+        namespaces=NamespaceNotes(settings.state_dir / "hf_namespaces.json"),
     )
 
 

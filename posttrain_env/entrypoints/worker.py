@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import Interceptor, Worker
 
 from activities.audit import AuditActivities
 from activities.backend import JobsBackend
@@ -21,6 +21,7 @@ from activities.campaign_store import CampaignStore
 from activities.campaigns import CampaignActivities, CampaignConfig
 from activities.contamination import ContaminationActivities
 from activities.episodes import EpisodeActivities, EpisodeConfig
+from activities.hf.attempt_clock import AttemptClock
 from activities.jobs import JobsActivities
 from activities.retention import RetentionActivities
 from activities.storage import JobStorage, NoStorage
@@ -149,11 +150,20 @@ def build_worker(
     # Every backend that keeps job folders has them swept (the fake keeps none).
     if settings.retention_policy.deletes_anything and not isinstance(storage, NoStorage):
         schedule_retention_soon(client, queue)
+    interceptors: list[Interceptor] = []
     if backend.name == "hf":
         workflows_hf, activities_hf = _orphan_reaper(client, backend, queue)
         workflows += workflows_hf
         activities += activities_hf
-    return Worker(client, task_queue=queue, workflows=workflows, activities=activities)
+        # Hub calls' budgets count from each attempt's start (activities/hf/attempt_clock.py).
+        interceptors.append(AttemptClock())
+    return Worker(
+        client,
+        task_queue=queue,
+        workflows=workflows,
+        activities=activities,
+        interceptors=interceptors,
+    )
 
 
 def project_version() -> str:

@@ -220,6 +220,34 @@ async def test_steps_time_left_and_done_are_in_the_text_the_model_reads(
 # -- long calls sent again ------------------------------------------------------------------------
 
 
+async def test_each_long_tools_description_says_how_to_outlast_a_client_that_gives_up(
+    server: ServerProcess,
+) -> None:
+    # What an agent reads in tools/list: a smaller timeout_s for jobs_wait, the same call again
+    # for the two calls that last as long as an evaluation job, and that repeating is safe.
+    episode = await create_episode(server)
+    async with mcp_session(episode) as session:
+        listed = {tool.name: tool.description or "" for tool in (await session.list_tools()).tools}
+    guidance = {
+        "jobs_wait": ["gives up on a tool call sooner", "pass a smaller `timeout_s`", "again"],
+        "dev_evaluate": [
+            "client gives up sooner",
+            "call dev_evaluate again with the same job_id",
+            "(that call is no step)",
+            "evaluated and charged once",
+        ],
+        "submit": [
+            "client gives up sooner",
+            "call submit again with the same job_id",
+            "graded once",
+            "that call is no step, even when no step is left",
+        ],
+    }
+    for tool, sentences in guidance.items():
+        for sentence in sentences:
+            assert sentence in listed[tool], (tool, sentence, listed[tool])
+
+
 async def test_a_submit_sent_again_mid_grading_attaches_one_grader_one_reward(
     server: ServerProcess,
 ) -> None:
@@ -227,6 +255,7 @@ async def test_a_submit_sent_again_mid_grading_attaches_one_grader_one_reward(
     episode_id = episode["episode_id"]
     job_id = await succeeded_job(episode)
     await call_then_vanish(episode, "submit", job_id)
+    steps = (await server.episode_status(episode_id)).steps_used
     started = time.monotonic()
     async with mcp_session(episode) as session:
         again = await session.call_tool("submit", {"job_id": job_id})  # attaches
@@ -234,6 +263,7 @@ async def test_a_submit_sent_again_mid_grading_attaches_one_grader_one_reward(
     assert again.isError is False and data(again)["score"] == 0.75, again
     assert again.meta is not None and again.meta["done"] is True
     status = await server.episode_status(episode_id)
+    assert status.steps_used == steps  # the call sent again was no step
     assert status.end is not None and status.end.reason.value == "submitted"
     assert status.end.reward == 0.75
     graders = [r for r in server.requests(JobRole.grader) if r.episode_id == episode_id]

@@ -9,7 +9,10 @@ import sys
 
 import pytest
 
-HEAVY = ("gradio", "gradio_client", "pandas", "matplotlib")
+# Gradio: openenv's web UI. fastmcp: openenv's server-side MCPEnvironment, whose py-key-value
+# dependency installs beartype's import hook, slowing every later import (the worker's workflow
+# sandbox's included) for the rest of the process.
+HEAVY = ("gradio", "gradio_client", "pandas", "matplotlib", "fastmcp", "key_value", "beartype")
 
 
 def packages_loaded_by(code: str, watch: tuple[str, ...] = HEAVY) -> list[str]:
@@ -62,3 +65,25 @@ def test_openenv_loaded_slim_serves_its_wire_types_and_gradio_stays_importable()
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stdout.split() == ["None", "False", "True"]
+
+
+def test_openenv_loaded_slim_keeps_fastmcp_out_and_fastmcp_stays_importable() -> None:
+    """openenv's fastmcp-based environment gets a stand-in that refuses to be used; fastmcp
+    itself imports normally afterwards."""
+    probe = (
+        "from posttrain_env import openenv_slim\n"
+        "openenv_slim.load()\n"
+        "import sys\n"
+        "from openenv.core.env_server import mcp_environment\n"
+        "print('fastmcp' in sys.modules)\n"
+        "try:\n"
+        "    mcp_environment.Client(None)\n"
+        "except RuntimeError as err:\n"
+        "    print('refused' if 'openenv_slim' in str(err) else err)\n"
+        "import fastmcp\n"
+        "print(fastmcp.Client.__module__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split() == ["False", "refused", "fastmcp.client.client"]

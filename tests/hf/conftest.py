@@ -14,6 +14,7 @@ from huggingface_hub.utils._http import default_client_factory
 from activities.backend import JobRequest
 from activities.hf.backend import HfBackend, HfBackendConfig
 from activities.hf.http import HubHttpLimits, install_hub_client
+from activities.hf.namespaces import NamespaceNotes
 from activities.jobs import HIDDEN_SEED_SECRET
 from job_launcher.trusted_lines import NONCE_ENV
 from posttrain_env.contracts.jobs import JobRole, RepoRef
@@ -120,6 +121,7 @@ def http_backend(
     namespace: str | None = None,
     token: str = TOKEN,
     limits: HubHttpLimits = FAST_HTTP,
+    namespaces: NamespaceNotes | None = None,
     **config: object,
 ) -> HfBackend:
     """An HfBackend on real HfApi objects, as `wiring.hf_backend` builds it: the process's Hub
@@ -139,4 +141,5 @@ def http_backend(
         namespace=namespace or http.hub.namespace,
         config=HfBackendConfig(**options),
         clock=http.hub.clock,
+        namespaces=namespaces,
     )

@@ -9,26 +9,33 @@ import dataclasses
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from huggingface_hub import HfApi, set_client_factory
+from huggingface_hub.utils._http import default_client_factory
+from temporalio import activity
 from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+from temporalio.worker import Worker
 
 from activities.backend import ArtifactRejected, TransientBackendError
 from activities.hf import calls as hub_calls
+from activities.hf.attempt_clock import AttemptClock
 from activities.hf.backend import HfBackend
 from activities.hf.calls import HubCalls
 from activities.hf.errors import HubTransientError
-from activities.hf.http import NOT_RETRIED_HERE, HubHttpLimits
-from activities.hf.labels import HfRef
+from activities.hf.http import NOT_RETRIED_HERE, HubHttpLimits, install_hub_client
+from activities.hf.labels import LABEL_DEPLOYMENT, HfRef
 from activities.hf.missing import MAX_REMEMBERED, MissingJobs
+from activities.hf.namespaces import MAX_LISTED, RECENT_FOR, NamespaceNotes
 from activities.hf.reaper import ReaperActivities
 from activities.jobs import JobsActivities
 from activities.ports import JobToWatch
 from posttrain_env.contracts.jobs import JobRole, ObserveJobs, SubmitJob
+from posttrain_env.entrypoints.worker import build_worker
 from posttrain_env.errors import ToolError
 from posttrain_env.keys import ServerKey
 from posttrain_env.limits import (
@@ -42,9 +49,12 @@ from posttrain_env.limits import (
     VANISHED_AFTER_S,
 )
 from posttrain_env.models import JobState
-from tests.hf.conftest import DATASET, FAST_HTTP, MODEL, http_backend, request
-from tests.hf.fake_hub import T0, JobPlan
+from posttrain_env.settings import Settings
+from tests.hf.conftest import DATASET, FAST_HTTP, MODEL, TOKEN, http_backend, request
+from tests.hf.fake_hub import T0, FakeHub, JobPlan
 from tests.hf.http_hub import HubHttp
+from tests.hf.slow_server import TLS_RECORD_HEADER, answering_server, trickling_server
+from tests.hf.stand_in import OneAttempt
 from workflows.policies import OBSERVE_TIMEOUT, READ_TIMEOUT, SUBMIT_TIMEOUT
 from workflows.watcher import WatcherInput
 
@@ -54,6 +64,13 @@ SLACK_S = 0.5  # scheduling and the fake's own work, on a busy machine
 class NoWatch:
     async def watch(self, job: JobToWatch) -> None:
         return None
+
+
+class AllClosed:
+    """Episode liveness as the reaper asks for it: every episode has closed."""
+
+    async def is_running(self, episode_id: str) -> bool:
+        return False
 
 
 def jobs_activities(backend: HfBackend, tmp_path: Path) -> JobsActivities:
@@ -195,6 +212,55 @@ async def test_inside_an_activity_a_call_ends_before_the_activity_does(
     assert create.timeout["read"] is not None and create.timeout["read"] <= 1.0
 
 
+async def test_a_call_after_work_in_its_activity_still_ends_before_the_activity_does(
+    time_skipping_env: WorkflowEnvironment, http_hub: HubHttp, hub: FakeHub, tmp_path: Path
+) -> None:
+    # Long HTTP timeouts: only the activity's own timeout can bound the hung request, and the
+    # activity spends half of that timeout on its own work before its first Hub call (as the
+    # contamination check scans scripts before it reads a dataset).
+    slow = dataclasses.replace(FAST_HTTP, read_s=30.0, call_s=30.0, activity_margin_s=0.2)
+    backend = http_backend(http_hub, limits=slow)
+    http_hub.hang("hardware")
+    timeout_s, work_s = 2.0, 1.0
+
+    @activity.defn(name="work_then_a_hub_call")
+    async def work_then_a_hub_call() -> float:
+        started = time.monotonic()
+        await asyncio.to_thread(time.sleep, work_s)  # the activity's own work, not a wait
+        with pytest.raises(TransientBackendError):
+            await backend.hardware()
+        return time.monotonic() - started
+
+    client = time_skipping_env.client
+    queue = f"tq-{uuid.uuid4().hex[:8]}"
+    config = Settings(state_dir=tmp_path / "state", backend="fake")
+    # The interceptors the hf worker is built with (on a queue of its own: never started).
+    production = build_worker(
+        client, config, backend, task_queue=f"{queue}-built", tasks_dir=tmp_path
+    )
+    interceptors = production.config()["interceptors"]
+    assert any(isinstance(each, AttemptClock) for each in interceptors)
+    with time_skipping_env.auto_time_skipping_disabled():
+        async with Worker(
+            client,
+            task_queue=queue,
+            workflows=[OneAttempt],
+            activities=[work_then_a_hub_call],
+            interceptors=interceptors,
+        ):
+            took = await client.execute_workflow(
+                OneAttempt.run,
+                args=["work_then_a_hub_call", timeout_s],
+                id=f"one-{queue}",
+                task_queue=queue,
+            )
+    # The attempt returned before its timeout (Temporal would have failed the workflow), and
+    # the request waited only for what the work had left of it.
+    assert took < timeout_s
+    (hung,) = http_hub.requests_to("hardware")
+    assert hung.timeout["read"] <= timeout_s - work_s - slow.activity_margin_s
+
+
 async def test_a_trickling_answer_is_cut_at_the_calls_deadline(http_hub: HubHttp) -> None:
     # Each piece comes well inside the read timeout; all of them take longer than the call may.
     limits = dataclasses.replace(FAST_HTTP, call_s=1.0)
@@ -204,6 +270,60 @@ async def test_a_trickling_answer_is_cut_at_the_calls_deadline(http_hub: HubHttp
     elapsed, error = await timed(backend.observe(["alice/0abc"], T0))
     assert isinstance(error, TransientBackendError) and "time ran out" in str(error)
     assert elapsed < 1.0 + SLACK_S
+
+
+@pytest.fixture
+def real_network() -> Iterator[HubHttpLimits]:
+    """The production client over real sockets (no fake transport), with a 1 s call budget
+    and a read timeout each trickled byte comes well inside."""
+    limits = dataclasses.replace(FAST_HTTP, connect_s=1.0, read_s=1.0, call_s=1.0)
+    install_hub_client(limits)
+    try:
+        yield limits
+    finally:
+        set_client_factory(default_client_factory)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "first"),
+    [
+        ("http", b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Slow: "),
+        ("https", TLS_RECORD_HEADER),  # a TLS handshake that never completes
+    ],
+    ids=["headers", "tls-handshake"],
+)
+async def test_a_server_that_trickles_is_cut_at_the_calls_deadline_on_real_sockets(
+    real_network: HubHttpLimits, scheme: str, first: bytes
+) -> None:
+    # Every byte comes well inside the read timeout; httpcore's timeouts are per socket wait,
+    # so only the deadline of each wait (activities/hf/http.py DeadlineBackend) ends trickled
+    # headers. A handshake `ssl` bounds as a whole, by the timeout already cut to the budget.
+    calls = HubCalls(real_network)
+    try:
+        with trickling_server(first, every_s=0.05, for_s=10.0) as port:
+            api = HfApi(endpoint=f"{scheme}://127.0.0.1:{port}", token=False)
+            elapsed, error = await timed(calls.call("reading prices", api.list_jobs_hardware))
+    finally:
+        calls._pool.shutdown(wait=False)
+    assert isinstance(error, TransientBackendError) and "time ran out" in str(error), error
+    assert elapsed < real_network.call_s + SLACK_S
+
+
+async def test_the_environments_proxy_is_used_as_the_librarys_own_client_would(
+    real_network: HubHttpLimits, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = HubCalls(real_network)
+    try:
+        with answering_server(b'{"type": "user", "name": "alice"}') as (port, seen):
+            monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{port}")
+            monkeypatch.setenv("NO_PROXY", "")
+            install_hub_client(real_network)  # the environment is read when the client is made
+            api = HfApi(endpoint="http://hub.example", token="hf_FAKE")
+            me = await calls.call("finding the token's user", api.whoami)
+    finally:
+        calls._pool.shutdown(wait=False)
+    assert me["name"] == "alice"
+    assert seen == [b"GET http://hub.example/api/whoami-v2 HTTP/1.1"]
 
 
 async def test_a_slow_script_upload_outside_our_client_creates_no_job_after_the_deadline(
@@ -366,27 +486,30 @@ async def test_a_server_that_ignores_the_label_filter_changes_nothing(
     http_hub.ignore_label_filter = True
     theirs = http_backend(http_hub)
     theirs.deployment = "dother"
-    # Another deployment's job with the very same workflow id, and an unlabelled job.
+    # A job started by hand, with no label at all (the first listed: the oldest), and another
+    # deployment's job with the very same workflow id.
+    bare = HfApi(token=TOKEN, library_name="posttrain-env-tests").run_job(
+        image="python:3.12", command=["python", "-c", "print(1)"], namespace=hub.namespace
+    )
+    assert LABEL_DEPLOYMENT not in (bare.labels or {})  # the library names it, nothing more
+    unlabelled = HfRef.of(bare, hub.namespace).encode()
     foreign = await theirs.submit(request())
     ours = http_backend(http_hub)
-    assert await ours.find_by_key(request().key, T0) is None  # not adopted
+    assert await ours.find_by_key(request().key, T0) is None  # neither is adopted
     mine = await ours.submit(request())
-    assert len(hub.jobs) == 2
+    assert len(hub.jobs) == 3
     hub.advance(10)
-    seen = await ours.observe([mine.ref], hub.now)  # not cancelled as a "duplicate"
+    # Not cancelled as a "duplicate", and not observed even when asked for by its ref.
+    seen = await ours.observe([mine.ref, unlabelled, foreign.ref], hub.now)
     assert set(seen) == {mine.ref}
     assert [job.ref for job in await ours.live_jobs()] == [mine.ref]
-
-    class AllClosed:
-        async def is_running(self, episode_id: str) -> bool:
-            return False
-
     search = await ReaperActivities(ours, AllClosed()).find_orphan_jobs()
-    assert [orphan.ref for orphan in search.orphans] == [mine.ref]  # never theirs
-    assert hub.info(HfRef.decode(foreign.ref).job_id).status.stage == "RUNNING"
-    with pytest.raises(ToolError, match="does not carry this deployment's label"):
-        await ours.cancel(foreign.ref, T0)
-    assert hub.info(HfRef.decode(foreign.ref).job_id).status.stage == "RUNNING"
+    assert [orphan.ref for orphan in search.orphans] == [mine.ref]  # never theirs, nor the bare
+    for other in (foreign.ref, unlabelled):
+        with pytest.raises(ToolError, match="does not carry this deployment's label"):
+            await ours.cancel(other, T0)
+        assert hub.info(HfRef.decode(other).job_id).status.stage == "RUNNING"
+    assert not http_hub.requests_to("cancel_job")
 
 
 # -- artifacts: exact prefixes --------------------------------------------------------------------
@@ -452,6 +575,51 @@ async def test_a_namespace_change_mid_job_keeps_tracking_the_job(http_hub: HubHt
             assert seen.path.startswith("/api/jobs/alice/"), seen.path
 
 
+async def test_the_reaper_finds_and_cancels_an_orphan_left_in_an_earlier_namespace(
+    http_hub: HubHttp, tmp_path: Path
+) -> None:
+    hub = http_hub.hub
+    hub.plan = JobPlan(scheduling_s=0, running_s=3600)
+    http_hub.namespaces.add("alice-org")
+    notes = tmp_path / "state" / "hf_namespaces.json"
+    before = http_backend(http_hub, namespace="alice", namespaces=NamespaceNotes(notes))
+    old = await before.submit(request(n=1))
+    # The worker restarts with POSTTRAIN_NAMESPACE=alice-org: a new process, the same state dir.
+    after = http_backend(http_hub, namespace="alice-org", namespaces=NamespaceNotes(notes))
+    new = await after.submit(request(n=2))
+    reaper = ReaperActivities(after, AllClosed())
+    search = await reaper.find_orphan_jobs()
+    assert sorted(orphan.ref for orphan in search.orphans) == sorted([old.ref, new.ref])
+    (orphan,) = [orphan for orphan in search.orphans if orphan.ref == old.ref]
+    assert (await reaper.cancel_orphan_job(orphan)).state is JobState.cancelled
+    assert hub.info(HfRef.decode(old.ref).job_id).status.stage == "CANCELED"
+    (cancel,) = http_hub.requests_to("cancel_job")
+    assert cancel.path.startswith("/api/jobs/alice/")
+    # A namespace the token can no longer list is skipped; the current one is still reaped.
+    http_hub.namespaces.discard("alice")
+    assert [orphan.ref for orphan in (await reaper.find_orphan_jobs()).orphans] == [new.ref]
+
+
+def test_namespaces_are_noted_at_most_hourly_and_listed_for_a_week_at_most_eight(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "hf_namespaces.json"
+    notes = NamespaceNotes(path)
+    notes.note("alice", T0)
+    assert not notes.needs_note("alice", T0 + timedelta(minutes=59))  # no write per submit
+    assert notes.needs_note("alice", T0 + timedelta(hours=1))
+    for n in range(10):
+        notes.note(f"org-{n}", T0 + timedelta(minutes=n))
+    # Read again from the file, as another process of the deployment reads it.
+    later = NamespaceNotes(path).recent(T0 + RECENT_FOR)
+    assert later == [f"org-{n}" for n in range(9, 9 - MAX_LISTED, -1)]
+    assert NamespaceNotes(path).recent(T0 + RECENT_FOR + timedelta(minutes=5)) == [
+        f"org-{n}" for n in range(9, 4, -1)
+    ]  # the older notes have expired: their jobs ran past any timeout
+    path.write_text("not json")
+    assert NamespaceNotes(path).recent(T0) == []  # a torn file is ignored, not fatal
+
+
 async def test_a_ref_made_before_namespaces_were_stored_still_works(http_hub: HubHttp) -> None:
     backend = http_backend(http_hub)
     job = await backend.submit(request())
@@ -505,7 +673,7 @@ def test_a_call_outside_an_activity_gets_the_call_timeout_and_inside_one_what_it
         calls._pool.shutdown()
 
 
-def test_an_attempts_budget_counts_from_its_first_call_and_old_attempts_are_forgotten(
+def test_without_the_attempt_clock_a_budget_counts_from_the_first_call_and_is_forgotten_later(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(hub_calls, "_REMEMBERED_ATTEMPTS", 2)
