@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import ValidationError
 from temporalio.client import WorkflowUpdateStage
@@ -32,6 +33,7 @@ from tests.gateway.production import (
     run_to_exit,
     start_worker,
 )
+from tests.gateway.server import ServerProcess
 from tests.workflows.harness import Answer, write_task
 from tests.workflows.test_worker_restart import call, dev_server
 from workflows.deployment import MEMO_KEY_FINGERPRINT, deployment_workflow_id
@@ -306,7 +308,6 @@ async def test_key_forget_refuses_while_an_episode_runs_and_then_lets_a_new_key_
             worker = start_worker(
                 {**env, "POSTTRAIN_SERVER_KEY_FILE": str(new)}, tmp_path / "worker-new.log"
             )
-            shown = run_to_exit(["key", "show"], {**env, "POSTTRAIN_SERVER_KEY_FILE": str(new)})
 
             async def recorded_new() -> bool:
                 handle = client.get_workflow_handle(
@@ -320,7 +321,13 @@ async def test_key_forget_refuses_while_an_episode_runs_and_then_lets_a_new_key_
 
             await eventually(recorded_new, 120, "the new key's fingerprint")
             assert worker.poll() is None
+            shown = run_to_exit(["key", "show"], {**env, "POSTTRAIN_SERVER_KEY_FILE": str(new)})
             assert shown.returncode == 0, shown.stderr
+            fingerprint = ServerKey.from_file(new).fingerprint()
+            assert f"this key: fingerprint {fingerprint}" in shown.stdout
+            assert f"fingerprint {fingerprint} (the same key)" in shown.stdout
+            shown = run_to_exit(["key", "show"], {**env, "POSTTRAIN_SERVER_KEY_FILE": str(old)})
+            assert "(ANOTHER KEY)" in shown.stdout
         finally:
             kill_group(worker)
 
@@ -414,3 +421,26 @@ async def test_a_grader_started_by_one_worker_is_scored_right_by_another_on_the_
             kill_group(first)
             if second is not None:
                 kill_group(second)
+
+
+def test_on_the_embedded_temporal_a_new_key_starts_only_after_key_forget_with_the_server_stopped(
+    tmp_path: Path,
+) -> None:
+    server = ServerProcess(tmp_path / "state")
+    server.start()
+    try:
+        busy = run_to_exit(["key", "forget"], server.env())
+        assert busy.returncode == 1 and "stop it first" in busy.stderr, busy.stderr
+        # The running server's Temporal was left alone: the server still serves.
+        assert httpx.get(f"{server.base_url}/health", timeout=10).status_code == 200
+    finally:
+        assert server.stop() == 0
+    (server.state_dir / "server.key").unlink()  # a laptop's key lost: a new one is made
+    with pytest.raises(RuntimeError, match="is not the deployment's"):
+        server.start()
+    assert server.proc is not None and server.proc.returncode == 2
+    forgotten = run_to_exit(["key", "forget"], server.env())
+    assert forgotten.returncode == 0, forgotten.stderr
+    assert "forgot the key fingerprint of task queue 'posttrain'" in forgotten.stdout
+    server.start()
+    assert server.stop() == 0
