@@ -39,6 +39,7 @@ from posttrain_env.contracts.jobs import JobRole  # noqa: E402
 from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES  # noqa: E402
 from posttrain_env.entrypoints.agent_worker import build_agent_worker  # noqa: E402
 from posttrain_env.entrypoints.worker import build_worker  # noqa: E402
+from posttrain_env.keys import ServerKey  # noqa: E402
 from posttrain_env.settings import Settings  # noqa: E402
 from workflows.campaign import CampaignWorkflow  # noqa: E402
 from workflows.campaign_contract import CampaignInput, CampaignStatus  # noqa: E402
@@ -97,7 +98,8 @@ async def bench(rollouts: int, concurrency: int, turns_at_once: int) -> dict[str
         )
         backend = FakeBackend(settings.state_dir / "fake", SCENARIO)
         queue, agent_queue = f"bench-{uuid.uuid4().hex[:8]}", f"agents-{uuid.uuid4().hex[:8]}"
-        worker = build_worker(client, settings, backend, task_queue=queue)
+        key = ServerKey.load_or_create(settings.server_key_path)
+        worker = build_worker(client, settings, backend, key=key, task_queue=queue)
         environ = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
         agents = build_agent_worker(
             client, settings, environ, task_queue=agent_queue, turns_at_once=turns_at_once

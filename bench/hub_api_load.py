@@ -40,6 +40,7 @@ from activities.hf.backend import HfBackend, HfBackendConfig
 from activities.hf.labels import LABEL_JOB, LABEL_KEY
 from posttrain_env.entrypoints.temporal_setup import add_search_attributes
 from posttrain_env.entrypoints.worker import build_worker
+from posttrain_env.keys import ServerKey
 from posttrain_env.settings import Settings
 from tests.hf.fake_hub import FakeHub, JobPlan, model_json
 from workflows.episode import EpisodeWorkflow
@@ -150,7 +151,7 @@ async def bench(jobs: int, run_minutes: float, interval_s: float, workdir: Path)
         settings = Settings(state_dir=workdir / "state", backend="fake")
         worker = build_worker(
             client, settings, backend, task_queue=queue, tasks_dir=tasks_dir,
-            watch_interval_s=interval_s,
+            watch_interval_s=interval_s, key=ServerKey.load_or_create(settings.server_key_path),
         )  # fmt: skip
         async with worker:
             gate = asyncio.Semaphore(10)

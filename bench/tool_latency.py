@@ -39,6 +39,7 @@ from temporalio.worker import Worker
 from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
 from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
 from posttrain_env.entrypoints.worker import build_worker
+from posttrain_env.keys import ServerKey
 from posttrain_env.settings import Settings
 from workflows.episode import EpisodeWorkflow
 from workflows.episode_contract import ToolCall, ToolResult
@@ -210,7 +211,10 @@ async def bench(calls: int, workdir: Path, levels: tuple[int, ...] = LEVELS) -> 
         backend = FakeBackend(settings.state_dir / "fake", SCENARIO)
         queue = f"bench-{uuid.uuid4().hex[:8]}"
         bare_queue = f"bench-bare-{uuid.uuid4().hex[:8]}"
-        ours = build_worker(client, settings, backend, task_queue=queue, tasks_dir=tasks_dir)
+        key = ServerKey.load_or_create(settings.server_key_path)
+        ours = build_worker(
+            client, settings, backend, key=key, task_queue=queue, tasks_dir=tasks_dir
+        )
         bare = Worker(client, task_queue=bare_queue, workflows=[BareWorkflow])
         async with ours, bare:
             # Warm both paths (workflow caches, sandbox imports, connections).

@@ -1,6 +1,6 @@
 """The gateway's app factory: OpenEnv over WebSocket, JSON-RPC and HTTP, behind the host guard.
 
-`create_app(settings, client)` builds it on a connected Temporal client. Every route
+`create_app(settings, client, key)` builds it on a connected Temporal client. Every route
 is stateless: sessions and episodes are workflows, found again from their ids.
 """
 
@@ -43,6 +43,11 @@ from posttrain_env.settings import Settings
 from posttrain_env.version import installed_version
 
 log = logging.getLogger(__name__)
+# At shutdown, requests in flight get this long to finish; then uvicorn cancels them. Without
+# it uvicorn waits for every open call: a `jobs_wait` over /ws kept a stopping server alive for
+# its whole 300 s. Cancelling loses nothing: the call lives in its episode's workflow, and the
+# client re-sends it (same request id) to another replica or to this one restarted.
+GATEWAY_GRACE_S = 10
 SESSION_HEADER = "X-Session-Id"
 VERSION = installed_version()
 DESCRIPTION = (
@@ -55,7 +60,7 @@ DESCRIPTION = (
 def uvicorn_config(app: FastAPI, host: str, port: int) -> uvicorn.Config:
     """How the gateway is served: WebSocket messages bounded like HTTP bodies (larger ones are
     closed with 1009 before they are read), no access log of uvicorn's own (ours has no query
-    strings, which may hold a session id)."""
+    strings, which may hold a session id), a bounded shutdown (`GATEWAY_GRACE_S`)."""
     return uvicorn.Config(
         app,
         host=host,
@@ -64,15 +69,16 @@ def uvicorn_config(app: FastAPI, host: str, port: int) -> uvicorn.Config:
         log_level="warning",
         lifespan="on",
         ws_max_size=MAX_BODY_BYTES,
+        timeout_graceful_shutdown=GATEWAY_GRACE_S,
     )
 
 
-def create_app(settings: Settings, client: Client) -> FastAPI:
-    """The gateway, on a connected Temporal client (the entry point connects it)."""
+def create_app(settings: Settings, client: Client, key: ServerKey) -> FastAPI:
+    """The gateway, on a connected Temporal client and the deployment's server key (the entry
+    point connects the one and resolves the other: posttrain_env/entrypoints/deployment_key.py)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        key = ServerKey.load_or_create(settings.state_dir / "server.key")
         app.state.key = key
         app.state.protocol = OpenEnvProtocol(Sessions(client, settings.task_queue), key)
         app.state.episodes = EpisodeControl(client)

@@ -15,6 +15,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from posttrain_env.contracts.retention import DEFAULT_MAX_FOLDERS, RetentionPolicy
+from posttrain_env.keys import KEY_FILE_SETTING, KEY_HEX_SETTING, ServerKey, ServerKeyError
 from posttrain_env.limits import (
     CONTINUE_AS_NEW_HISTORY_BYTES,
     GIB,
@@ -38,13 +39,23 @@ def default_state_dir() -> Path:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="POSTTRAIN_", extra="ignore")
+    # No error quotes its input: a model-level error would quote every setting, the server key
+    # and HF_TOKEN among them. Each message names its setting instead.
+    model_config = SettingsConfigDict(
+        env_prefix="POSTTRAIN_", extra="ignore", hide_input_in_errors=True
+    )
 
     hf_token: SecretStr | None = Field(default=None, validation_alias="HF_TOKEN")
     # `hf` spends money and must be chosen explicitly; `fake` is for development and tests.
     backend: Literal["local", "hf", "fake"] = "local"
     namespace: str | None = None
     state_dir: Path = Field(default_factory=default_state_dir)
+    # The deployment's server key (README "One key per deployment"): a file of the bytes
+    # `ServerKey` writes, or hex for platforms that inject secrets as environment; at most one.
+    # Neither: `<state_dir>/server.key`, created on first use, but only on the embedded Temporal
+    # (`posttrain_env.entrypoints.deployment_key` refuses to start with TEMPORAL_ADDRESS set).
+    server_key_file: Path | None = None
+    server_key: SecretStr | None = None
     temporal_address: str = Field(
         default="127.0.0.1:7233", validation_alias=AliasChoices("TEMPORAL_ADDRESS")
     )
@@ -120,6 +131,8 @@ class Settings(BaseSettings):
         "campaigns_dir",
         "continue_as_new_events",
         "watch_interval_s",
+        "server_key_file",
+        "server_key",
         mode="before",
     )
     @classmethod
@@ -130,6 +143,25 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_is_forever(cls, value: object) -> object:
         return 0 if isinstance(value, str) and value.strip() == "" else value
+
+    @field_validator("server_key")
+    @classmethod
+    def _server_key_is_a_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            try:
+                ServerKey.from_hex(value.get_secret_value())
+            except ServerKeyError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_server_key(self) -> Settings:
+        if self.server_key_file is not None and self.server_key is not None:
+            raise ValueError(
+                f"{KEY_FILE_SETTING} and {KEY_HEX_SETTING} are both set: give the deployment's "
+                "key one way only"
+            )
+        return self
 
     @model_validator(mode="after")
     def _submitted_kept_at_least_as_long(self) -> Settings:
@@ -159,7 +191,13 @@ class Settings(BaseSettings):
 
     @property
     def server_key_path(self) -> Path:
+        """The implicit key's file (the embedded Temporal's deployments only)."""
         return self.state_dir / "server.key"
+
+    @property
+    def temporal_is_external(self) -> bool:
+        """TEMPORAL_ADDRESS was given: a Temporal that other machines' processes may share."""
+        return "temporal_address" in self.model_fields_set
 
     @property
     def spend_cap_micro_usd(self) -> int | None:

@@ -74,13 +74,15 @@ async def episode(
     from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
     from posttrain_env.entrypoints.wiring import hf_backend
     from posttrain_env.entrypoints.worker import build_worker
+    from posttrain_env.keys import ServerKey
     from posttrain_env.settings import Settings
     from workflows.episode import EpisodeWorkflow
     from workflows.episode_contract import ToolCall
     from workflows.session import ResetRequest, SessionState, SessionWorkflow
 
     settings = Settings(backend="hf", state_dir=workdir / "state", namespace=namespace)
-    backend = hf_backend(settings)
+    key = ServerKey.load_or_create(settings.server_key_path)
+    backend = hf_backend(settings, key)
     assert isinstance(backend, HfBackend)
     print(f"namespace {await backend.namespace()}, deployment label {backend.deployment}")
     temporal = shutil.which("temporal")
@@ -93,7 +95,7 @@ async def episode(
     )
     try:
         client, queue = env.client, f"smoke-{uuid.uuid4().hex[:8]}"
-        async with build_worker(client, settings, backend, task_queue=queue):
+        async with build_worker(client, settings, backend, key=key, task_queue=queue):
             session = await client.start_workflow(
                 SessionWorkflow.run,
                 SessionState(),

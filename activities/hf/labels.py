@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from huggingface_hub import JobInfo, constants
 
@@ -51,12 +50,11 @@ def label_value(value: str) -> str:
     return value if _LABEL_VALUE.fullmatch(value) else "h" + _digest("posttrain-label", value)
 
 
-def deployment_id(key_path: Path) -> str:
-    """This deployment's label value: derived from the server key that every worker of one
-    deployment shares (their job nonces must agree), so two deployments sharing a Hugging Face
-    namespace never watch, adopt or reap each other's jobs. A hash: the key itself never leaves."""
-    ServerKey.load_or_create(key_path)  # creates it on first use, exactly as the worker does
-    return "d" + hashlib.sha256(b"posttrain-deployment\0" + key_path.read_bytes()).hexdigest()[:24]
+def deployment_id(key: ServerKey) -> str:
+    """This deployment's label value: derived from the server key that every process of one
+    deployment holds (README "One key per deployment"), so two deployments sharing a Hugging
+    Face namespace never watch, adopt or reap each other's jobs. The key itself never leaves."""
+    return key.deployment_label()
 
 
 def job_labels(request: JobRequest, deployment: str) -> dict[str, str]:

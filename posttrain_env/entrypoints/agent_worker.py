@@ -2,10 +2,11 @@
 
 It polls the agent task queue (`POSTTRAIN_AGENT_TASK_QUEUE`, default `posttrain-agents`) for
 agent turns and runs each in a process of its own (activities/agent_turns.py). It refuses to
-start where the broker's secrets are: with `HF_TOKEN` set, or with a server key it can read
-(its state dir's, `POSTTRAIN_SERVER_KEY_FILE`, or the one beside the campaigns folder it
-shares with the server). Run it as another user, or with a state dir of its own and the
-server's campaigns folder (`POSTTRAIN_CAMPAIGNS_DIR`).
+start where the broker's secrets are: with `HF_TOKEN` set, with the server key in its
+environment (`POSTTRAIN_SERVER_KEY`), or with a server key file it can read (its state dir's,
+`POSTTRAIN_SERVER_KEY_FILE`, or the one beside the campaigns folder it shares with the
+server). Run it as another user, or with a state dir of its own and the server's campaigns
+folder (`POSTTRAIN_CAMPAIGNS_DIR`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from temporalio.worker import Worker
 from activities.agent_turns import AgentTurnActivities
 from activities.campaign_store import CampaignStore
 from posttrain_env.entrypoints.temporal_client import connect
+from posttrain_env.keys import KEY_FILE_SETTING, KEY_HEX_SETTING
 from posttrain_env.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -34,8 +36,8 @@ DEFAULT_TURNS_AT_ONCE = 16
 
 def key_paths(settings: Settings, environ: Mapping[str, str]) -> list[Path]:
     paths = [settings.server_key_path, settings.campaign_root.parent / "server.key"]
-    if environ.get("POSTTRAIN_SERVER_KEY_FILE"):
-        paths.append(Path(environ["POSTTRAIN_SERVER_KEY_FILE"]))
+    if environ.get(KEY_FILE_SETTING):
+        paths.append(Path(environ[KEY_FILE_SETTING]))
     return paths
 
 
@@ -47,6 +49,11 @@ def refusal(settings: Settings, environ: Mapping[str, str]) -> str | None:
                 f"{name} is set: the agent worker runs agent code and must never hold the "
                 "broker's token; start it in an environment without it"
             )
+    if environ.get(KEY_HEX_SETTING):
+        return (
+            f"{KEY_HEX_SETTING} is set: the agent worker runs agent code and must never hold "
+            "the server key; start it in an environment without it"
+        )
     for path in key_paths(settings, environ):
         if path.is_file() and os.access(path, os.R_OK):
             return (

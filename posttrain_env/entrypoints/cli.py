@@ -1,5 +1,5 @@
 """`posttrain-env` command line: `demo`, `server`, `worker`, `agent-worker`, `campaign`, `hub`,
-`temporal`, `episodes`."""
+`temporal`, `episodes`, `key`."""
 
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     from posttrain_env.entrypoints.episodes_cli import add_episodes_commands
 
     add_episodes_commands(sub)
+    from posttrain_env.entrypoints.key_cli import add_key_commands
+
+    add_key_commands(sub)
     sub.add_parser(
         "demo",
         help="play one whole t0_artifact episode on this machine (local backend, no token)",
@@ -79,6 +82,10 @@ def main(argv: list[str] | None = None) -> None:
             from posttrain_env.entrypoints.episodes_cli import run_episodes
 
             status = run_episodes(args)
+        elif args.command == "key":
+            from posttrain_env.entrypoints.key_cli import run_key
+
+            status = run_key(args)
         elif args.command == "demo":
             from posttrain_env.entrypoints.demo import main as run_demo
 

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
+from posttrain_env.keys import ServerKey
 from posttrain_env.settings import Settings
 from tasks.registry import TASKS_DIR
 
@@ -69,7 +70,9 @@ async def running_stack(settings: Settings) -> AsyncIterator[str]:
     try:
         # Temporal boots in its own process meanwhile: the imports (and the local hub's first
         # set-up) use the other core.
-        backend = await asyncio.to_thread(load_and_make_backend, settings)
+        # The demo's own deployment, on its own Temporal: the key of its own state dir.
+        key = await asyncio.to_thread(ServerKey.load_or_create, settings.server_key_path)
+        backend = await asyncio.to_thread(load_and_make_backend, settings, key)
         await booting
         import uvicorn
 
@@ -79,9 +82,10 @@ async def running_stack(settings: Settings) -> AsyncIterator[str]:
 
         settings = settings.model_copy(update={"temporal_address": temporal.config.address})
         client = await connect(settings)
-        async with build_worker(client, settings, backend):
+        async with build_worker(client, settings, backend, key=key):
             port = free_port()
-            server = uvicorn.Server(uvicorn_config(create_app(settings, client), "127.0.0.1", port))
+            app = create_app(settings, client, key)
+            server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port))
             serving = asyncio.create_task(server.serve())
             while not server.started:
                 if serving.done():
@@ -123,11 +127,11 @@ def load_modules() -> None:
         importlib.import_module(name)
 
 
-def load_and_make_backend(settings: Settings) -> JobsBackend:
+def load_and_make_backend(settings: Settings, key: ServerKey) -> JobsBackend:
     load_modules()
     from posttrain_env.entrypoints.wiring import make_backend
 
-    return make_backend(settings)
+    return make_backend(settings, key)
 
 
 async def play(base_url: str, out: TextIO, mark: Callable[[str], None]) -> DemoRun:

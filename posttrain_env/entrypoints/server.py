@@ -1,9 +1,14 @@
 """`uv run server` (also `posttrain-env server`): the gateway, a worker and, unless
 `TEMPORAL_ADDRESS` is set, the embedded file-backed Temporal dev server, in one process.
 
-Shutdown on SIGINT/SIGTERM is orderly: uvicorn stops taking requests, the worker finishes, the
-embedded Temporal server stops. The process then exits with its real status through
-`os._exit`, because the SDK can abort at interpreter exit (temporalio/sdk-python#300).
+Shutdown on SIGINT/SIGTERM is orderly and bounded (30 s, `shutdown.py`): uvicorn stops taking
+requests and gives those in flight a few seconds (a long call is cancelled: it lives in its
+episode's workflow), the worker stops, the embedded Temporal server stops. The process then
+exits with its real status through `os._exit`, because the SDK can abort at interpreter exit
+(temporalio/sdk-python#300).
+
+A server key that is missing, bad, or not the deployment's (`deployment_key.py`) stops it
+before it serves, with status 2 and the setting to fix.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import logging
 import os
 import signal
 import sys
+from types import FrameType
 
 from pydantic import ValidationError
 
@@ -33,17 +39,20 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def serve(host: str, port: int, *, with_worker: bool) -> None:
     from mcp_gateway.auth import start_refusal
+    from posttrain_env.entrypoints.deployment_key import check_deployment, resolve_server_key
+    from posttrain_env.entrypoints.shutdown import ShutdownDeadline
     from posttrain_env.entrypoints.temporal_client import connect
     from posttrain_env.entrypoints.temporal_dev import EmbeddedTemporal, EmbeddedTemporalConfig
     from posttrain_env.entrypoints.temporal_setup import require_search_attributes
     from posttrain_env.settings import Settings
 
     settings = Settings()
+    key = resolve_server_key(settings)  # before anything starts: the settings' last check
     backend = None
     if with_worker:  # without one, no activity or backend code is loaded into the gateway
         from posttrain_env.entrypoints.wiring import make_backend
 
-        backend = make_backend(settings)
+        backend = make_backend(settings, key.key)
     refusal = start_refusal(host, settings.backend, settings.api_key_list)
     if refusal is not None:  # DESIGN §6 item 6: checked before anything starts
         print(f"posttrain-env: {refusal}", file=sys.stderr)
@@ -55,7 +64,7 @@ async def serve(host: str, port: int, *, with_worker: bool) -> None:
 
     embedded: EmbeddedTemporal | None = None
     async with contextlib.AsyncExitStack() as stack:
-        if "temporal_address" not in settings.model_fields_set:
+        if not settings.temporal_is_external:
             embedded = EmbeddedTemporal(
                 EmbeddedTemporalConfig(
                     state_dir=settings.state_dir,
@@ -75,17 +84,29 @@ async def serve(host: str, port: int, *, with_worker: bool) -> None:
                 log.info("Temporal UI: %s", embedded.config.ui_url)
         client = await connect(settings)
         await require_search_attributes(client, settings.temporal_address)
+        await check_deployment(client, settings.task_queue, key)
+        log.info("server key %s (fingerprint %s)", key.source, key.fingerprint)
         if backend is not None:
             from posttrain_env.entrypoints.worker import build_worker
 
-            worker = build_worker(client, settings, backend)
+            worker = build_worker(client, settings, backend, key=key.key)
             await stack.enter_async_context(worker)
             log.info("worker on task queue %r (backend %s)", settings.task_queue, backend.name)
-        server = uvicorn.Server(uvicorn_config(create_app(settings, client), host, port))
+        deadline = ShutdownDeadline("the server")
+
+        class Gateway(uvicorn.Server):
+            """uvicorn's server; the signal that stops it starts the shutdown deadline."""
+
+            def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+                deadline.start()
+                super().handle_exit(sig, frame)
+
+        server = Gateway(uvicorn_config(create_app(settings, client, key.key), host, port))
         # uvicorn re-raises the signal that stopped it once it has shut down; with the default
-        # handlers that would kill us before the worker and Temporal stop. Ours ignore it.
+        # handlers that would kill us before the worker and Temporal stop. Ours ignore it (a
+        # signal after uvicorn stopped still starts the deadline).
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda _sig, _frame: None)
+            signal.signal(sig, lambda _sig, _frame: deadline.start())
         log.info("gateway on http://%s:%d (OpenEnv /ws, /mcp; MCP /episodes/<id>/mcp)", host, port)
         await server.serve()  # returns on SIGINT/SIGTERM (uvicorn handles both)
         if not server.started:
@@ -95,11 +116,15 @@ async def serve(host: str, port: int, *, with_worker: bool) -> None:
 def run(host: str, port: int, *, with_worker: bool) -> int:
     """Serve until a signal; the exit status (0 clean, 1 failure, 2 bad settings)."""
     from posttrain_env.entrypoints.temporal_dev import EmbeddedTemporalError
+    from posttrain_env.keys import ServerKeyError
 
     try:
         asyncio.run(serve(host, port, with_worker=with_worker))
     except ValidationError as exc:
         print(f"posttrain-env: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    except ServerKeyError as exc:
+        print(f"posttrain-env: {exc}", file=sys.stderr)
         return 2
     except EmbeddedTemporalError as exc:
         print(f"posttrain-env: {exc}", file=sys.stderr)

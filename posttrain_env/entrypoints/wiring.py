@@ -51,6 +51,7 @@ from posttrain_env.contracts.audit import AuditRecord
 from posttrain_env.contracts.episode_calls import EpisodeStatus, ToolCall, ToolResult
 from posttrain_env.contracts.episodes import Caps, ServerSpend
 from posttrain_env.errors import update_failure, workflow_is_gone
+from posttrain_env.keys import ServerKey
 from posttrain_env.limits import GIB
 from posttrain_env.settings import Settings
 from workflows.account import AccountState, AccountWorkflow, Admission, ExposureCheck
@@ -83,14 +84,15 @@ class TemporalEpisodeTrail:
 # -- backends ------------------------------------------------------------------------------------
 
 
-def make_backend(settings: Settings) -> JobsBackend:
-    """The backend `POSTTRAIN_BACKEND` names. Raises SystemExit with a message a person can act
-    on when it cannot be built (e.g. `hf` without `HF_TOKEN`)."""
+def make_backend(settings: Settings, key: ServerKey) -> JobsBackend:
+    """The backend `POSTTRAIN_BACKEND` names (`key`: the deployment's server key, which names
+    the deployment's Hugging Face jobs). Raises SystemExit with a message a person can act on
+    when it cannot be built (e.g. `hf` without `HF_TOKEN`)."""
     if settings.backend == "fake":
         return fake_backend(settings)
     if settings.backend == "local":
         return local_backend(settings)
-    return hf_backend(settings)
+    return hf_backend(settings, key)
 
 
 def fake_backend(settings: Settings) -> JobsBackend:
@@ -159,7 +161,7 @@ def local_backend(settings: Settings) -> JobsBackend:
     return backend
 
 
-def hf_backend(settings: Settings) -> JobsBackend:
+def hf_backend(settings: Settings, key: ServerKey) -> JobsBackend:
     """The broker's token goes into exactly one place, the HfApi that starts jobs (DESIGN §6).
     SystemExit naming HF_TOKEN when it is not set."""
     from huggingface_hub import HfApi
@@ -181,7 +183,8 @@ def hf_backend(settings: Settings) -> JobsBackend:
     return HfBackend(
         HfApi(token=token, library_name="posttrain-env"),
         HfApi(token=False, library_name="posttrain-env"),
-        deployment=deployment_id(settings.state_dir / "server.key"),
+        # Every worker of the deployment holds its key: they all watch and reap the same jobs.
+        deployment=deployment_id(key),
         namespace=settings.namespace,
         config=config,
         # Where jobs were started, for the reaper (activities/hf/namespaces.py).

@@ -8,9 +8,10 @@ import asyncio
 import importlib.metadata
 import logging
 import signal
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from temporalio.client import Client
 from temporalio.worker import Interceptor, Worker
@@ -25,6 +26,8 @@ from activities.hf.attempt_clock import AttemptClock
 from activities.jobs import JobsActivities
 from activities.retention import RetentionActivities
 from activities.storage import JobStorage, NoStorage
+from posttrain_env.entrypoints.deployment_key import check_deployment, resolve_server_key
+from posttrain_env.entrypoints.shutdown import ShutdownDeadline
 from posttrain_env.entrypoints.temporal_client import connect
 from posttrain_env.entrypoints.temporal_setup import require_search_attributes
 from posttrain_env.entrypoints.wiring import (
@@ -38,11 +41,12 @@ from posttrain_env.entrypoints.wiring import (
     schedule_reaper_soon,
     schedule_retention_soon,
 )
-from posttrain_env.keys import ServerKey
+from posttrain_env.keys import ServerKey, ServerKeyError
 from posttrain_env.settings import Settings
 from tasks.registry import TASKS_DIR
 from workflows.account import AccountWorkflow
 from workflows.campaign import CampaignWorkflow
+from workflows.deployment import DeploymentWorkflow
 from workflows.episode import EpisodeWorkflow
 from workflows.ids import account_workflow_id, watcher_workflow_id
 from workflows.job import JobWorkflow
@@ -60,6 +64,7 @@ LOCAL_WATCH_INTERVAL_S = 2.0
 LOCAL_BRISK_LOOK_S = 0.1
 
 WORKFLOWS: Sequence[type] = (
+    DeploymentWorkflow,
     SessionWorkflow,
     EpisodeWorkflow,
     JobWorkflow,
@@ -76,19 +81,20 @@ def build_worker(
     settings: Settings,
     backend: JobsBackend,
     *,
+    key: ServerKey,
     task_queue: str | None = None,
     tasks_dir: Path | None = None,
     watch_interval_s: float | None = None,
     storage: JobStorage | None = None,
 ) -> Worker:
     """A worker for `task_queue` (default: the settings') with every workflow and activity.
-    `storage`: where the backend keeps job folders (default: the backend's own)."""
+    `key`: the deployment's server key (`deployment_key.resolve_server_key`; a test passes its
+    own); `storage`: where the backend keeps job folders (default: the backend's own)."""
     queue = task_queue or settings.task_queue
     storage = storage or backend.storage()
     audit_dir = settings.audit_dir or settings.state_dir / "audit"
     tasks_dir = tasks_dir or settings.tasks_dir or TASKS_DIR
     namespace = client.namespace
-    key = ServerKey.load_or_create(settings.state_dir / "server.key")
     watcher = WatcherSettings(
         workflow_id=watcher_workflow_id(namespace, queue),
         interval_s=watch_interval_s
@@ -189,21 +195,42 @@ def _orphan_reaper(
 
 
 async def run_worker() -> None:
-    """`posttrain-env worker`: a worker of its own, until SIGINT or SIGTERM."""
+    """`posttrain-env worker`: a worker of its own, until SIGINT or SIGTERM. A server key that
+    is missing, bad or not the deployment's stops it with status 2 (SystemExit) and the reason."""
     settings = Settings()
-    backend = make_backend(settings)
+    try:
+        key = resolve_server_key(settings)
+    except ServerKeyError as exc:
+        refuse(exc)
+    backend = make_backend(settings, key.key)
     client = await connect(settings)
     await require_search_attributes(client, settings.temporal_address)
-    worker = build_worker(client, settings, backend)
+    try:
+        await check_deployment(client, settings.task_queue, key)
+    except ServerKeyError as exc:
+        refuse(exc)
+    worker = build_worker(client, settings, backend, key=key.key)
     stop = asyncio.Event()
+    deadline = ShutdownDeadline("the worker")
+
+    def stopping() -> None:
+        deadline.start()
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopping)
     log.info(
-        "worker on task queue %r at %s (backend %s)",
+        "worker on task queue %r at %s (backend %s, key fingerprint %s)",
         settings.task_queue,
         settings.temporal_address,
         backend.name,
+        key.fingerprint,
     )
     async with worker:
         await stop.wait()
+
+
+def refuse(problem: ServerKeyError) -> NoReturn:
+    print(f"posttrain-env worker: {problem}", file=sys.stderr, flush=True)
+    raise SystemExit(2)

@@ -38,6 +38,9 @@ class Workers:
         return {
             **self.server.env(),
             "TEMPORAL_ADDRESS": self.server.temporal_address,
+            # The deployment's key: the one the server made in its state dir (with
+            # TEMPORAL_ADDRESS set, a worker never makes one itself).
+            "POSTTRAIN_SERVER_KEY_FILE": str(self.server.state_dir / "server.key"),
             "POSTTRAIN_CAMPAIGNS_DIR": str(self.campaigns),
         }
 
@@ -45,6 +48,7 @@ class Workers:
         # No broker secret: its own state dir (no server key), the shared campaigns folder.
         env = {**self.env(), "POSTTRAIN_STATE_DIR": str(self.agent_state)}
         env.pop("POSTTRAIN_FAKE_SCENARIO", None)
+        env.pop("POSTTRAIN_SERVER_KEY_FILE")
         return env
 
     def start(self) -> None:

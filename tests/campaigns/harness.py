@@ -23,6 +23,7 @@ from posttrain_env.campaigns.records import RolloutRecord, read_records
 from posttrain_env.campaigns.spec import CampaignSpec, parse_spec
 from posttrain_env.entrypoints.agent_worker import build_agent_worker
 from posttrain_env.entrypoints.worker import build_worker
+from posttrain_env.keys import ServerKey
 from posttrain_env.settings import Settings
 from tests.workflows.harness import SKIP_STEP, write_task
 from workflows.campaign import CampaignWorkflow
@@ -170,7 +171,10 @@ async def running_campaigns(
     backend = FakeBackend(config.state_dir / "fake", scenario or FakeScenario())
     task_queue = f"tq-{uuid.uuid4().hex[:12]}"
     agent_queue = f"aq-{uuid.uuid4().hex[:12]}"
-    worker = build_worker(env.client, config, backend, task_queue=task_queue, tasks_dir=tasks_dir)
+    key = ServerKey.load_or_create(config.server_key_path)
+    worker = build_worker(
+        env.client, config, backend, key=key, task_queue=task_queue, tasks_dir=tasks_dir
+    )
     agents = build_agent_worker(
         env.client, config, agent_environ or agent_env(), task_queue=agent_queue
     )

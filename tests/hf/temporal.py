@@ -17,6 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.hf.backend import HfBackend
 from posttrain_env.entrypoints.worker import build_worker
+from posttrain_env.keys import ServerKey
 from posttrain_env.settings import Settings
 from tests.hf.conftest import make_backend
 from tests.hf.fake_hub import FakeHub, model_json
@@ -72,7 +73,10 @@ async def hf_worker(
     backend = backend or make_backend(hub)
     config = Settings(state_dir=tmp_path / "state", backend="fake", **settings)
     task_queue = task_queue or f"tq-{uuid.uuid4().hex[:12]}"
-    worker = build_worker(env.client, config, backend, task_queue=task_queue, tasks_dir=tasks_dir)
+    key = ServerKey.load_or_create(config.server_key_path)
+    worker = build_worker(
+        env.client, config, backend, key=key, task_queue=task_queue, tasks_dir=tasks_dir
+    )
     harness = Harness(env, env.client, task_queue, backend, config)  # type: ignore[arg-type]
     async with worker:
         try:

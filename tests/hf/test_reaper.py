@@ -28,6 +28,7 @@ from posttrain_env.entrypoints.wiring import (
     schedule_reaper_soon,
 )
 from posttrain_env.entrypoints.worker import build_worker
+from posttrain_env.keys import ServerKey
 from posttrain_env.settings import Settings
 from tests.conftest import binary
 from tests.hf.conftest import make_backend, request
@@ -139,7 +140,10 @@ async def test_the_hf_worker_schedules_the_reaper(
         client = env.client
         queue = f"tq-{uuid.uuid4().hex[:8]}"
         settings = Settings(state_dir=tmp_path / "state", backend="fake")
-        worker = build_worker(client, settings, backend, task_queue=queue, tasks_dir=tmp_path)
+        key = ServerKey.load_or_create(settings.server_key_path)
+        worker = build_worker(
+            client, settings, backend, key=key, task_queue=queue, tasks_dir=tmp_path
+        )
         async with worker:
             schedule = client.get_schedule_handle(reaper_schedule_id(client.namespace, queue))
             await _eventually(schedule.describe)

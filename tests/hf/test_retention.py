@@ -25,6 +25,7 @@ from posttrain_env.contracts.retention import RetentionPolicy, RetentionReport, 
 from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
 from posttrain_env.entrypoints.wiring import TemporalEpisodeLiveness, retention_schedule_id
 from posttrain_env.entrypoints.worker import build_worker
+from posttrain_env.keys import ServerKey
 from posttrain_env.settings import Settings
 from tests.conftest import binary
 from tests.hf.conftest import TOKEN, request
@@ -148,7 +149,10 @@ async def test_the_worker_schedules_the_retention_sweep_for_the_hf_backend(
     try:
         client = env.client
         queue = f"tq-{uuid.uuid4().hex[:8]}"
-        worker = build_worker(client, settings, backend, task_queue=queue, tasks_dir=tmp_path)
+        key = ServerKey.load_or_create(settings.server_key_path)
+        worker = build_worker(
+            client, settings, backend, key=key, task_queue=queue, tasks_dir=tmp_path
+        )
         async with worker:
             schedule = client.get_schedule_handle(retention_schedule_id(client.namespace, queue))
             described = await _eventually(schedule.describe)

@@ -26,6 +26,7 @@ from posttrain_env.entrypoints.cli import build_parser
 from posttrain_env.entrypoints.episodes_cli import run_episodes_async
 from posttrain_env.entrypoints.temporal_client import core_runtime
 from posttrain_env.entrypoints.worker import build_worker
+from posttrain_env.keys import ServerKey
 from posttrain_env.settings import Settings
 from tests.conftest import binary
 from tests.gateway.server import command
@@ -140,7 +141,10 @@ async def operated(
         )
         backend = FakeBackend(settings.state_dir / "fake", scenario)
         queue = f"tq-{uuid.uuid4().hex[:12]}"
-        worker = build_worker(env.client, settings, backend, task_queue=queue, tasks_dir=tasks_dir)
+        key = ServerKey.load_or_create(settings.server_key_path)
+        worker = build_worker(
+            env.client, settings, backend, key=key, task_queue=queue, tasks_dir=tasks_dir
+        )
         address = env.client.service_client.config.target_host
         async with worker:
             yield Operated(env.client, address, queue, backend, settings.state_dir)

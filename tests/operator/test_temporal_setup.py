@@ -12,6 +12,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
 from posttrain_env.entrypoints.temporal_setup import missing_search_attributes, tcld_commands
+from posttrain_env.keys import write_new_key
 from tests.conftest import binary
 from tests.gateway.server import ServerProcess, command
 
@@ -40,7 +41,10 @@ async def test_server_refuses_without_attributes_and_starts_after_temporal_setup
         missing = await missing_search_attributes(env.client)
         assert missing.names == [key.name for key in SEARCH_ATTRIBUTES]
 
-        server = ServerProcess(tmp_path / "state", extra_env={"TEMPORAL_ADDRESS": address})
+        key = tmp_path / "server.key"
+        write_new_key(key)
+        extra = {"TEMPORAL_ADDRESS": address, "POSTTRAIN_SERVER_KEY_FILE": str(key)}
+        server = ServerProcess(tmp_path / "state", extra_env=extra)
         with pytest.raises(RuntimeError, match="the server exited") as refused:
             server.start()
         assert server.proc is not None and server.proc.returncode == 2

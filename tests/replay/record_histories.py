@@ -88,6 +88,7 @@ async def fake_stack(
 ) -> AsyncIterator[tuple[Client, str]]:
     from activities.fake.backend import FakeBackend
     from posttrain_env.entrypoints.worker import build_worker
+    from posttrain_env.keys import ServerKey
     from posttrain_env.settings import Settings
     from tests.workflows.harness import write_task
 
@@ -96,7 +97,10 @@ async def fake_stack(
     config = Settings(state_dir=workdir / "state", backend="fake", **settings)
     backend = FakeBackend(config.state_dir / "fake", scenario)
     queue = f"record-{uuid.uuid4().hex[:8]}"
-    async with build_worker(env.client, config, backend, task_queue=queue, tasks_dir=tasks_dir):
+    key = ServerKey.load_or_create(config.server_key_path)
+    async with build_worker(
+        env.client, config, backend, key=key, task_queue=queue, tasks_dir=tasks_dir
+    ):
         yield env.client, queue
 
 
@@ -340,16 +344,18 @@ async def record_t0_artifact(out: Path, workdir: Path) -> list[Path]:
     from posttrain_env.entrypoints.demo import play
     from posttrain_env.entrypoints.wiring import make_backend
     from posttrain_env.entrypoints.worker import build_worker
+    from posttrain_env.keys import ServerKey
     from posttrain_env.settings import Settings
 
     settings = Settings(state_dir=workdir / "state", backend="local")
+    key = ServerKey.load_or_create(settings.server_key_path)
     env = await dev_server()
     async with env:
-        backend = make_backend(settings)
-        async with build_worker(env.client, settings, backend):
+        backend = make_backend(settings, key)
+        async with build_worker(env.client, settings, backend, key=key):
             port = free_port()
             server = uvicorn.Server(
-                uvicorn_config(create_app(settings, env.client), "127.0.0.1", port)
+                uvicorn_config(create_app(settings, env.client, key), "127.0.0.1", port)
             )
             serving = asyncio.create_task(server.serve())
             await started(server)

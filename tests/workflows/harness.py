@@ -17,6 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities.fake.backend import FakeBackend, FakeScenario
 from mcp_gateway.episode_calls import call_tool
 from posttrain_env.entrypoints.worker import build_worker
+from posttrain_env.keys import ServerKey
 from posttrain_env.settings import Settings
 from workflows.episode import EpisodeWorkflow
 from workflows.episode_contract import EpisodeStatus, ToolCall, ToolResult
@@ -247,7 +248,12 @@ async def running_worker(
     config = Settings(state_dir=tmp_path / "state", backend="fake", **settings)
     backend = backend_class(config.state_dir / "fake", scenario or FakeScenario())
     task_queue = f"tq-{uuid.uuid4().hex[:12]}"
-    worker = build_worker(env.client, config, backend, task_queue=task_queue, tasks_dir=tasks_dir)
+    # The harness holds its deployment's key itself (no deployment check: the time-skipping
+    # server runs no DeploymentWorkflow); its tests read the same file.
+    key = ServerKey.load_or_create(config.server_key_path)
+    worker = build_worker(
+        env.client, config, backend, key=key, task_queue=task_queue, tasks_dir=tasks_dir
+    )
     harness = Harness(env, env.client, task_queue, backend, config)
     async with worker:
         try:

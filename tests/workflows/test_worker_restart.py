@@ -26,6 +26,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
 from posttrain_env.contracts.jobs import JobRole
 from posttrain_env.contracts.visibility import dev_server_flags
+from posttrain_env.keys import write_new_key
 from tests.conftest import binary
 from tests.workflows.harness import Answer, write_task
 from workflows.episode import EpisodeWorkflow
@@ -164,6 +165,9 @@ async def test_a_worker_killed_mid_episode_and_a_new_one_finish_the_same_episode
     task_queue = f"tq-restart-{uuid.uuid4().hex[:12]}"
     log = tmp_path / "worker.log"
 
+    key = tmp_path / "server.key"
+    write_new_key(key)
+
     async with dev_server(tmp_path / "temporal.db") as (address, client):
         env = {
             **os.environ,
@@ -174,6 +178,8 @@ async def test_a_worker_killed_mid_episode_and_a_new_one_finish_the_same_episode
             "POSTTRAIN_TASKS_DIR": str(tmp_path / "tasks"),
             "POSTTRAIN_WATCH_INTERVAL_S": "1",
             "POSTTRAIN_FAKE_SCENARIO": str(tmp_path / "scenario.json"),
+            # With TEMPORAL_ADDRESS a worker needs the deployment's key: both workers hold it.
+            "POSTTRAIN_SERVER_KEY_FILE": str(key),
         }
 
         def log_tail() -> str:
