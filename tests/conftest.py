@@ -9,7 +9,17 @@ so each test gets its own and no test can stall another.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import sys
+
+# Bytecode caches on, for this process and every process the suite starts (servers, workers,
+# agent turns), even where the environment turns them off (PYTHONDONTWRITEBYTECODE=1 on these
+# machines): without them each of those processes compiles every module it imports again, and
+# so does Temporal's workflow sandbox for each workflow run. Python's default; .gitignore
+# keeps the caches out of the repository.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
