@@ -12,14 +12,6 @@ import logging
 import os
 import shutil
 import sys
-
-# Bytecode caches on, for this process and every process the suite starts (servers, workers,
-# agent turns), even where the environment turns them off (PYTHONDONTWRITEBYTECODE=1 on these
-# machines): without them each of those processes compiles every module it imports again, and
-# so does Temporal's workflow sandbox for each workflow run. Python's default; .gitignore
-# keeps the caches out of the repository.
-os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-sys.dont_write_bytecode = False
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -30,6 +22,16 @@ from temporalio.testing import WorkflowEnvironment
 from posttrain_env.entrypoints.temporal_client import CORE_LOGGER, core_runtime
 from posttrain_env.entrypoints.temporal_setup import add_search_attributes
 from tests.payload_limits import payload_limit_violations
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Bytecode caches on, for this process and every process the suite starts (xdist workers,
+    servers, workers, agent turns), even where the environment turns them off
+    (PYTHONDONTWRITEBYTECODE=1 on these machines): without them each of those processes
+    compiles every module it imports again, and so does Temporal's workflow sandbox for each
+    workflow run. Python's default; .gitignore keeps the caches out of the repository."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
 
 
 def binary(name: str) -> str:
