@@ -40,10 +40,11 @@ from workflows.recent import encoded_bytes as encoded
 _INPUT_OVERHEAD = len('{"setup":,"carry":}')
 
 
-def bounded_answer(result: ToolResult, limit: int = MAX_ANSWER_BYTES) -> ToolResult:
-    """`result`, or, when it would take more than `limit` bytes, the same answer (metadata, end,
-    reward) whose data is a typed `limit_reached` error: an answer that large would wedge the
-    episode instead of reaching its caller."""
+def bounded_answer(result: ToolResult, limit: int | None = None) -> ToolResult:
+    """`result`, or, when it would take more than `limit` bytes (MAX_ANSWER_BYTES), the same
+    answer (metadata, end, reward) whose data is a typed `limit_reached` error: an answer that
+    large would wedge the episode instead of reaching its caller."""
+    limit = MAX_ANSWER_BYTES if limit is None else limit
     size = encoded(result)
     if size <= limit:
         return result
@@ -63,9 +64,11 @@ def carry_bytes(setup: EpisodeSetup, carry: EpisodeCarry) -> int:
     return _INPUT_OVERHEAD + encoded(setup) + encoded(carry)
 
 
-def fit_carry(setup: EpisodeSetup, carry: EpisodeCarry, limit: int = MAX_CARRY_BYTES) -> int:
-    """Shrink `carry` until the continue-as-new input takes at most `limit` bytes (see the
-    module's docstring); the input's size then. Nothing changes when it already fits."""
+def fit_carry(setup: EpisodeSetup, carry: EpisodeCarry, limit: int | None = None) -> int:
+    """Shrink `carry` until the continue-as-new input takes at most `limit` bytes
+    (MAX_CARRY_BYTES; see the module's docstring); the input's size then. Nothing changes when
+    it already fits."""
+    limit = MAX_CARRY_BYTES if limit is None else limit
     size = carry_bytes(setup, carry)
     if size <= limit:
         return size
