@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -169,8 +170,18 @@ def test_posttrain_env_raises_at_once_for_a_request_the_server_cannot_take(
         assert info.observation.metadata["steps_used"] == 1
 
 
-def raw_post(server: ServerProcess, path: str, headers: dict[str, str], chunks: Iterator[bytes]):
-    """POST with a raw socket: the status line, while the body is still being sent."""
+def raw_post(
+    server: ServerProcess, path: str, headers: dict[str, str], chunks: Iterator[bytes]
+) -> int:
+    """POST with a raw socket: the status, read while the body is still being sent."""
+    return raw_post_reply(server, path, headers, chunks)[0]
+
+
+def raw_post_reply(
+    server: ServerProcess, path: str, headers: dict[str, str], chunks: Iterator[bytes]
+) -> tuple[int, bytes]:
+    """POST with a raw socket: the status and the body of the answer, read while the request's
+    body is still being sent."""
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
     head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
@@ -186,11 +197,18 @@ def raw_post(server: ServerProcess, path: str, headers: dict[str, str], chunks: 
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
     try:
-        status = sock.makefile("rb").readline().decode()
+        reply = sock.makefile("rb")
+        status = reply.readline().decode()
+        length = 0
+        while (line := reply.readline().decode().strip()) != "":
+            name, _, value = line.partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        body = reply.read(length)
     finally:
         sock.close()
     feeder.join(timeout=30)
-    return int(status.split()[1])
+    return int(status.split()[1]), body
 
 
 @pytest.mark.parametrize("path", ["/mcp", "/step", "/reset", "/episodes"])
@@ -216,6 +234,46 @@ def test_a_100_mib_body_is_refused_with_413_without_being_read(
     grown_mib = (rss_peak_kib(server_pid(server)) - peak) / 1024
     print(f"{path}: server peak memory grew by {grown_mib:.1f} MiB for 200 MiB refused")
     assert grown_mib < 100  # a streamed body is read up to the 32 MiB limit, never past it
+
+
+async def test_a_body_over_the_limit_is_a_json_rpc_413_on_the_episode_mcp_endpoint(
+    server: ServerProcess,
+) -> None:
+    """MCP clients show a refusal only when it is a JSON-RPC error: the endpoint's 413 is one,
+    for a declared and for a streamed body, and neither is read past the limit."""
+    episode = await create_episode(server)
+    path = urlsplit(episode["mcp_url"]).path
+    headers = {
+        "Authorization": f"Bearer {episode['episode_token']}",
+        "Accept": "application/json, text/event-stream",
+    }
+    peak = rss_peak_kib(server_pid(server))
+    size = 100 * 1024 * 1024
+    declared = raw_post_reply(
+        server,
+        path,
+        {**headers, "Content-Length": str(size)},
+        (b"x" * (1 << 20) for _ in range(100)),
+    )
+    streamed = raw_post_reply(
+        server,
+        path,
+        {**headers, "Transfer-Encoding": "chunked"},
+        (f"{1 << 20:x}\r\n".encode() + b"x" * (1 << 20) + b"\r\n" for _ in range(100)),
+    )
+    for status, body in (declared, streamed):
+        assert status == 413, body
+        error = json.loads(body)["error"]
+        assert error["code"] == -32030 and error["data"] == {
+            "code": "PAYLOAD_TOO_LARGE",
+            "status": 413,
+        }
+        assert str(MAX_BODY_BYTES) in error["message"]
+    grown_mib = (rss_peak_kib(server_pid(server)) - peak) / 1024
+    print(f"episode MCP: server peak memory grew by {grown_mib:.1f} MiB for 200 MiB refused")
+    assert grown_mib < 100  # a streamed body is read up to the 32 MiB limit, never past it
+    async with mcp_session(episode) as session:  # and the endpoint goes on serving
+        assert data(await session.call_tool("task_info", {}))["task_id"] == "t0_artifact"
 
 
 # -- deep JSON and invented session ids -----------------------------------------------------------

@@ -27,6 +27,7 @@ from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
 from posttrain_env.contracts.jobs import JobRole
 from posttrain_env.contracts.visibility import dev_server_flags
 from tests.conftest import binary
+from tests.payload_limits import assert_no_violation_in
 from tests.workflows.harness import Answer, write_task
 from workflows.episode import EpisodeWorkflow
 from workflows.episode_contract import EpisodeStatus, ToolCall, ToolResult
@@ -134,6 +135,7 @@ def worker_process(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[
         yield proc
     finally:
         stop(proc)
+        assert_no_violation_in(log)  # the check in-process workers get from tests/conftest.py
 
 
 async def call(
