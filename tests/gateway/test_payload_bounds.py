@@ -4,11 +4,12 @@ WebSocket messages over the transport limit, deep JSON, and session ids the serv
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -16,15 +17,24 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from openenv.core.env_server.mcp_types import CallToolAction
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 import posttrain_env.client
+from activities.fake.backend import FakeScenario
 from posttrain_env import PostTrainEnv
 from posttrain_env.client import RequestTooLarge
-from posttrain_env.limits import MAX_BODY_BYTES
-from tests.gateway.server import ServerProcess, frame, ws_url
+from posttrain_env.limits import (
+    MAX_BODY_BYTES,
+    MAX_LOG_ANSWER_BYTES,
+    MAX_LOG_LINE_BYTES,
+    json_size,
+)
+from tests.gateway.server import ServerProcess, frame, wait_until_ended, ws_url
 from tests.gateway.test_mcp_endpoint import create_episode, data, mcp_session
+from workflows.ids import episode_workflow_id
 
 SUBMIT = {"flavor": "cpu-basic", "timeout_minutes": 5}
 OVERSIZED = {
@@ -133,6 +143,74 @@ async def test_the_episode_mcp_endpoint_answers_oversized_calls_as_typed_steps(
             assert result.meta is not None and result.meta["steps_used"] == n
         info = await session.call_tool("task_info", {})
         assert data(info)["task_id"] == "t0_artifact"
+
+
+def test_a_loud_local_jobs_logs_are_bounded_through_an_episode_and_survive_continue_as_new(
+    make_server: Callable[[FakeScenario], ServerProcess],
+) -> None:
+    """A real job on the local backend prints a 5 MB line and 2,000 lines of 5 KB: every
+    `jobs_logs` answer keeps the newest lines, each cut to 4 KiB, and says what it cut; after a
+    forced continue-as-new the episode goes on and an old request is answered, not run again."""
+    server = make_server(FakeScenario())
+    server.extra_env["POSTTRAIN_BACKEND"] = "local"
+    server.extra_env["POSTTRAIN_CONTINUE_AS_NEW_EVENTS"] = "100"
+    server.start()
+    loud = (
+        "import sys\n"
+        "sys.stdout.write('L' * 5_000_000 + '\\n')\n"
+        "for i in range(2000):\n"
+        "    sys.stdout.write(f'{i:04d} ' + 'y' * 5000 + '\\n')\n"
+    )
+    with PostTrainEnv(base_url=server.base_url, message_timeout_s=600).sync() as env:
+        env.reset(task_id="t0_artifact")
+        episode_id = env.episode_id
+        assert episode_id is not None
+        first_run = asyncio.run(run_id_of(server, episode_id))
+        job = env.step(
+            CallToolAction(tool_name="jobs_submit", arguments={**SUBMIT, "script": loud})
+        )
+        job_id = job.observation.result["data"]["job_id"]
+        waited, states = wait_until_ended(env, job_id, timeout_s=120)
+        assert states[-1] == "succeeded", waited.observation.result
+        answers = []
+        for n in range(10):
+            logs = env.step(
+                CallToolAction(
+                    tool_name="jobs_logs",
+                    arguments={"job_id": job_id, "tail": 2000},
+                    metadata={"request_id": f"logs-{n}"},
+                )
+            )
+            answer = logs.observation.result["data"]
+            answers.append(answer)
+            lines = answer["lines"]
+            assert len(json.dumps(lines, ensure_ascii=False).encode()) <= MAX_LOG_ANSWER_BYTES
+            assert all(json_size(line) <= MAX_LOG_LINE_BYTES for line in lines)
+            printed = [line for line in lines if line[:4].isdigit()]
+            assert printed[-1].startswith("1999 ")  # the newest of the job's own lines
+            assert json_size(printed[-1]) > MAX_LOG_LINE_BYTES - 16  # ... cut to 4 KiB
+            assert answer["truncated"]["lines"] > 0 and answer["truncated"]["bytes"] > 0
+        deadline = time.monotonic() + 120
+        while asyncio.run(run_id_of(server, episode_id)) == first_run:
+            assert time.monotonic() < deadline, "the episode did not continue as new"
+            time.sleep(0.5)
+        steps = env.state().step_count
+        again = env.step(
+            CallToolAction(
+                tool_name="jobs_logs",
+                arguments={"job_id": job_id},
+                metadata={"request_id": "logs-0"},
+            )
+        )
+        assert again.observation.result["data"]["error"]["type"] == "already_answered"
+        status = env.step(CallToolAction(tool_name="jobs_status", arguments={"job_id": job_id}))
+        assert status.observation.result["data"]["state"] == "succeeded"
+        assert env.state().step_count == steps + 1  # the old request was not a step
+
+
+async def run_id_of(server: ServerProcess, episode_id: str) -> str:
+    client = await Client.connect(server.temporal_address, data_converter=pydantic_data_converter)
+    return (await client.get_workflow_handle(episode_workflow_id(episode_id)).describe()).run_id
 
 
 # -- transport limits ----------------------------------------------------------------------------
