@@ -58,6 +58,8 @@ def read_launcher_lines(lines: Iterable[str], nonce: str) -> LauncherReport:
             packages = payload.get("packages")
             if isinstance(packages, dict):
                 for name, version in list(packages.items())[:MAX_PACKAGES]:
+                    if len(installed) >= MAX_PACKAGES:  # in all lines together, not each
+                        break
                     if isinstance(name, str) and isinstance(version, str):
                         installed[name[:200]] = version[:100]
             if isinstance(payload.get("installer"), str):

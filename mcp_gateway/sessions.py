@@ -83,7 +83,8 @@ def request_id_of(value: object) -> str:
         return uuid.uuid4().hex
     if not isinstance(value, str) or not _REQUEST_ID.fullmatch(value):
         raise SessionError(
-            GatewayCode.invalid_request_id, "request_id must be 1-200 printable ASCII characters"
+            GatewayCode.invalid_request_id,
+            f"request_id must be 1-{MAX_REQUEST_ID_CHARS} printable ASCII characters",
         )
     return value
 

@@ -8,13 +8,16 @@ from datetime import UTC, datetime
 import pydantic_core
 import pytest
 
+from activities.launcher_report import read_launcher_lines
 from job_launcher import trusted_lines
 from job_launcher.requirements import merged_dependencies, validate_script
+from job_launcher.trusted_lines import LAUNCHER_TAG, format_trusted_line
 from mcp_gateway.bounds import MalformedJson, parse_json
 from mcp_gateway.episode_calls import tool_call
-from mcp_gateway.sessions import SessionIds
+from mcp_gateway.sessions import SessionIds, request_id_of
 from posttrain_env.contracts.episodes import Caps, EpisodeSetup
 from posttrain_env.contracts.jobs import BackendJob, RepoRef, ScoreResult
+from posttrain_env.contracts.retention import cut as retention_cut
 from posttrain_env.errors import ErrorType, SessionError, ToolError
 from posttrain_env.keys import ServerKey
 from posttrain_env.limits import (
@@ -26,9 +29,12 @@ from posttrain_env.limits import (
     MAX_FLAVOR_CHARS,
     MAX_JOBS_PER_EPISODE,
     MAX_JSON_DEPTH,
+    MAX_LAUNCHER_PACKAGES,
     MAX_LOG_ANSWER_BYTES,
     MAX_LOG_LINE_BYTES,
     MAX_MESSAGE_CHARS,
+    MAX_REQUEST_ID_CHARS,
+    MAX_RETENTION_MESSAGE_CHARS,
     MAX_SCORE_DETAILS_BYTES,
     MAX_SCRIPT_BYTES,
     MAX_STEPS,
@@ -263,6 +269,36 @@ def test_json_deeper_than_the_limit_is_malformed_and_never_a_recursion_error() -
         parse_json('{"a":' * 100_000 + "1" + "}" * 100_000)
     with pytest.raises(MalformedJson, match="invalid JSON"):
         parse_json(b"\xff{")
+
+
+def test_a_request_id_is_at_most_200_printable_ascii_characters() -> None:
+    assert request_id_of("r" * MAX_REQUEST_ID_CHARS) == "r" * MAX_REQUEST_ID_CHARS
+    for bad in ["r" * (MAX_REQUEST_ID_CHARS + 1), "with space", "é"]:
+        with pytest.raises(SessionError) as info:
+            request_id_of(bad)
+        assert info.value.code == "INVALID_REQUEST_ID" and "1-200" in info.value.message
+
+
+# -- what an operator meets ----------------------------------------------------------------------
+
+
+def test_a_retention_sweeps_messages_are_cut() -> None:
+    assert len(retention_cut("m" * 100_000)) == MAX_RETENTION_MESSAGE_CHARS
+    assert retention_cut("short") == "short"
+
+
+def test_a_job_keeps_at_most_512_installed_versions_for_the_audit() -> None:
+    nonce = "n" * 32
+    lines = [
+        format_trusted_line(
+            LAUNCHER_TAG,
+            nonce,
+            {"stage": "installed", "packages": {f"p{b}-{i}": "1" for i in range(300)}},
+        )
+        for b in range(3)
+    ]
+    report = read_launcher_lines(lines, nonce)
+    assert len(report.installed) == MAX_LAUNCHER_PACKAGES
 
 
 # -- session ids ---------------------------------------------------------------------------------
