@@ -34,14 +34,14 @@ from posttrain_env.contracts.jobs import (
 )
 from posttrain_env.errors import ErrorType, ToolError, agent_errors, artifact_rejected
 from posttrain_env.keys import ServerKey
-from posttrain_env.limits import bound_log_lines, cut_text
+from posttrain_env.limits import LAUNCHER_LOG_TAIL, bound_log_lines, cut_text
 from posttrain_env.models import JobState, TaskSpec
 from tasks.registry import TaskSpecError, evaluator_script, load_task
 
 HIDDEN_SEED_SECRET = "POSTTRAIN_HIDDEN_SPLIT_SEED"
-# The launcher's lines come first (installed) and last (the end): a failure before the script
-# ran leaves a short log; a script that ran may have printed much, and its exit line is last.
-LAUNCHER_LOG_TAIL = 2000
+# LAUNCHER_LOG_TAIL: the launcher's lines come first (installed) and last (the end): a failure
+# before the script ran leaves a short log; a script that ran may have printed much, and its
+# exit line is last.
 # An evaluation's task parameters (`[evaluation]` of task.toml), as JSON.
 TASK_PARAMS_ENV = "POSTTRAIN_TASK_PARAMS"
 

@@ -14,10 +14,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from job_launcher.trusted_lines import LAUNCHER_TAG, trusted_payloads
+from posttrain_env.limits import MAX_LAUNCHER_ERROR_CHARS, MAX_LAUNCHER_PACKAGES
 
 # Versions kept per job (a job may install many packages; the record stays bounded).
-MAX_PACKAGES = 512
-MAX_ERROR_CHARS = 600
+MAX_PACKAGES = MAX_LAUNCHER_PACKAGES
+MAX_ERROR_CHARS = MAX_LAUNCHER_ERROR_CHARS
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ def read_launcher_lines(lines: Iterable[str], nonce: str) -> LauncherReport:
             packages = payload.get("packages")
             if isinstance(packages, dict):
                 for name, version in list(packages.items())[:MAX_PACKAGES]:
+                    if len(installed) >= MAX_PACKAGES:  # in all lines together, not each
+                        break
                     if isinstance(name, str) and isinstance(version, str):
                         installed[name[:200]] = version[:100]
             if isinstance(payload.get("installer"), str):

@@ -11,7 +11,7 @@ Public API:
         and index/find-links settings are refused. Returns the normalized strings (canonical
         name, sorted extras, packaging's rendering of specifiers and marker), which always match
         `STRICT_REQUIREMENT_PATTERN` — the same pattern the stdlib launcher re-checks with.
-        Raises ToolError(invalid_dependency, message, requirement=<the offending string>).
+        Raises ToolError(invalid_dependency, message, requirement=<the offending string, cut>).
 
     script_dependencies(script) -> list[str]
         The `dependencies` of the script's PEP 723 `# /// script` block, unvalidated ([] when the
@@ -43,7 +43,13 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from posttrain_env.errors import ErrorType, ToolError
-from posttrain_env.limits import MAX_DEPENDENCIES, MAX_REQUIREMENT_CHARS, MAX_SCRIPT_BYTES
+from posttrain_env.limits import (
+    MAX_DEPENDENCIES,
+    MAX_ERROR_DETAIL_CHARS,
+    MAX_REQUIREMENT_CHARS,
+    MAX_SCRIPT_BYTES,
+    cut_text,
+)
 
 # Control characters a script may not contain: all but tab, newline, form feed and carriage
 # return. Each one takes six bytes as JSON, so a legal-sized script of them would otherwise be
@@ -70,12 +76,16 @@ _PEP723_BLOCK = re.compile(
 
 
 def _refuse(requirement: object, why: str) -> ToolError:
+    # The agent's string is quoted cut (a script header can hold one of 240 KB): the message
+    # must still say why, and the answer stays small.
+    text = requirement if isinstance(requirement, str) else repr(requirement)
+    quoted = cut_text(repr(text), MAX_ERROR_DETAIL_CHARS)
     return ToolError(
         ErrorType.invalid_dependency,
-        f"dependency {requirement!r}: {why}. Give plain PyPI requirement strings such as "
+        f"dependency {quoted}: {why}. Give plain PyPI requirement strings such as "
         "'numpy', 'transformers[torch]>=4.40,<5' or 'trl==0.9.6; python_version >= \"3.10\"'; "
         "packages are installed from PyPI wheels only.",
-        requirement=requirement if isinstance(requirement, str) else repr(requirement),
+        requirement=cut_text(text, MAX_ERROR_DETAIL_CHARS),
     )
 
 

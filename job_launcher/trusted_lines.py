@@ -22,7 +22,9 @@ from typing import Any
 NONCE_ENV = "POSTTRAIN_NONCE"
 LAUNCHER_TAG = "POSTTRAIN_LAUNCHER"
 SCORE_TAG = "POSTTRAIN_SCORE"
-# A trusted line is short; anything longer is not one of ours (and is not worth parsing).
+# A trusted line is short; anything longer is not one of ours (and is not worth parsing). The
+# same as posttrain_env.limits.MAX_TRUSTED_LINE_CHARS: this package keeps its own copy (standard
+# library only), and a test binds the two.
 MAX_TRUSTED_LINE_CHARS = 16_384
 
 

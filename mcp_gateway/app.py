@@ -7,6 +7,7 @@ is stateless: sessions and episodes are workflows, found again from their ids.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -36,7 +37,7 @@ from mcp_gateway.wire import (
     SchemaResponse,
     State,
 )
-from posttrain_env.errors import GatewayCode, SessionError
+from posttrain_env.errors import GatewayCode, SessionError, temporal_failure
 from posttrain_env.keys import ServerKey
 from posttrain_env.limits import MAX_BODY_BYTES
 from posttrain_env.settings import Settings
@@ -91,7 +92,11 @@ def create_app(settings: Settings, client: Client, key: ServerKey) -> FastAPI:
     )
     # The standard MCP endpoint of each episode, behind its episode token (not the API keys).
     episode_mcp = EpisodeMcp()
-    app.router.routes.append(Route("/episodes/{episode_id}/mcp", endpoint=episode_mcp))
+    # Its route lifts the app's body limit (a route's limit replaces the app's): the endpoint
+    # applies the same one itself, and answers 413 as a JSON-RPC error, which MCP clients show.
+    app.router.routes.append(
+        Route("/episodes/{episode_id}/mcp", endpoint=episode_mcp, max_body_size=sys.maxsize)
+    )
     app.include_router(episodes_router)
 
     def protocol(request: Request) -> OpenEnvProtocol:
@@ -170,8 +175,9 @@ def create_app(settings: Settings, client: Client, key: ServerKey) -> FastAPI:
     @app.exception_handler(RPCError)
     async def temporal_error(_request: Request, err: RPCError) -> JSONResponse:
         log.warning("Temporal call failed: %s", err.status)
-        detail = {"code": "UNAVAILABLE", "message": "the episode service is unavailable; retry"}
-        return JSONResponse({"detail": detail}, 503)
+        answer = temporal_failure(err)  # transient (503) or permanent, never guessed
+        detail = {"code": answer.code.value, "message": answer.message}
+        return JSONResponse({"detail": detail}, answer.status)
 
     app.add_middleware(ApiKeyGuard, api_keys=settings.api_key_list)
     # Outermost: refuses a foreign Host or Origin before any route runs (DESIGN §9).

@@ -3,8 +3,11 @@
 Bodies: an HTTP request body over MAX_BODY_BYTES is refused with 413 before it is read whole, on
 every route, by Starlette's own `RequestBodyLimitMiddleware` (`FastAPI(max_body_size=...)` in
 `create_app`): a declared length at the first read, a streamed body as soon as it passes the
-limit. WebSocket messages have the same limit, set on the server (`ws_max_size` in
-`uvicorn_config`), which closes the socket with 1009 without reading the message.
+limit. The one exception is an episode's MCP endpoint, which MCP clients read only as JSON-RPC:
+its route lifts Starlette's limit and `read_bounded_body` applies the same one, so that its 413
+can be a JSON-RPC error (mcp_gateway/refusals.py). WebSocket messages have the same limit, set
+on the server (`ws_max_size` in `uvicorn_config`), which closes the socket with 1009 without
+reading the message.
 
 `parse_json` refuses nesting deeper than MAX_JSON_DEPTH as malformed, instead of letting the
 parser's recursion fail with a 500.
@@ -18,7 +21,7 @@ from typing import Any
 from starlette.requests import Request
 
 from posttrain_env.errors import GatewayCode, SessionError
-from posttrain_env.limits import MAX_JSON_DEPTH
+from posttrain_env.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH
 
 # Routes read their JSON body themselves (bounded, depth-checked); this documents it in OpenAPI.
 JSON_OBJECT_BODY: dict[str, Any] = {
@@ -41,6 +44,22 @@ def parse_json(raw: bytes | str) -> Any:
     if _depth(value) > MAX_JSON_DEPTH:
         raise MalformedJson(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     return value
+
+
+async def read_bounded_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes | None:
+    """The request's body, or None as soon as it is known to be over `limit` bytes (a declared
+    length before anything is read, a streamed body once it passes the limit)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def read_json_object(request: Request) -> dict[str, Any]:

@@ -43,11 +43,11 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from mcp_gateway.auth import episode_refusal, headers_of
-from mcp_gateway.bounds import MalformedJson, parse_json
+from mcp_gateway.bounds import MalformedJson, parse_json, read_bounded_body
 from mcp_gateway.episode_calls import UnknownEpisode, call_tool, tool_call
 from mcp_gateway.refusals import refuse
 from mcp_gateway.sessions import request_id_of
-from posttrain_env.errors import ErrorType, SessionError, ToolError, is_error
+from posttrain_env.errors import ErrorType, SessionError, ToolError, is_error, temporal_failure
 from posttrain_env.keys import ServerKey
 from posttrain_env.limits import MAX_BODY_BYTES
 from posttrain_env.tools import tool_catalog
@@ -109,9 +109,15 @@ class EpisodeMcp:
             return
         if scope.get("method") == "POST":
             # The SDK's own parser fails with a 500 on deeply nested JSON: check it first, and
-            # hand the SDK the body we read (bounded by the gateway's BodyLimit).
+            # hand the SDK the body we read. Its size is bounded here, not by Starlette (the
+            # route lifts Starlette's limit): Starlette's 413 is plain text, which MCP clients
+            # do not show.
             request = Request(scope, receive)
-            body = await request.body()
+            body = await read_bounded_body(request)
+            if body is None:
+                message = f"the request body is over {MAX_BODY_BYTES} bytes; it was not read"
+                await refuse(scope, receive, send, 413, message, jsonrpc=True)
+                return
             try:
                 parse_json(body)
             except MalformedJson as exc:
@@ -154,9 +160,12 @@ class EpisodeMcp:
             return _result(ToolError(ErrorType.invalid_argument, err.message).envelope())
         except RPCError as err:
             log.warning("Temporal call failed for MCP %s: %s", name, err.status)
-            return types.CallToolResult(
-                content=[types.TextContent(type="text", text=UNAVAILABLE)], isError=True
-            )
+            answer = temporal_failure(err)
+            if answer.retryable:
+                return types.CallToolResult(
+                    content=[types.TextContent(type="text", text=UNAVAILABLE)], isError=True
+                )
+            return _result(answer.tool_error().envelope())  # permanent: typed, not retryable
         finally:
             if not work.done():  # a dropped client: our waiting ends, the update goes on
                 work.cancel()

@@ -21,7 +21,7 @@ from mcp_gateway import jsonrpc
 from mcp_gateway.bounds import MalformedJson, parse_json
 from mcp_gateway.protocol import OpenEnvProtocol
 from mcp_gateway.wire import JsonRpcRequest, WSErrorCode
-from posttrain_env.errors import GatewayCode, SessionError
+from posttrain_env.errors import GatewayCode, SessionError, temporal_failure
 
 log = logging.getLogger(__name__)
 # Sent for failures a retry with the same request id may fix (Temporal restarting, say).
@@ -106,7 +106,8 @@ async def _answer(
         ), False
     except RPCError as exc:
         log.warning("Temporal call failed for a %s frame: %s", kind, exc.status)
-        return _error("the episode service is temporarily unavailable; retry", UNAVAILABLE), False
+        answer = temporal_failure(exc)  # only UNAVAILABLE is worth sending again
+        return _error(answer.message, answer.code), False
     except Exception:
         log.exception("a %s frame failed", kind)
         return _error("internal error; retry the same request", UNAVAILABLE), False

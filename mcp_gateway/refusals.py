@@ -1,4 +1,4 @@
-"""The gateway's refusals before a route runs (401, 403, 404), in the form each client reads.
+"""The gateway's refusals before a route runs (401, 403, 404, 413), in the form each client reads.
 
 A plain route answers `{"detail": {"code", "message"}}`. An episode's MCP endpoint answers the
 same code and message as a JSON-RPC error as well (`{"jsonrpc": "2.0", "id": null, "error":
@@ -21,8 +21,8 @@ EPISODE_MCP_PATH = re.compile(r"/episodes/[^/]+/mcp")
 # servers (-32000 to -32099; no standard code exists for any of these), clear of the codes the
 # MCP SDKs give meaning to: -32000 connection closed, -32001 request timeout (inspect-ai reads a
 # -32001 as "the tool timed out"), -32020 to -32022, -32042.
-CODES = {401: "UNAUTHORIZED", 403: "FORBIDDEN", 404: "NOT_FOUND"}
-JSONRPC_CODES = {401: -32010, 403: -32013, 404: -32014}
+CODES = {401: "UNAUTHORIZED", 403: "FORBIDDEN", 404: "NOT_FOUND", 413: "PAYLOAD_TOO_LARGE"}
+JSONRPC_CODES = {401: -32010, 403: -32013, 404: -32014, 413: -32030}
 
 
 def refusal_body(status: int, message: str, *, jsonrpc: bool) -> dict[str, Any]:

@@ -1,10 +1,10 @@
 """Sessions resolved to Temporal workflows, with no state a restart could lose (DESIGN §9).
 
-A session id is a capability (192 random bits) that the gateway never stores or logs: the
-session's workflow id is a hash of it, so any replica, or this one after a restart, finds the
-same session from the id alone. The only memory is a cache of session -> current episode,
-re-resolved when a call answers `episode_over` (another replica may have reset the session) or
-the cached episode is unknown.
+A session id is a capability (128 random bits and a 128-bit HMAC tag of them under the server
+key: `SessionIds`) that the gateway never stores or logs: the session's workflow id is a hash
+of it, so any replica, or this one after a restart, finds the same session from the id alone.
+The only memory is a cache of session -> current episode, re-resolved when a call answers
+`episode_over` (another replica may have reset the session) or the cached episode is unknown.
 """
 
 from __future__ import annotations
@@ -37,13 +37,14 @@ from posttrain_env.errors import (
     workflow_is_gone,
 )
 from posttrain_env.keys import ServerKey
+from posttrain_env.limits import MAX_REQUEST_ID_CHARS
 from workflows.episode import EpisodeWorkflow
 from workflows.episode_contract import EpisodeStatus, ToolCall, ToolResult
 from workflows.ids import episode_workflow_id, session_workflow_id
 from workflows.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
 
 _SESSION_ID = re.compile(r"[0-9a-f]{64}")
-_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,200}")
+_REQUEST_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_REQUEST_ID_CHARS}}}")
 CACHE_SIZE = 10_000
 # How long `close` waits for the episode's jobs to be confirmed cancelled before answering
 # "closing" (the close itself is durable once Temporal has accepted it).
@@ -82,7 +83,8 @@ def request_id_of(value: object) -> str:
         return uuid.uuid4().hex
     if not isinstance(value, str) or not _REQUEST_ID.fullmatch(value):
         raise SessionError(
-            GatewayCode.invalid_request_id, "request_id must be 1-200 printable ASCII characters"
+            GatewayCode.invalid_request_id,
+            f"request_id must be 1-{MAX_REQUEST_ID_CHARS} printable ASCII characters",
         )
     return value
 

@@ -33,11 +33,13 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.frames import CloseCode
 
+from posttrain_env.errors import GatewayCode
 from posttrain_env.limits import MAX_ARGUMENTS_BYTES, MAX_BODY_BYTES
 
 log = logging.getLogger(__name__)
-# Error frames with this code are worth re-sending (the gateway could not reach Temporal).
-RETRYABLE_CODES = frozenset({"UNAVAILABLE"})
+# Error frames with this code are worth re-sending (the gateway could not reach Temporal); every
+# other code is permanent.
+RETRYABLE_CODES = frozenset({GatewayCode.unavailable.value})
 
 
 class RequestTooLarge(ValueError):
@@ -121,8 +123,9 @@ class PostTrainEnv(MCPToolClient):
         connections, server restarts and retryable error frames until `reconnect_timeout_s`.
 
         Raises TimeoutError when no reply arrives within `message_timeout_s` (the socket is
-        dropped first), ConnectionError when the server stays unreachable, RuntimeError for an
-        error frame that re-sending cannot fix."""
+        dropped first), ConnectionError when the server stays unreachable, RequestTooLarge for a
+        request the server refused for its size, RuntimeError for any other error frame that
+        re-sending cannot fix."""
         frame = json.dumps(message)
         if len(frame.encode()) > MAX_BODY_BYTES:
             raise RequestTooLarge(
@@ -161,6 +164,10 @@ class PostTrainEnv(MCPToolClient):
                 if response.get("type") != "error":
                     return response
                 error = response.get("data") or {}
+                if error.get("code") == GatewayCode.payload_too_large.value:
+                    raise RequestTooLarge(
+                        f"the server refused the request as too large: {error.get('message')}"
+                    )
                 if error.get("code") not in RETRYABLE_CODES:
                     raise RuntimeError(
                         f"Server error: {error.get('message', 'unknown error')} "

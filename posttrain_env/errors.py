@@ -6,8 +6,8 @@
   it with `tool_error_of`, and raise it to their callers with `application_error`.
 - `GatewayCode` and `SessionError`: the gateway's own refusals, made before a request reaches an
   episode (transport-level: a bad session id, malformed JSON, Temporal unreachable).
-- `workflow_is_gone` and `update_failure`: what Temporal's client errors mean, read from their
-  types and status codes, never from their message text.
+- `workflow_is_gone`, `update_failure` and `temporal_failure`: what Temporal's client errors
+  mean, read from their types, status codes and details, never from their message text.
 
 The translations import Temporal's classes where they use them, so that the error types alone
 load no Temporal code: the backends and the contract use them in processes that have none (the
@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from functools import wraps
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from posttrain_env.limits import cut_text
+from posttrain_env.limits import MAX_ERROR_DETAIL_CHARS, cut_text
 
 if TYPE_CHECKING:
     from temporalio.client import WorkflowUpdateFailedError
     from temporalio.exceptions import ApplicationError, FailureError
+    from temporalio.service import RPCError
 
 F = TypeVar("F", bound=Callable[..., Coroutine[Any, Any, Any]])
 
@@ -63,12 +65,16 @@ class ToolError(Exception):
     """An error answered to the agent as data: `{"error": {"type", "message", ...}}`."""
 
     def __init__(self, type: ErrorType, message: str, **details: Any) -> None:
-        # Messages may quote what an agent or a job sent: cut, so that no answer grows with it.
+        # Messages and details may quote what an agent or a job sent (a requirement, a job id,
+        # an unknown key): cut here, where they enter, so that no answer grows with them.
         message = cut_text(message)
         super().__init__(message)
         self.type = ErrorType(type)
         self.message = message
-        self.details = details
+        self.details = {
+            key: cut_text(value, MAX_ERROR_DETAIL_CHARS) if isinstance(value, str) else value
+            for key, value in details.items()
+        }
 
     def envelope(self) -> dict[str, Any]:
         return {"error": {"type": self.type.value, "message": self.message, **self.details}}
@@ -92,6 +98,9 @@ class GatewayCode(enum.StrEnum):
     validation_error = "VALIDATION_ERROR"  # well-formed JSON, but not a valid request
     no_episode = "NO_EPISODE"  # the session has no episode yet
     payload_too_large = "PAYLOAD_TOO_LARGE"  # permanent: sending it again cannot succeed
+    # Permanent: Temporal refused the request itself (invalid, not allowed, not found); sending
+    # it again cannot succeed.
+    refused = "REFUSED"
     unavailable = "UNAVAILABLE"  # transient: Temporal could not be reached; send it again
 
 
@@ -175,6 +184,107 @@ def workflow_is_gone(err: Exception) -> bool:
         cause = err.cause
         return isinstance(cause, ApplicationError) and cause.type == UPDATE_ON_COMPLETED_WORKFLOW
     return False
+
+
+@dataclass(frozen=True)
+class GatewayAnswer:
+    """How the gateway answers a failed call to Temporal: a code clients branch on (only
+    UNAVAILABLE is worth sending again), the HTTP status of a plain route, and the message."""
+
+    code: GatewayCode
+    status: int
+    message: str
+
+    @property
+    def retryable(self) -> bool:
+        return self.code is GatewayCode.unavailable
+
+    def tool_error(self) -> ToolError:
+        """The same answer as a tool's error (the per-episode MCP endpoint answers calls so):
+        a request too large is the caller's argument; a refusal is the service's failure."""
+        kind = (
+            ErrorType.invalid_argument
+            if self.code is GatewayCode.payload_too_large
+            else ErrorType.hf_error
+        )
+        return ToolError(kind, self.message, code=self.code.value, retryable=self.retryable)
+
+
+# RESOURCE_EXHAUSTED causes (Temporal's `ResourceExhaustedFailure` detail) that a later attempt
+# does not outlast: storage and deployment quotas. Every other cause is a rate, concurrency or
+# load limit (RPS_LIMIT, CONCURRENT_LIMIT, SYSTEM_OVERLOADED, BUSY_WORKFLOW, ...), which passes.
+_QUOTA_CAUSES = frozenset(
+    {
+        "RESOURCE_EXHAUSTED_CAUSE_PERSISTENCE_STORAGE_LIMIT",
+        "RESOURCE_EXHAUSTED_CAUSE_WORKER_DEPLOYMENT_LIMITS",
+    }
+)
+
+
+def temporal_failure(err: RPCError) -> GatewayAnswer:
+    """What a failed call to Temporal means for the caller, from its gRPC status (the SDK has
+    already retried what its core retries, for up to 10 s):
+
+    - transient (UNAVAILABLE, 503): the service is away, slow or busy: UNAVAILABLE,
+      DEADLINE_EXCEEDED, CANCELLED, ABORTED, INTERNAL and UNKNOWN (what a restarting server, a
+      moving shard or a failing-over database answers), and RESOURCE_EXHAUSTED for a rate or
+      load limit (it carries a `ResourceExhaustedFailure` detail naming the cause);
+    - too large (PAYLOAD_TOO_LARGE, 413): RESOURCE_EXHAUSTED without that detail, which is how
+      gRPC itself refuses a message over its size limit;
+    - refused (REFUSED, 422): everything else, INVALID_ARGUMENT first (Temporal's own answer to
+      a payload over its blob limit), and NOT_FOUND, ALREADY_EXISTS, FAILED_PRECONDITION,
+      PERMISSION_DENIED, UNAUTHENTICATED, UNIMPLEMENTED, OUT_OF_RANGE, DATA_LOSS, and storage
+      or deployment quotas. Sending the same request again cannot succeed."""
+    from temporalio.service import RPCStatusCode
+
+    status = err.status
+    transient = {
+        RPCStatusCode.UNAVAILABLE,
+        RPCStatusCode.DEADLINE_EXCEEDED,
+        RPCStatusCode.CANCELLED,
+        RPCStatusCode.ABORTED,
+        RPCStatusCode.INTERNAL,
+        RPCStatusCode.UNKNOWN,
+    }
+    cause = _exhausted_cause(err) if status is RPCStatusCode.RESOURCE_EXHAUSTED else None
+    if status in transient or (cause is not None and cause not in _QUOTA_CAUSES):
+        return GatewayAnswer(
+            GatewayCode.unavailable,
+            503,
+            "the episode service is temporarily unavailable; send the same request again",
+        )
+    if status is RPCStatusCode.RESOURCE_EXHAUSTED and cause is None:
+        return GatewayAnswer(
+            GatewayCode.payload_too_large,
+            413,
+            "the episode service refused the request as too large; sending it again cannot succeed",
+        )
+    name = status.name if isinstance(status, RPCStatusCode) else str(status)
+    return GatewayAnswer(
+        GatewayCode.refused,
+        422,
+        f"the episode service refused the request ({name}); sending it again cannot succeed",
+    )
+
+
+def _exhausted_cause(err: RPCError) -> str | None:
+    """The cause named by a `ResourceExhaustedFailure` detail of `err`, or None without one."""
+    from google.protobuf.message import DecodeError
+    from temporalio.api.enums.v1 import ResourceExhaustedCause
+    from temporalio.api.errordetails.v1 import ResourceExhaustedFailure
+
+    try:
+        details = list(err.grpc_status.details)
+    except DecodeError:
+        return None
+    for detail in details:
+        if detail.Is(ResourceExhaustedFailure.DESCRIPTOR):
+            failure = ResourceExhaustedFailure()
+            detail.Unpack(failure)
+            if failure.cause in ResourceExhaustedCause.values():
+                return ResourceExhaustedCause.Name(failure.cause)
+            return f"RESOURCE_EXHAUSTED_CAUSE_{failure.cause}"  # newer than this SDK: a limit
+    return None
 
 
 def update_failure(err: WorkflowUpdateFailedError, what: str) -> ToolError:

@@ -22,6 +22,12 @@ MIB = 1024 * KIB
 TEMPORAL_PAYLOAD_LIMIT_BYTES = 2 * MIB
 # What the gateway sends in one update, at most: well below that limit.
 MAX_UPDATE_BYTES = 3 * MIB // 2
+# What an episode answers one update with, at most, encoded (the worker's last guard; answers
+# are bounded far below it by construction): a larger answer is replaced by a typed error.
+MAX_ANSWER_BYTES = 1 * MIB
+# What an episode hands to its next run at continue-as-new, at most, encoded (the worker's last
+# guard: over it, the episode drops its carried answers, then shortens its finished jobs' texts).
+MAX_CARRY_BYTES = 3 * MIB // 2
 
 # -- transport (every route of the gateway) ------------------------------------------------------
 # HTTP request bodies and WebSocket messages: refused above this without being read whole.
@@ -38,8 +44,9 @@ MAX_REQUIREMENT_CHARS = 256  # one requirement string: longer is not a plain req
 MAX_DATASETS = 16
 MAX_REPO_ID_CHARS = 200  # `<namespace>/<name>`; Hugging Face allows 96 characters per part
 MAX_JOB_ID_CHARS = 64
+MAX_FLAVOR_CHARS = 64
 MAX_TOOL_NAME_CHARS = 64
-MAX_REQUEST_ID_CHARS = 200
+MAX_REQUEST_ID_CHARS = 200  # printable ASCII
 MAX_WAIT_TIMEOUT_S = 600
 DEFAULT_WAIT_TIMEOUT_S = 300
 MAX_LOG_TAIL = 2000
@@ -52,10 +59,30 @@ MAX_LOG_ANSWER_BYTES = 64 * KIB
 # How much of a job's log a backend reads to find its last lines.
 MAX_LOG_READ_BYTES = 8 * MIB
 # Any text a job, an agent or an artifact controls that enters the system as a message or a
-# reason (job messages, error messages, evaluator reasons): cut to this many characters.
-MAX_MESSAGE_CHARS = 1 * KIB
+# reason (job messages, error messages, evaluator reasons): cut to this many characters (a
+# character takes up to 4 bytes in UTF-8, and a control character 6 as JSON).
+MAX_MESSAGE_CHARS = 1024
+# Each string detail of an error (`{"error": {"type", "message", <details>}}`: the requirement,
+# job id, field or dataset it is about): cut to this many characters. Every legitimate one is
+# shorter (a requirement is at most MAX_REQUIREMENT_CHARS).
+MAX_ERROR_DETAIL_CHARS = 300
 # An evaluator's score details (JSON): larger details are replaced by a note saying so.
 MAX_SCORE_DETAILS_BYTES = 8 * KIB
+# A trusted line (`POSTTRAIN_SCORE <nonce> {json}`, `POSTTRAIN_LAUNCHER ...`) is at most this
+# many characters; a longer line is not read at all. job_launcher/trusted_lines.py keeps its own
+# copy (the launcher's package is self-contained); a test binds the two.
+MAX_TRUSTED_LINE_CHARS = 16_384
+# Lines of a failed job's log read for the launcher's own lines (why it failed), and how much
+# of the launcher's error is kept in the job's message; versions kept per job for the audit.
+LAUNCHER_LOG_TAIL = 2000
+MAX_LAUNCHER_ERROR_CHARS = 600
+MAX_LAUNCHER_PACKAGES = 512
+# A retention sweep's messages (why a folder was refused or failed), in characters.
+MAX_RETENTION_MESSAGE_CHARS = 300
+# A workflow's memo (shown beside it in the UI and `episodes show`; ids only), and each of its
+# values in characters: four values of four-byte characters stay under the memo's limit.
+MAX_MEMO_BYTES = 2048
+MAX_MEMO_VALUE_CHARS = 100
 
 # -- what an episode carries (its continue-as-new input stays far below the payload limit) --------
 # Results of recent requests, kept so that a re-sent request is answered once; oldest dropped
@@ -68,6 +95,10 @@ MAX_JOBS_PER_EPISODE = 256
 # Continue as new once the history is this large (Temporal terminates a workflow at 50 MB), as
 # well as when Temporal suggests it.
 CONTINUE_AS_NEW_HISTORY_BYTES = 8 * MIB
+# When the continue-as-new input would pass MAX_CARRY_BYTES even without carried answers, the
+# texts of finished jobs (message, error, evaluator reason) are shortened to this many
+# characters, oldest job first, and their evaluator details replaced by a note.
+COMPACT_JOB_TEXT_CHARS = 120
 
 # -- the contamination check (activities/contamination.py; README "Contamination check") ---------
 # Bytes of one mounted dataset the check reads (its files in path order, the last one cut):

@@ -24,6 +24,7 @@ from posttrain_env.limits import (
     DEFAULT_WAIT_TIMEOUT_S,
     MAX_DATASETS,
     MAX_DEPENDENCIES,
+    MAX_FLAVOR_CHARS,
     MAX_JOB_ID_CHARS,
     MAX_LOG_TAIL,
     MAX_REPO_ID_CHARS,
@@ -64,7 +65,9 @@ class NoArgs(ToolArgs):
 
 class JobsSubmitArgs(ToolArgs):
     script: str = Field(description="The Python training script (UTF-8, at most 256 KiB).")
-    flavor: str = Field(max_length=64, description="Hardware flavor, one of task_info's flavors.")
+    flavor: str = Field(
+        max_length=MAX_FLAVOR_CHARS, description="Hardware flavor, one of task_info's flavors."
+    )
     timeout_minutes: int = Field(gt=0, description="Hard time limit; the budget reserves it.")
     dependencies: list[Annotated[str, Field(max_length=MAX_REQUIREMENT_CHARS)]] = Field(
         default_factory=list,
@@ -221,8 +224,9 @@ class ContaminationSummary(BaseModel):
 class EpisodeEnd(BaseModel):
     reason: EndReason
     reward: float | None = None
-    # Set when the score line was missing, repeated or out of range: the reward is then 0.
-    invalid_score: str | None = None
+    # Set when the score line was missing, repeated or out of range: the reward is then 0. An
+    # evaluator's reason: cut where it enters, as every reason is.
+    invalid_score: BoundedText | None = None
     contamination: ContaminationSummary | None = None
 
     def view(self) -> dict[str, Any]:

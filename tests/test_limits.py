@@ -8,36 +8,58 @@ from datetime import UTC, datetime
 import pydantic_core
 import pytest
 
-from job_launcher.requirements import validate_script
+from activities.launcher_report import read_launcher_lines
+from job_launcher import trusted_lines
+from job_launcher.requirements import merged_dependencies, validate_script
+from job_launcher.trusted_lines import LAUNCHER_TAG, format_trusted_line
 from mcp_gateway.bounds import MalformedJson, parse_json
 from mcp_gateway.episode_calls import tool_call
-from mcp_gateway.sessions import SessionIds
-from posttrain_env.contracts.jobs import BackendJob, ScoreResult
+from mcp_gateway.sessions import SessionIds, request_id_of
+from posttrain_env.contracts.episodes import Caps, EpisodeSetup
+from posttrain_env.contracts.jobs import BackendJob, RepoRef, ScoreResult
+from posttrain_env.contracts.retention import cut as retention_cut
 from posttrain_env.errors import ErrorType, SessionError, ToolError
 from posttrain_env.keys import ServerKey
 from posttrain_env.limits import (
+    KIB,
+    MAX_ANSWER_BYTES,
     MAX_ARGUMENTS_BYTES,
+    MAX_CARRY_BYTES,
+    MAX_ERROR_DETAIL_CHARS,
+    MAX_FLAVOR_CHARS,
     MAX_JOBS_PER_EPISODE,
     MAX_JSON_DEPTH,
+    MAX_LAUNCHER_PACKAGES,
     MAX_LOG_ANSWER_BYTES,
     MAX_LOG_LINE_BYTES,
     MAX_MESSAGE_CHARS,
+    MAX_REQUEST_ID_CHARS,
+    MAX_RETENTION_MESSAGE_CHARS,
     MAX_SCORE_DETAILS_BYTES,
     MAX_SCRIPT_BYTES,
     MAX_STEPS,
+    MAX_TRUSTED_LINE_CHARS,
     RECENT_RESULTS_BYTES,
     TEMPORAL_PAYLOAD_LIMIT_BYTES,
     bound_log_lines,
     cut_text,
     json_size,
 )
-from posttrain_env.models import EndReason, EpisodeEnd, JobState, TaskSpec
+from posttrain_env.models import (
+    ContaminationSummary,
+    EndReason,
+    EpisodeEnd,
+    FlavorPrice,
+    JobState,
+    TaskSpec,
+)
 from posttrain_env.tools import oversized_error, parse_tool_args
 from tasks.registry import load_task
 from workflows.episode_contract import StepMetadata, ToolResult
 from workflows.episode_state import EpisodeCarry, JobRecord
-from workflows.ledger import Ledger
-from workflows.recent import remember, request_hash, was_dropped
+from workflows.ledger import Ledger, Reservation, Settlement
+from workflows.payload_guard import bounded_answer, carry_bytes, fit_carry
+from workflows.recent import recent_bytes, remember, request_hash, was_dropped
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -100,12 +122,29 @@ def test_an_evaluators_reason_and_large_details_are_bounded() -> None:
     assert small.details == {"n": 10}
 
 
+def test_a_dependency_of_240_kb_in_a_script_header_is_refused_with_a_small_answer() -> None:
+    script = f'# /// script\n# dependencies = ["{"a" * 240_000}"]\n# ///\nprint(1)\n'
+    validate_script(script)  # a legal script: its header is the problem
+    with pytest.raises(ToolError) as info:
+        merged_dependencies(script, [])
+    error = info.value
+    assert error.type is ErrorType.invalid_dependency
+    assert "longer than 256 characters" in error.message  # the reason survives the cut
+    assert len(error.details["requirement"]) == MAX_ERROR_DETAIL_CHARS
+    assert len(pydantic_core.to_json(error.envelope())) < 2 * KIB
+
+
 def test_a_tool_error_message_quoting_agent_input_is_cut() -> None:
     error = ToolError(ErrorType.unknown_job, "no job " + "j" * 1_000_000)
     assert len(error.message) == MAX_MESSAGE_CHARS
     with pytest.raises(ToolError) as info:
         parse_tool_args("task_info", {"k" * 100_000: 1})
     assert len(json.dumps(info.value.envelope())) < 2 * MAX_MESSAGE_CHARS
+
+
+def test_the_launchers_trusted_line_limit_is_the_one_in_the_limits() -> None:
+    # job_launcher is self-contained (standard library only): it keeps its own copy.
+    assert trusted_lines.MAX_TRUSTED_LINE_CHARS == MAX_TRUSTED_LINE_CHARS
 
 
 # -- tool arguments ------------------------------------------------------------------------------
@@ -232,6 +271,36 @@ def test_json_deeper_than_the_limit_is_malformed_and_never_a_recursion_error() -
         parse_json(b"\xff{")
 
 
+def test_a_request_id_is_at_most_200_printable_ascii_characters() -> None:
+    assert request_id_of("r" * MAX_REQUEST_ID_CHARS) == "r" * MAX_REQUEST_ID_CHARS
+    for bad in ["r" * (MAX_REQUEST_ID_CHARS + 1), "with space", "é"]:
+        with pytest.raises(SessionError) as info:
+            request_id_of(bad)
+        assert info.value.code == "INVALID_REQUEST_ID" and "1-200" in info.value.message
+
+
+# -- what an operator meets ----------------------------------------------------------------------
+
+
+def test_a_retention_sweeps_messages_are_cut() -> None:
+    assert len(retention_cut("m" * 100_000)) == MAX_RETENTION_MESSAGE_CHARS
+    assert retention_cut("short") == "short"
+
+
+def test_a_job_keeps_at_most_512_installed_versions_for_the_audit() -> None:
+    nonce = "n" * 32
+    lines = [
+        format_trusted_line(
+            LAUNCHER_TAG,
+            nonce,
+            {"stage": "installed", "packages": {f"p{b}-{i}": "1" for i in range(300)}},
+        )
+        for b in range(3)
+    ]
+    report = read_launcher_lines(lines, nonce)
+    assert len(report.installed) == MAX_LAUNCHER_PACKAGES
+
+
 # -- session ids ---------------------------------------------------------------------------------
 
 
@@ -251,44 +320,179 @@ def test_only_session_ids_this_deployment_minted_are_accepted() -> None:
 
 # -- what an episode carries ---------------------------------------------------------------------
 
+EMOJI = "\U0001f600"  # four bytes in UTF-8, one character
 
-def _result(n: int, size: int) -> ToolResult:
+
+def _result(n: int, size: int, char: str = "l") -> ToolResult:
     metadata = StepMetadata(episode_id="ep-0", steps_used=n, steps_left=1, time_left_s=1.0)
-    return ToolResult(tool="jobs_logs", data={"lines": ["l" * size], "n": n}, metadata=metadata)
+    return ToolResult(tool="jobs_logs", data={"lines": [char * size], "n": n}, metadata=metadata)
+
+
+def _setup() -> EpisodeSetup:
+    return EpisodeSetup(
+        episode_id="ep-0000000000000000",
+        task=load_task("t0_artifact"),
+        base_model=RepoRef(repo_id="org/model", revision="a" * 40),
+        prices={"cpu-basic": FlavorPrice(name="cpu-basic", micro_usd_per_minute=167)},
+        watcher_workflow_id="w",
+        caps=Caps(account_workflow_id="a"),
+    )
 
 
 def test_recent_results_stay_within_their_budget_and_dropped_ones_are_remembered() -> None:
     carry = EpisodeCarry(started_at=NOW, ledger=Ledger(budget_micro_usd=1))
     for n in range(20):
         remember(carry, f"r{n}", _result(n, 64 * 1024))
-    assert sum(carry.recent_sizes.values()) <= RECENT_RESULTS_BYTES
+    assert sum(carry.recent_bytes.values()) == recent_bytes(carry) <= RECENT_RESULTS_BYTES
     assert "r19" in carry.recent and "r0" not in carry.recent
     assert was_dropped(carry, "r0") and not was_dropped(carry, "r19")
     assert not was_dropped(carry, "never-sent")
     assert request_hash("r0") in carry.answered and len(carry.answered) == 20 - len(carry.recent)
 
 
-def test_the_largest_episode_carry_stays_far_below_temporals_payload_limit() -> None:
-    """Every part of the carry is bounded; at their limits together they still fit."""
+def test_recent_results_are_counted_in_encoded_bytes_not_characters() -> None:
     carry = EpisodeCarry(started_at=NOW, ledger=Ledger(budget_micro_usd=1))
+    for n in range(60):
+        remember(carry, f"r{n}", _result(n, 16 * 1024, EMOJI))  # 64 KiB of UTF-8 each
+    kept = sum(len(pydantic_core.to_json(result)) for result in carry.recent.values())
+    assert kept <= RECENT_RESULTS_BYTES
+    assert len(carry.recent) == RECENT_RESULTS_BYTES // (64 * 1024 + 200)
+    assert carry.recent_bytes == {
+        rid: len(pydantic_core.to_json(result)) for rid, result in carry.recent.items()
+    }
+
+
+def test_an_answer_larger_than_the_whole_budget_is_answered_once_but_never_kept() -> None:
+    carry = EpisodeCarry(started_at=NOW, ledger=Ledger(budget_micro_usd=1))
+    remember(carry, "small", _result(0, 100))
+    remember(carry, "huge", _result(1, RECENT_RESULTS_BYTES))
+    assert "huge" not in carry.recent and was_dropped(carry, "huge")  # already_answered
+    assert "small" in carry.recent  # what was kept before stays
+
+
+def test_a_carry_from_a_run_that_counted_characters_decodes_and_is_recounted_in_bytes() -> None:
+    old = EpisodeCarry(started_at=NOW, ledger=Ledger(budget_micro_usd=1))
+    old.recent["r0"] = _result(0, 1000, EMOJI)
+    recorded = old.model_dump(mode="json", exclude={"recent_bytes"})
+    recorded["recent_sizes"] = {"r0": 1000}  # characters, as the earlier code counted
+    carry = EpisodeCarry.model_validate(recorded)
+    assert carry.recent["r0"] == old.recent["r0"] and carry.recent_bytes == {}
+    assert recent_bytes(carry) == len(pydantic_core.to_json(old.recent["r0"])) > 4000
+
+
+def _worst_case_carry() -> EpisodeCarry:
+    """Every part of the carry at its limit, every text in four-byte characters."""
+    carry = EpisodeCarry(started_at=NOW, ledger=Ledger(budget_micro_usd=1))
+    details = {"per_item": [EMOJI * 10] * 40}  # just under MAX_SCORE_DETAILS_BYTES as JSON
     for n in range(MAX_JOBS_PER_EPISODE):
-        carry.jobs[f"job-{n:012x}"] = JobRecord(
-            job_id=f"job-{n:012x}",
+        job_id = f"job-{n:012x}"
+        final = n >= 4  # a few are live, with their reservations in the ledger
+        carry.jobs[job_id] = JobRecord(
+            job_id=job_id,
             workflow_id=f"episode-ep-{'0' * 16}/job/{n}",
-            role="agent",
-            flavor="a10g-small",
+            role="dev",
+            flavor="f" * MAX_FLAVOR_CHARS,
             timeout_minutes=240,
-            message="m" * 1_000_000,  # cut where it enters
-            error=ToolError(ErrorType.hf_error, "e" * 1_000_000).envelope(),
+            state=JobState.failed if final else JobState.running,
+            final=final,
+            message=EMOJI * 1_000_000,  # cut where it enters
+            error=ToolError(
+                ErrorType.invalid_dependency, EMOJI * 1_000_000, requirement=EMOJI * 240_000
+            ).envelope(),
+            score=ScoreResult(score=0.5, valid=True, reason=EMOJI * 100_000, details=details)
+            if final
+            else None,
+            settlement=Settlement(
+                key=job_id,
+                kind="dev",
+                running_s=60.0,
+                billed_minutes=1,
+                cost_micro_usd=1,
+                reserved_micro_usd=1,
+                overrun_micro_usd=0,
+            )
+            if final
+            else None,
             created_at=NOW,
             started_at=NOW,
             finished_at=NOW,
-            evaluated_job_id=f"job-{n:012x}",
+            evaluated_job_id=job_id,
         )
+        if not final:
+            carry.ledger.reservations[job_id] = Reservation(
+                key=job_id, kind="dev", flavor="f" * 64, micro_usd_per_minute=1, timeout_minutes=1
+            )
     for n in range(MAX_STEPS):
-        remember(carry, f"{n:0200d}", _result(n, 60 * 1024))
-    carry.end = EpisodeEnd(
-        reason=EndReason.submitted, reward=0.5, invalid_score="i" * MAX_MESSAGE_CHARS
+        remember(carry, f"{n:0200d}", _result(n, 15_000, EMOJI))  # 60 KB answers
+    carry.end = EpisodeEnd(reason=EndReason.submitted, reward=0.5, invalid_score=EMOJI * 10_000)
+    return carry
+
+
+def test_the_largest_episode_carry_is_brought_far_below_temporals_payload_limit() -> None:
+    """Every part of the carry is bounded, and the continue-as-new guard makes their sum fit:
+    the carried answers go first, then the finished jobs' texts; ids, states and money stay."""
+    setup, carry = _setup(), _worst_case_carry()
+    assert json_size(carry.jobs["job-000000000000"].message) <= 4 * MAX_MESSAGE_CHARS + 2
+    assert recent_bytes(carry) <= RECENT_RESULTS_BYTES
+    before = carry_bytes(setup, carry)
+    jobs_before = {job_id: (r.state, r.settlement) for job_id, r in carry.jobs.items()}
+    answered = {rid for rid in carry.recent}
+    after = fit_carry(setup, carry)
+    encoded = len(pydantic_core.to_json({"setup": setup, "carry": carry}))
+    print(f"worst-case continue-as-new input: {before} bytes before the guard, {encoded} after")
+    assert before > TEMPORAL_PAYLOAD_LIMIT_BYTES  # the guard is what makes it fit
+    assert encoded == after <= MAX_CARRY_BYTES <= TEMPORAL_PAYLOAD_LIMIT_BYTES * 0.75
+    assert {job_id: (r.state, r.settlement) for job_id, r in carry.jobs.items()} == jobs_before
+    assert all(rid in carry.recent or was_dropped(carry, rid) for rid in answered)
+    assert carry.ledger.reservations and carry.end is not None
+
+
+def test_an_ordinary_carry_is_left_as_it_is_by_the_guard() -> None:
+    setup = _setup()
+    carry = EpisodeCarry(started_at=NOW, ledger=Ledger(budget_micro_usd=1))
+    for n in range(MAX_JOBS_PER_EPISODE):
+        carry.jobs[f"job-{n}"] = JobRecord(
+            job_id=f"job-{n}",
+            workflow_id=f"w/{n}",
+            role="agent",
+            flavor="cpu-basic",
+            timeout_minutes=5,
+            final=True,
+            message="the script exited with status 1 " + "m" * 200,
+        )
+    for n in range(100):
+        remember(carry, f"r{n}", _result(n, 60_000))
+    recorded = carry.model_dump()
+    assert fit_carry(setup, carry) == carry_bytes(setup, carry) <= MAX_CARRY_BYTES
+    assert carry.model_dump() == recorded
+
+
+def test_an_answer_too_large_to_send_is_replaced_by_a_typed_error_with_its_metadata() -> None:
+    small = _result(3, 1000)
+    assert bounded_answer(small) is small
+    huge = _result(3, MAX_ANSWER_BYTES, EMOJI)
+    answer = bounded_answer(huge)
+    assert answer.data["error"]["type"] == "limit_reached"
+    assert answer.data["error"]["answer_bytes"] == len(pydantic_core.to_json(huge))
+    assert answer.metadata == huge.metadata and answer.tool == "jobs_logs"
+    assert len(pydantic_core.to_json(answer)) < 4 * KIB
+
+
+def test_an_answers_metadata_is_bounded_whatever_the_end_says() -> None:
+    """An answer is its data (bounded per tool) and this metadata, bounded here."""
+    metadata = StepMetadata(
+        episode_id="ep-" + "0" * 16,
+        steps_used=MAX_STEPS,
+        steps_left=MAX_STEPS,
+        time_left_s=1e12,
+        prices_simulated=True,
+        episode_end=EpisodeEnd(
+            reason=EndReason.score_failed,
+            reward=0.0,
+            invalid_score=EMOJI * 1_000_000,
+            contamination=ContaminationSummary(
+                checked=True, flagged=True, matched_items=10**9, skipped="check_failed"
+            ),
+        ),
     )
-    size = len(carry.model_dump_json())
-    assert size < TEMPORAL_PAYLOAD_LIMIT_BYTES * 0.75, size
+    assert len(pydantic_core.to_json(metadata)) < 4 * MAX_MESSAGE_CHARS + 1 * KIB

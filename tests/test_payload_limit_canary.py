@@ -1,16 +1,19 @@
-"""The canary of the payload-limit check: a payload over Temporal's limit, sent on purpose to a
-real dev server, is seen by the same check every test runs (tests/conftest.py), and by the
-check of the server processes' logs (tests/gateway/server.py)."""
+"""The canaries of the payload-limit check: a payload over Temporal's limit, sent on purpose, is
+seen by the same checks every test runs: the in-process one (tests/conftest.py, a worker in the
+test's process on a real dev server), and the one of the log of every server or worker process a
+test starts (tests/payload_limits.py, a real `posttrain-env server`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio import workflow
+from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -18,7 +21,12 @@ from temporalio.worker import Worker
 from posttrain_env.entrypoints.temporal_client import core_runtime
 from posttrain_env.limits import TEMPORAL_PAYLOAD_LIMIT_BYTES
 from tests.conftest import binary
-from tests.payload_limits import payload_limit_violations
+from tests.gateway.mcp_helpers import create_episode
+from tests.gateway.server import ServerProcess
+from tests.payload_limits import payload_limit_violations, violations_in
+from workflows.episode import EpisodeWorkflow
+from workflows.episode_contract import ToolCall
+from workflows.ids import episode_workflow_id
 
 
 @workflow.defn(sandboxed=False)
@@ -60,3 +68,39 @@ async def test_the_check_sees_a_payload_over_temporals_limit(core_log: Any) -> N
                 await update  # cancelled: its error is retrieved, not left unread
     violations = payload_limit_violations(core_log.lines)
     assert violations and "2097152" in violations[0]
+
+
+@pytest.mark.payload_limit_canary
+async def test_the_server_log_check_sees_a_payload_over_temporals_limit(tmp_path: Path) -> None:
+    """An update too large for Temporal, sent to an episode of a real server past the gateway's
+    guard: the server's worker logs the refusal, and the check of its log (which stopping and
+    killing every test server runs) fails on it."""
+    server = ServerProcess(tmp_path / "server")
+    server.start()
+    try:
+        episode = await create_episode(server)
+        client = await Client.connect(
+            server.temporal_address, data_converter=pydantic_data_converter
+        )
+        handle = client.get_workflow_handle_for(
+            EpisodeWorkflow.run, episode_workflow_id(episode["episode_id"])
+        )
+        script = "x" * (TEMPORAL_PAYLOAD_LIMIT_BYTES + 100_000)
+        call = ToolCall(request_id="canary", tool="jobs_submit", arguments={"script": script})
+        update = asyncio.ensure_future(
+            handle.execute_update(
+                EpisodeWorkflow.call_tool, call, id=f"{episode['episode_id']}:canary"
+            )
+        )
+        for _ in range(600):  # two minutes, on a loaded machine
+            if violations_in(server.log_path):
+                break
+            await asyncio.sleep(0.2)
+        update.cancel()
+        with contextlib.suppress(BaseException):
+            await update  # cancelled: its error is retrieved, not left unread
+        await handle.terminate("canary over")
+        assert "2097152" in violations_in(server.log_path)[0]
+    finally:
+        with pytest.raises(AssertionError, match="a payload over Temporal's limit"):
+            server.stop()

@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.ids import SIGNAL_JOB_CHANGED
     from workflows.job import JobSnapshot
     from workflows.ledger import Ledger
+    from workflows.payload_guard import bounded_answer, fit_carry
     from workflows.recent import remember, was_dropped
     from workflows.visibility import Visibility, episode_attributes, episode_memo
     from workflows.waiting import wait_until
@@ -84,6 +85,7 @@ class EpisodeWorkflow:
                     break
             if self._history_is_long() and not self._s.submitting:
                 await workflow.wait_condition(workflow.all_handlers_finished)
+                fit_carry(self._setup, self._s)  # the last guard below Temporal's limit
                 workflow.continue_as_new(EpisodeInput(setup=self._setup, carry=self._s))
         await self._outbox.reply_if_due()
         await self._outbox.announce_close()
@@ -136,7 +138,7 @@ class EpisodeWorkflow:
             data = err.envelope()
         if self._s.end is None and self._s.steps_used >= self._setup.task.max_steps:
             await self._end(EndReason.max_steps, 0.0)
-        result = self._answer(call, data)
+        result = bounded_answer(self._answer(call, data))
         remember(self._s, call.request_id, result)
         self._show()
         return result

@@ -61,7 +61,9 @@ class EpisodeCarry(BaseModel):
     # Results of recent requests, oldest first, within RECENT_RESULTS_BYTES (workflows/recent.py);
     # Temporal deduplicates update ids within a run only, so these answer retries across runs.
     recent: dict[str, ToolResult] = Field(default_factory=dict)
-    recent_sizes: dict[str, int] = Field(default_factory=dict)
+    # Each kept answer's size in bytes as encoded. (Runs before it counted characters, in
+    # `recent_sizes`: that field is ignored when an old carry decodes, and sizes recounted.)
+    recent_bytes: dict[str, int] = Field(default_factory=dict)
     # Short hashes of requests whose result was dropped from `recent`: never run again.
     answered: list[str] = Field(default_factory=list)
     # The contamination check's report, kept for the audit record (its evidence may quote test

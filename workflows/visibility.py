@@ -21,11 +21,12 @@ from temporalio.common import SearchAttributeKey, SearchAttributeUpdate
 
 from posttrain_env.contracts import visibility as sa
 from posttrain_env.contracts.episodes import EpisodeSetup
+from posttrain_env.limits import MAX_MEMO_VALUE_CHARS
 from posttrain_env.models import JobState
 from workflows.episode_state import EpisodeCarry
 
 VISIBILITY_PATCH = "pt-visibility-1"
-MEMO_VALUE_CHARS = 100
+MEMO_VALUE_CHARS = MAX_MEMO_VALUE_CHARS
 
 Attributes = dict[SearchAttributeKey[Any], Any]  # a value of None: the attribute is unset
 # Changes of these alone never cause an upsert.

@@ -19,11 +19,13 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 
+from posttrain_env.limits import MAX_RETENTION_MESSAGE_CHARS
+
 # A sweep's work is bounded: at most this many folders acted on (deleted, refused, failed) per
 # run, so one activity never runs for hours; the rest waits for the next run (`more`).
 DEFAULT_MAX_FOLDERS = 100
-# Messages are cut where they enter (every payload crossing Temporal stays bounded).
-MAX_MESSAGE_CHARS = 300
+# Messages are cut where they enter (every payload crossing Temporal stays bounded): to
+# MAX_RETENTION_MESSAGE_CHARS characters.
 
 
 class RetentionPolicy(BaseModel):
@@ -97,4 +99,5 @@ class RetentionReport(BaseModel):
 
 
 def cut(message: str) -> str:
-    return message if len(message) <= MAX_MESSAGE_CHARS else message[: MAX_MESSAGE_CHARS - 1] + "…"
+    limit = MAX_RETENTION_MESSAGE_CHARS
+    return message if len(message) <= limit else message[: limit - 1] + "…"

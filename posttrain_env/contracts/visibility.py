@@ -15,6 +15,10 @@ from typing import Any
 
 from temporalio.common import SearchAttributeKey
 
+# A memo is shown beside a workflow in the UI and `episodes show`; it holds ids only (never a
+# secret, prompt or script), and is kept under this size (re-exported from the limits).
+from posttrain_env.limits import MAX_MEMO_BYTES as MAX_MEMO_BYTES
+
 # Keyword (9 of the 10 SQL visibility allows)
 TASK = SearchAttributeKey.for_keyword("PtTask")
 STATE = SearchAttributeKey.for_keyword("PtState")  # episode: EpisodePhase; job: JobState
@@ -47,10 +51,6 @@ SEARCH_ATTRIBUTES: Sequence[SearchAttributeKey[Any]] = (
     STEPS_USED,
     CANCEL_PENDING_SINCE,
 )
-
-# A memo is shown beside a workflow in the UI and `episodes show`; it holds ids only (never a
-# secret, prompt or script), and is kept under this size.
-MAX_MEMO_BYTES = 2048
 
 
 class EpisodePhase(enum.StrEnum):

@@ -17,6 +17,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from tests.gateway.server import ServerProcess, command
+from tests.payload_limits import assert_no_violation_in
 from workflows.campaign_contract import CampaignStatus
 from workflows.ids import rollout_workflow_id
 from workflows.rollout import RolloutWorkflow
@@ -66,12 +67,19 @@ class Workers:
         for proc in self.procs.values():
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+        self.check_payload_limits()
 
     def stop(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
+        self.check_payload_limits()
+
+    def check_payload_limits(self) -> None:
+        """Fail if a worker had a payload refused for its size (TMPRL1103), as the server's
+        own log is checked (ServerProcess.check_payload_limits)."""
+        assert_no_violation_in(*(self.server.state_dir / f"{name}.log" for name in self.procs))
 
 
 @contextmanager

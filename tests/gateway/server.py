@@ -26,7 +26,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from activities.backend import JobRequest
 from activities.fake.backend import FakeBackend, FakeScenario
 from posttrain_env.contracts.jobs import JobRole
-from tests.payload_limits import payload_limit_violations
+from tests.payload_limits import assert_no_violation_in
 from workflows.episode import EpisodeWorkflow
 from workflows.episode_contract import EpisodeStatus
 from workflows.ids import episode_workflow_id
@@ -134,6 +134,7 @@ class ServerProcess:
         assert self.proc is not None
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=10)
+        self.check_payload_limits()
 
     def stop(self) -> int:
         """SIGTERM and wait; the exit status."""
@@ -156,10 +157,7 @@ class ServerProcess:
     def check_payload_limits(self) -> None:
         """Fail if the server's worker ever had a payload refused for its size (TMPRL1103):
         the same check the in-process tests make (tests/conftest.py)."""
-        if self.log_path.exists():
-            lines = self.log_path.read_text(errors="replace").splitlines()
-            violations = payload_limit_violations(lines)
-            assert not violations, f"a payload over Temporal's limit: {violations[:3]}"
+        assert_no_violation_in(self.log_path)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""

@@ -22,6 +22,7 @@ from activities.hf.labels import HfRef
 from activities.hf.reaper import ReaperActivities
 from posttrain_env.contracts.jobs import JobRole
 from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
+from posttrain_env.entrypoints.temporal_client import core_runtime
 from posttrain_env.entrypoints.wiring import (
     TemporalEpisodeLiveness,
     reaper_schedule_id,
@@ -135,6 +136,7 @@ async def test_the_hf_worker_schedules_the_reaper(
         dev_server_existing_path=temporal,
         data_converter=pydantic_data_converter,
         search_attributes=SEARCH_ATTRIBUTES,
+        runtime=core_runtime(),  # the SDK core's log, which the TMPRL1103 check reads
     )
     try:
         client = env.client

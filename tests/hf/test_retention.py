@@ -23,6 +23,7 @@ from activities.retention import RetentionActivities
 from activities.storage import StorageRefused
 from posttrain_env.contracts.retention import RetentionPolicy, RetentionReport, SweepRetention
 from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
+from posttrain_env.entrypoints.temporal_client import core_runtime
 from posttrain_env.entrypoints.wiring import TemporalEpisodeLiveness, retention_schedule_id
 from posttrain_env.entrypoints.worker import build_worker
 from posttrain_env.keys import ServerKey
@@ -145,6 +146,7 @@ async def test_the_worker_schedules_the_retention_sweep_for_the_hf_backend(
         dev_server_existing_path=temporal,
         data_converter=pydantic_data_converter,
         search_attributes=SEARCH_ATTRIBUTES,
+        runtime=core_runtime(),  # the SDK core's log, which the TMPRL1103 check reads
     )
     try:
         client = env.client

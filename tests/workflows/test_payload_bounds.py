@@ -3,14 +3,15 @@ messages are answered within their limits, and the episode goes on working."""
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from pathlib import Path
 
+import pydantic_core
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
 import workflows.episode_rules
+import workflows.payload_guard
 from activities.fake.backend import FakeJobScript, FakeScenario
 from mcp_gateway.episode_calls import call_tool, tool_call
 from posttrain_env.contracts.jobs import JobRole
@@ -26,13 +27,15 @@ from tests.workflows.harness import Answer, Episode, running_worker
 from workflows.episode_contract import ToolCall
 
 SUBMIT = {"flavor": "cpu-basic", "timeout_minutes": 5}
-# A job that prints one 5 MB line, then 2,000 lines of 4 KB.
+# A job that prints 2,000 lines of 4 KB with one 5 MB line among them, inside the last 2,000.
 LOUD = FakeJobScript(
     role=JobRole.agent,
     script_contains="LOUD",
     queue_s=1,
     run_s=10,
-    logs=["L" * 5_000_000] + [f"{i:04d} " + "y" * 4_000 for i in range(2000)],
+    logs=[f"{i:04d} " + "y" * 4_000 for i in range(1000)]
+    + ["L" * 5_000_000]
+    + [f"{i:04d} " + "y" * 4_000 for i in range(1000, 2000)],
 )
 
 
@@ -109,13 +112,20 @@ async def test_long_logs_are_answered_within_limits_and_survive_continue_as_new(
         assert (await ep.wait_job(job_id)).data["state"] == "succeeded"
         answers = []
         for n in range(10):
-            logs = await ep.call("jobs_logs", request_id=f"logs-{n}", job_id=job_id, tail=2000)
+            arguments = {"job_id": job_id, "tail": 2000}
+            call = ToolCall(request_id=f"logs-{n}", tool="jobs_logs", arguments=arguments)
+            result = await call_tool(ep.env.client, ep.episode_id, call)
+            # The whole answer as it crossed Temporal, its metadata included.
+            assert len(pydantic_core.to_json(result)) < MAX_LOG_ANSWER_BYTES + 4_096
+            logs = Answer.of(result, "step")
             answers.append(logs)
             lines = logs.data["lines"]
-            assert len(json.dumps(logs.data).encode()) < MAX_LOG_ANSWER_BYTES + 4_096
             assert all(json_size(line) <= MAX_LOG_LINE_BYTES for line in lines)
             assert lines[-1].startswith("1999 ")
-            assert logs.data["truncated"]["lines"] == 2000 - len(lines) > 0
+            truncated = logs.data["truncated"]
+            assert truncated["lines"] == 2000 - len(lines) > 0
+            # The 5 MB line is among the 2,000 asked for: all but its first 4 KiB is cut.
+            assert truncated["bytes"] >= 5_000_000 - MAX_LOG_LINE_BYTES
         await ep.skip(timedelta(seconds=40))
         assert (await ep.handle.describe()).run_id != first_run  # it continued as new
         steps = (await ep.status()).steps_used
@@ -125,6 +135,58 @@ async def test_long_logs_are_answered_within_limits_and_survive_continue_as_new(
         dropped = await ep.call("jobs_logs", request_id="logs-0", job_id=job_id)
         assert dropped.data["error"]["type"] == "already_answered"
         assert (await ep.status()).steps_used == steps
+        fresh = await ep.call("jobs_status", job_id=job_id)
+        assert fresh.data["state"] == "succeeded" and fresh.metadata["steps_used"] == steps + 1
+
+
+async def test_an_answer_over_the_workers_bound_is_a_typed_error_and_the_episode_goes_on(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The real bound (1 MiB) is far above any answer; 16 KiB puts a 64 KiB log answer over it.
+    monkeypatch.setattr(workflows.payload_guard, "MAX_ANSWER_BYTES", 16 * 1024)
+    async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[LOUD])) as h:
+        ep = await h.episode()
+        job_id = await ep.submit_job(script="print('LOUD')\n")
+        assert (await ep.wait_job(job_id)).data["state"] == "succeeded"
+        steps = (await ep.status()).steps_used
+        refused = await ep.call("jobs_logs", request_id="big", job_id=job_id, tail=2000)
+        assert refused.data["error"]["type"] == "limit_reached", refused.data
+        assert refused.data["error"]["answer_bytes"] > 16 * 1024
+        assert refused.metadata["steps_used"] == steps + 1  # one step, answered as data
+        # Sent again, it is the same answer (the call is never run twice).
+        assert await ep.call("jobs_logs", request_id="big", job_id=job_id, tail=2000) == refused
+        small = await ep.call("jobs_logs", job_id=job_id, tail=2)
+        assert small.data["lines"][-1].startswith("1999 ")
+
+
+async def test_a_carry_over_its_bound_drops_carried_answers_and_continues_as_new(
+    time_skipping_env: WorkflowEnvironment,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The real bound (1.5 MiB) holds every carry; 96 KiB makes the guard act on this one.
+    monkeypatch.setattr(workflows.payload_guard, "MAX_CARRY_BYTES", 96 * 1024)
+    async with running_worker(
+        time_skipping_env, tmp_path, FakeScenario(jobs=[LOUD]), continue_as_new_events=100
+    ) as h:
+        ep = await h.episode()
+        first_run = (await ep.handle.describe()).run_id
+        job_id = await ep.submit_job(script="print('LOUD')\n")
+        assert (await ep.wait_job(job_id)).data["state"] == "succeeded"
+        for n in range(6):  # 6 answers of ~64 KiB: within their own budget, over the carry's
+            await ep.call("jobs_logs", request_id=f"logs-{n}", job_id=job_id, tail=2000)
+        await ep.skip(timedelta(seconds=40))
+        assert (await ep.handle.describe()).run_id != first_run  # it continued as new
+        # Without its answers the input took ~66 KB; with one of them it would not have fit.
+        assert any("dropped" in r.getMessage() for r in caplog.records), "the guard did not act"
+        steps = (await ep.status()).steps_used
+        oldest = await ep.call("jobs_logs", request_id="logs-0", job_id=job_id)
+        assert oldest.data["error"]["type"] == "already_answered", oldest.data
+        for n in range(1, 6):  # dropped (already answered) or answered after the new run began
+            again = await ep.call("jobs_logs", request_id=f"logs-{n}", job_id=job_id)
+            assert "lines" in again.data or again.data["error"]["type"] == "already_answered"
+        assert (await ep.status()).steps_used == steps  # nothing was run again
         fresh = await ep.call("jobs_status", job_id=job_id)
         assert fresh.data["state"] == "succeeded" and fresh.metadata["steps_used"] == steps + 1
 

@@ -28,6 +28,7 @@ from posttrain_env.contracts.jobs import JobRole
 from posttrain_env.contracts.visibility import dev_server_flags
 from posttrain_env.keys import write_new_key
 from tests.conftest import binary
+from tests.payload_limits import assert_no_violation_in
 from tests.workflows.harness import Answer, write_task
 from workflows.episode import EpisodeWorkflow
 from workflows.episode_contract import EpisodeStatus, ToolCall, ToolResult
@@ -135,6 +136,7 @@ def worker_process(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[
         yield proc
     finally:
         stop(proc)
+        assert_no_violation_in(log)  # the check in-process workers get from tests/conftest.py
 
 
 async def call(
