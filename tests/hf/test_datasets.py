@@ -13,20 +13,26 @@ import dataclasses
 import gzip
 import json
 import zlib
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import zstandard
+from temporalio.testing import WorkflowEnvironment
 
 from activities.contamination import ContaminationActivities
 from activities.hf.inputs import MAX_LISTED_ENTRIES
+from job_launcher.trusted_lines import SCORE_TAG, format_trusted_line
 from posttrain_env.contracts.audit import AuditJob, AuditRecord
 from posttrain_env.contracts.contamination import CheckContamination
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.limits import CONTAMINATION_DATASET_BYTES, CONTAMINATION_TOTAL_BYTES, MIB
 from posttrain_env.models import ContaminationSpec
 from tests.hf.conftest import FAST_HTTP, TOKEN, http_backend
+from tests.hf.fake_hub import JobPlan
 from tests.hf.http_hub import CDN_HOST, HubHttp
+from tests.hf.temporal import hf_worker
+from tests.test_contamination import OneRecord
 from tests.workflows.test_contamination import ITEMS, write_contamination_task
 
 OLD, NEW = "a1" * 20, "b2" * 20
@@ -255,12 +261,48 @@ async def test_a_check_over_the_hf_backend_reads_at_most_the_total_shared_fairly
     assert all(seen.token != TOKEN for seen in http_hub.seen)
 
 
-class OneRecord:
-    """`EpisodeTrail` of one episode (the check reads scripts and datasets from it)."""
+async def test_an_hf_episode_that_mounted_a_dataset_holding_test_items_is_flagged(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path, http_hub: HubHttp
+) -> None:
+    """A whole episode on the hf backend over the HTTP fake Hub: the agent's job mounts a
+    dataset whose gzipped JSON lines (stored in LFS) hold test items; the dataset then moves on
+    to a clean commit before `submit`. The check reads the commit the job mounted, finds the
+    items, and the task's `zero_reward` policy gives 0; the agent sees counts only, the audit
+    record the evidence."""
+    hub = http_hub.hub
+    score = format_trusted_line(SCORE_TAG, "{nonce}", {"score": 0.75, "split": "hidden"})
+    agent = JobPlan(scheduling_s=5, running_s=30)
+    grader = JobPlan(scheduling_s=5, running_s=30, logs=["evaluating", score])
+    hub.plan_for = lambda labels: agent if labels["posttrain-role"] == "agent" else grader
+    packed = gzip.compress(leaky_lines())
+    http_hub.add_dataset("org/leaky", OLD, {"train.jsonl.gz": packed}, lfs={"train.jsonl.gz"})
+    async with hf_worker(time_skipping_env, tmp_path, hub, http_backend(http_hub)) as h:
+        write_contamination_task(
+            tmp_path / "tasks",
+            "t_strict",
+            'test_items = "test_items.jsonl"\npolicy = "zero_reward"\n',
+        )
+        ep = await h.episode("t_strict")
+        job_id = await ep.submit_job(datasets=["org/leaky"])
+        assert (await ep.wait_job(job_id)).data["state"] == "succeeded"
+        http_hub.add_dataset("org/leaky", NEW, {"train.jsonl": b'{"prompt": "clean"}'})
+        final = await ep.call_over(timedelta(minutes=5), "submit", job_id=job_id)
+        assert final.done, final.data
+        await ep.handle.result()
+        record = json.loads((h.settings.state_dir / "audit" / f"{ep.episode_id}.json").read_text())
 
-    def __init__(self, record: AuditRecord) -> None:
-        self._record = record
-
-    async def read(self, episode_id: str) -> AuditRecord:
-        assert episode_id == self._record.episode_id
-        return self._record
+    assert final.reward == 0.0
+    assert final.metadata["episode_end"]["contamination"] == {
+        "checked": True,
+        "flagged": True,
+        "policy": "zero_reward",
+        "matched_items": len(ITEMS),
+        "unread_datasets": 0,
+    }
+    evidence = record["contamination"]["evidence"]
+    places = {place for match in evidence["matches"] for place in match["places"]}
+    assert places == {f"dataset:org/leaky@{OLD}/train.jsonl.gz"}
+    assert [seen.path for seen in http_hub.requests_to("dataset_file")] == [
+        f"/datasets/org/leaky/resolve/{OLD}/train.jsonl.gz"
+    ]
+    assert all(seen.token is None for seen in http_hub.seen if seen.route in DATASET_ROUTES)
