@@ -4,10 +4,13 @@ controlled, grader-side, before the reward is final (README, "Contamination chec
 It runs on the main worker, never in a job and never in agent code, and costs the agent
 nothing. What it reads: the text of every script the episode's agent jobs ran (from the
 episode's own history, through `EpisodeTrail`, so no script crosses Temporal again) and the
-first CONTAMINATION_DATASET_BYTES of every dataset those jobs mounted, at the revision they
-mounted, read through the backend as a job would see it (CONTAMINATION_TOTAL_BYTES over all
-datasets; what is left unread is recorded in the evidence). The scan itself is
-`activities/contamination_scan.py`.
+first bytes of every dataset those jobs mounted, at the revision they mounted, read through the
+backend as a job would see it (`activities/dataset_bytes.py`: compressed files decompressed).
+Each dataset gets at most CONTAMINATION_DATASET_BYTES, and its fair share of what is left of
+CONTAMINATION_TOTAL_BYTES (what is left divided by the datasets still to read), so datasets
+mounted first cannot use up the total before a later one is read. What was not read (cut at a
+cap, not read at all, unreadable) is recorded in the evidence and counted, with no name, in
+the agent's `unread_datasets`. The scan itself is `activities/contamination_scan.py`.
 
 A task whose declaration cannot be read (its test items file missing or malformed) or a dataset
 that cannot be read is not retried forever: the check reports `check_failed` (or the source as
@@ -18,12 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from collections import Counter
 from pathlib import Path
 
 from temporalio import activity
 
 from activities.backend import JobsBackend
 from activities.contamination_scan import ItemText, Scan, cap_matches
+from activities.dataset_bytes import opaque_format
 from activities.ports import EpisodeTrail
 from posttrain_env.contracts.activities import ContaminationApi
 from posttrain_env.contracts.audit import AuditRecord
@@ -49,6 +55,11 @@ from tasks.registry import TaskSpecError, test_items_path
 
 # An item's id as the evidence names it (ids come from the task's own file).
 MAX_ITEM_ID_CHARS = 200
+# Datasets are read only while this much of the activity's time has passed (its timeout is
+# CONTAMINATION_TIMEOUT, 15 minutes): the rest are reported unread, so a check that meets slow
+# or endless datasets still completes, with `unread_datasets` saying what it missed, instead
+# of timing out into `check_failed`.
+CONTAMINATION_READ_S = 10 * 60.0
 
 
 class ItemsFileError(ValueError):
@@ -64,12 +75,14 @@ class ContaminationActivities(ContaminationApi):
         *,
         dataset_bytes: int = CONTAMINATION_DATASET_BYTES,
         total_bytes: int = CONTAMINATION_TOTAL_BYTES,
+        read_seconds: float = CONTAMINATION_READ_S,
     ) -> None:
         self._trail = trail
         self._backend = backend
         self._tasks_dir = tasks_dir
         self._dataset_bytes = dataset_bytes
         self._total_bytes = total_bytes
+        self._read_seconds = read_seconds
 
     @activity.defn
     async def check_contamination(self, check: CheckContamination) -> ContaminationReport:
@@ -108,7 +121,11 @@ class ContaminationActivities(ContaminationApi):
         )
         matched = len(matches) + unlisted
         summary = ContaminationSummary(
-            checked=True, flagged=matched > 0, policy=spec.policy, matched_items=matched
+            checked=True,
+            flagged=matched > 0,
+            policy=spec.policy,
+            matched_items=matched,
+            unread_datasets=sum(1 for source in sources if source.unread),
         )
         return ContaminationReport(summary=summary, evidence=evidence)
 
@@ -128,28 +145,45 @@ class ContaminationActivities(ContaminationApi):
             where = f"script:{digest}"
             await asyncio.to_thread(scan.feed_text, where, text)
             sources.append(ContaminationSource(where=where, bytes_read=len(text.encode())))
-        datasets = dict.fromkeys(
-            (repo_id, revision) for job in agent_jobs for repo_id, revision in job.datasets.items()
+        datasets = list(
+            dict.fromkeys(
+                (repo_id, revision)
+                for job in agent_jobs
+                for repo_id, revision in job.datasets.items()
+            )
         )
+        deadline = time.monotonic() + self._read_seconds
         left = self._total_bytes
-        for repo_id, revision in datasets:
+        for n, (repo_id, revision) in enumerate(datasets):
             where = f"dataset:{repo_id}@{revision}"
-            if left <= 0:
+            # Each dataset's fair share of what is left: the datasets mounted first cannot
+            # use up the total before a later one is read (what one leaves goes to the rest).
+            share = min(self._dataset_bytes, left // (len(datasets) - n))
+            if share <= 0:
                 sources.append(ContaminationSource(where=where, cut=True, error="not read: cap"))
                 continue
+            if time.monotonic() >= deadline:
+                sources.append(ContaminationSource(where=where, cut=True, error="not read: time"))
+                continue
             try:
-                read = await self._backend.read_dataset(
-                    repo_id, revision, min(self._dataset_bytes, left)
-                )
+                read = await self._backend.read_dataset(repo_id, revision, share)
             except ToolError as err:  # gone, or never readable: not scanned, said so
                 sources.append(ContaminationSource(where=where, error=cut_text(err.message)))
                 continue
             size = 0
+            opaque: Counter[str] = Counter()
             for path, data in read.files:
                 await asyncio.to_thread(scan.feed_bytes, f"{where}/{path}", data)
                 size += len(data)
+                kind = opaque_format(data[:8])
+                if kind is not None:
+                    opaque[kind] += 1
             left -= size
-            sources.append(ContaminationSource(where=where, bytes_read=size, cut=read.cut))
+            sources.append(
+                ContaminationSource(
+                    where=where, bytes_read=size, cut=read.cut, opaque_files=dict(opaque)
+                )
+            )
         return sources
 
 

@@ -9,24 +9,35 @@ does not name its episode; a record names every folder). An episode whose workfl
 written to the record's sidecar, `<audit dir>/retention/<episode_id>.json`, which later sweeps
 read instead of the record. Idempotent: a folder already gone deletes nothing; a sweep that
 stops halfway is finished by the next.
+
+Folders whose episode left no record (it ended before records existed, or its record failed
+to write) are found, on a storage whose folders name their episode (`FolderLister`: the local
+backend's `job.json`), after the records, with what is left of the run's cap: one is deleted,
+whole, once the job ended longer ago than the retention (`retention_plan.unrecorded_due`), no
+record of its episode exists and the episode's workflow is not open; with the same guards
+as any other (the storage refuses a running job, anything outside its root, a link). What was
+deleted goes to a sidecar marked `unrecorded`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections import defaultdict
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from pydantic import ValidationError
 from temporalio import activity
 
 from activities.backend import TransientBackendError
 from activities.ports import EpisodeLiveness
-from activities.retention_plan import Due, due, entry_of
+from activities.retention_plan import Due, JobFolder, due, entry_of, unrecorded_due
 from activities.storage import JobStorage, StorageRefused
 from posttrain_env.contracts.activities import RetentionApi
 from posttrain_env.contracts.audit import AuditRecord
 from posttrain_env.contracts.retention import (
+    RetainedFolder,
     RetentionDeletion,
     RetentionEntry,
     RetentionPolicy,
@@ -37,6 +48,13 @@ from posttrain_env.contracts.retention import (
 from posttrain_env.errors import ToolError
 
 SIDECARS = "retention"
+
+
+@runtime_checkable
+class FolderLister(Protocol):
+    """A storage whose job folders name their own episode (the local backend's)."""
+
+    async def job_folders(self) -> list[JobFolder]: ...
 
 
 class RetentionActivities(RetentionApi):
@@ -81,11 +99,69 @@ class RetentionActivities(RetentionApi):
             if not request.dry_run:
                 entry.updated_at = request.now
                 await asyncio.to_thread(write_entry, self._audit_dir, entry)
+        if not report.more and isinstance(self._storage, FolderLister):
+            await self._sweep_unrecorded(self._storage, request, report, budget)
         report.done = True
         return report
 
+    async def _sweep_unrecorded(
+        self,
+        lister: FolderLister,
+        request: SweepRetention,
+        report: RetentionReport,
+        budget: int,
+    ) -> None:
+        """The due folders of episodes that have no audit record (module docstring)."""
+        by_episode: dict[str, list[JobFolder]] = defaultdict(list)
+        for folder in await lister.job_folders():
+            if unrecorded_due(folder, request.now, self._policy):
+                by_episode[folder.episode_id].append(folder)
+        for episode_id, folders in sorted(by_episode.items()):
+            if (self._audit_dir / f"{episode_id}.json").exists():
+                continue  # the records' pass decides for it
+            if budget <= 0:
+                report.more = True
+                return
+            _heartbeat(episode_id)
+            if await self._episodes.is_running(episode_id):
+                report.running.append(episode_id)
+                continue
+            entry = await asyncio.to_thread(read_entry, self._audit_dir, episode_id)
+            if entry is None or not entry.unrecorded:
+                entry = RetentionEntry(
+                    episode_id=episode_id, backend=self._storage.name, unrecorded=True
+                )
+            known = {f.ref: f for f in entry.folders}
+            for found in folders[:budget]:
+                folder = known.get(found.ref)
+                if folder is None:
+                    folder = RetainedFolder(job_id=found.job_id, role=found.role, ref=found.ref)
+                    entry.folders.append(folder)
+                    known[found.ref] = folder
+                if folder.refused is not None:
+                    continue
+                budget -= 1
+                _heartbeat(episode_id, found.ref)
+                await self._delete(
+                    entry, Due(folder, keep_artifact=False), request, report, unrecorded=True
+                )
+            # The latest end of its jobs seen: what the episode's end would be in a record.
+            ended = [f.ended_at for f in folders if f.ended_at is not None]
+            if entry.ended_at is not None:
+                ended.append(entry.ended_at)
+            entry.ended_at = max(ended, default=None)
+            if not request.dry_run:
+                entry.updated_at = request.now
+                await asyncio.to_thread(write_entry, self._audit_dir, entry)
+
     async def _delete(
-        self, entry: RetentionEntry, item: Due, request: SweepRetention, report: RetentionReport
+        self,
+        entry: RetentionEntry,
+        item: Due,
+        request: SweepRetention,
+        report: RetentionReport,
+        *,
+        unrecorded: bool = False,
     ) -> None:
         folder = item.folder
         deletion = RetentionDeletion(
@@ -93,6 +169,7 @@ class RetentionActivities(RetentionApi):
             job_id=folder.job_id,
             ref=folder.ref,
             artifact_kept=item.keep_artifact,
+            unrecorded=unrecorded,
         )
         if request.dry_run:
             report.deleted.append(deletion)
@@ -134,8 +211,9 @@ class RetentionActivities(RetentionApi):
         """The record's sidecar; made from the record the first time (and written, so later
         sweeps read only the small sidecar)."""
         entry = read_entry(self._audit_dir, episode_id)
-        if entry is not None:
+        if entry is not None and not entry.unrecorded:
             return entry
+        entry_before = entry
         try:
             record = AuditRecord.model_validate_json(
                 (self._audit_dir / f"{episode_id}.json").read_bytes()
@@ -144,9 +222,21 @@ class RetentionActivities(RetentionApi):
             report.unreadable.append(episode_id)
             return None
         entry = entry_of(record)
+        if entry_before is not None:  # swept as unrecorded before its record was there
+            _carry_over(entry_before, entry)
         if not dry_run:
             write_entry(self._audit_dir, entry)
         return entry
+
+
+def _carry_over(before: RetentionEntry, entry: RetentionEntry) -> None:
+    """What a sweep did to folders, kept when their episode's record turns up later."""
+    done = {f.ref: f for f in before.folders}
+    for folder in entry.folders:
+        old = done.get(folder.ref)
+        if old is not None:
+            folder.deleted_at, folder.refused = old.deleted_at, old.refused
+            folder.bytes_deleted = old.bytes_deleted
 
 
 def record_ids(audit_dir: Path) -> list[str]:

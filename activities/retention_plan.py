@@ -74,3 +74,32 @@ def due(entry: RetentionEntry, now: datetime, policy: RetentionPolicy) -> list[D
         elif job_due and folder.rest_deleted_at is None:
             found.append(Due(folder, keep_artifact=True))
     return found
+
+
+# -- job folders whose episode has no audit record -------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobFolder:
+    """A job folder as its own metadata file names it (`job.json` of a local job): the
+    episode it belongs to, and when the job ended (None: no result yet)."""
+
+    ref: str
+    episode_id: str
+    job_id: str
+    role: str
+    ended_at: datetime | None
+
+
+def unrecorded_due(folder: JobFolder, now: datetime, policy: RetentionPolicy) -> bool:
+    """Whether the folder of a job whose episode left no audit record (it ended before records
+    existed, or its record failed to write) is due at `now`.
+
+    Without a record nothing says which job's outputs the episode submitted, so an agent job's
+    folder is kept as long as a submitted artifact would be (`submitted_after`); an
+    evaluation's (dev or grader) goes after `job_after`. Measured from the job's own end: a job
+    that has not ended is never due (and the storage refuses it anyway)."""
+    if folder.ended_at is None:
+        return False
+    after = policy.submitted_after if folder.role == JobRole.agent.value else policy.job_after
+    return after is not None and now - folder.ended_at >= after

@@ -219,6 +219,9 @@ class ContaminationSummary(BaseModel):
     # Why nothing was checked: `hidden_split_generated` (the task's hidden split is generated
     # inside the grader, so there are no test items to find) or `check_failed`.
     skipped: str | None = None
+    # When checked: how many mounted datasets were not read to their end (cut at a byte cap,
+    # not read at all, or unreadable). A count only, never which: 0 means all were read.
+    unread_datasets: int | None = None
 
 
 class EpisodeEnd(BaseModel):

@@ -1,21 +1,37 @@
 """The contamination check's parts without Temporal: the task spec's `[contamination]` table,
-the normalized n-gram scan and its threshold, bounded dataset reads, the test items file, the
-policy, and the bound on what crosses Temporal."""
+the normalized n-gram scan and its threshold, bounded dataset reads (decompressed, a bomb
+stopped at the cap, a file cap), the test items file, the policy, the bound on what crosses
+Temporal, and the activity over the fake backend: each dataset's fair share of the total, the
+time it may read for, and the agent's count of what was not read."""
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import json
+import lzma
 import os
+import zlib
 from pathlib import Path
 
 import pytest
+import zstandard
 from pydantic import ValidationError
 
-from activities.contamination import ItemsFileError, load_test_items
+from activities.contamination import ContaminationActivities, ItemsFileError, load_test_items
 from activities.contamination_scan import CHUNK_BYTES, ItemText, Scan, cap_matches, words
-from activities.dataset_bytes import read_folder
+from activities.dataset_bytes import (
+    MAX_DATASET_FILES,
+    as_text,
+    opaque_format,
+    read_folder,
+    read_until,
+)
+from activities.fake.backend import FakeBackend, FakeDataset, FakeScenario
+from posttrain_env.contracts.audit import AuditJob, AuditRecord
 from posttrain_env.contracts.contamination import (
     MAX_LISTED_SOURCES,
+    CheckContamination,
     ContaminationEvidence,
     ContaminationMatch,
     ContaminationReport,
@@ -220,6 +236,189 @@ def test_test_items_are_read_with_ids_and_a_bad_line_is_named_never_quoted(
     assert "secret" not in str(err.value)
     with pytest.raises(ItemsFileError, match="cannot be read"):
         load_test_items(tmp_path / "missing.jsonl")
+
+
+COMPRESSORS = {
+    "gzip": gzip.compress,
+    "bzip2": bz2.compress,
+    "xz": lzma.compress,
+    "zstd": lambda data: zstandard.ZstdCompressor().compress(data),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPRESSORS))
+def test_a_compressed_file_is_read_as_its_text_and_the_cap_counts_decompressed_bytes(
+    name: str,
+) -> None:
+    text = (LONG + "\n").encode() * 200
+    packed = COMPRESSORS[name](text)
+    assert len(packed) < len(text) // 10
+    assert as_text(packed, 10**6, raw_cut=False) == (text, False)
+    # Two members (or frames, or streams) one after the other, as `cat a.gz b.gz` makes.
+    assert as_text(packed + packed, 10**6, raw_cut=False) == (text + text, False)
+    assert as_text(packed, 100, raw_cut=False) == (text[:100], True)
+    # A file cut by the cap before its end: what decompressed so far, and cut.
+    head, cut = as_text(packed[: len(packed) // 2], 10**6, raw_cut=True)
+    assert cut and text.startswith(head)
+    # In a dataset: the decompressed bytes count, and nothing is read past them.
+    read = read_until([("a.gz", lambda n: packed[:n]), ("b.txt", lambda n: b"b")], 1000)
+    assert read.files == [("a.gz", text[:1000])] and read.cut
+    whole = read_until([("a.gz", lambda n: packed[:n]), ("b.txt", lambda n: b"b")], 10**6)
+    assert whole.files == [("a.gz", text), ("b.txt", b"b")] and not whole.cut
+
+
+def test_a_decompression_bomb_stops_at_the_cap() -> None:
+    bomb = zlib.compressobj(9, zlib.DEFLATED, 31)
+    zeros = b"\0" * MIB
+    packed = b"".join(bomb.compress(zeros) for _ in range(64)) + bomb.flush()  # 64 MiB
+    out, cut = as_text(packed, MIB, raw_cut=False)
+    assert len(out) == MIB and cut and len(packed) < MIB // 8
+
+
+def test_text_behind_a_compression_header_is_still_scanned() -> None:
+    """A stream that breaks off (plain text after a gzip header, or after a valid member) is
+    scanned as what decompressed followed by the file's raw bytes."""
+    fake = b"\x1f\x8b" + LONG.encode()
+    out, cut = as_text(fake, 10**6, raw_cut=False)
+    assert LONG.encode() in out and not cut
+    tail = gzip.compress(b"the member") + b" then " + LONG.encode()
+    out, _ = as_text(tail, 10**6, raw_cut=False)
+    assert out.startswith(b"the member") and LONG.encode() in out
+    assert scan_of(out.decode("utf-8", "replace")) == ["long"]
+
+
+def test_formats_the_scan_cannot_see_into_are_named() -> None:
+    assert opaque_format(b"PAR1\x15\x04") == "parquet"
+    assert opaque_format(b"PK\x03\x04") == "zip"
+    assert opaque_format(gzip.compress(b"x")) == "gzip"  # a second layer, once decompressed
+    assert opaque_format(b'{"text": "plain"}') is None
+
+
+def test_a_dataset_is_read_for_at_most_its_file_cap() -> None:
+    files = [(f"f{n:05}", lambda n: b"x") for n in range(MAX_DATASET_FILES + 5)]
+    read = read_until(files, 10**6)
+    assert len(read.files) == MAX_DATASET_FILES and read.cut
+
+
+# -- the activity over the fake backend ------------------------------------------------------
+
+
+class OneRecord:
+    """`EpisodeTrail` of one episode (the check reads its scripts and datasets from it)."""
+
+    def __init__(self, record: AuditRecord) -> None:
+        self._record = record
+
+    async def read(self, episode_id: str) -> AuditRecord:
+        assert episode_id == self._record.episode_id
+        return self._record
+
+
+def mounting(datasets: dict[str, str], episode_id: str = "ep-0123456789abcdef") -> OneRecord:
+    """An episode whose one agent job mounted `datasets` (repo id -> commit)."""
+    job = AuditJob(
+        job_id="job-1",
+        workflow_id=f"episode-{episode_id}/job/1",
+        role="agent",
+        flavor="cpu-basic",
+        timeout_s=600,
+        base_model="m",
+        base_model_revision="r" * 40,
+        datasets=datasets,
+    )
+    return OneRecord(
+        AuditRecord(
+            episode_id=episode_id,
+            task_id="t_public",
+            base_model="m",
+            base_model_revision="r" * 40,
+            jobs=[job],
+        )
+    )
+
+
+def items_task(tasks_dir: Path) -> CheckContamination:
+    folder = tasks_dir / "t_public"
+    folder.mkdir(parents=True)
+    (folder / "test_items.jsonl").write_text(json.dumps({"id": "long", "text": LONG}) + "\n")
+    return CheckContamination(
+        episode_id="ep-0123456789abcdef",
+        task_id="t_public",
+        spec=ContaminationSpec(test_items="test_items.jsonl"),
+    )
+
+
+def junk_then_leaky(junk: int) -> tuple[FakeScenario, dict[str, str]]:
+    datasets = {f"junk/j{n}": FakeDataset(files={"blob.txt": "x " * junk}) for n in range(3)}
+    datasets["org/leaky"] = FakeDataset(files={"train.txt": LONG})
+    return FakeScenario(datasets=datasets), {repo: "0" * 40 for repo in datasets}
+
+
+async def test_datasets_mounted_first_cannot_use_up_the_total_before_a_later_one(
+    tmp_path: Path,
+) -> None:
+    """Three junk datasets larger than the total are mounted before one holding an item: each
+    gets its fair share (what is left over the datasets still to read), so the item is found,
+    and the agent's counts say that three datasets were not read to their end."""
+    scenario, mounted = junk_then_leaky(junk=2000)  # 4000 bytes each
+    check = ContaminationActivities(
+        mounting(mounted),
+        FakeBackend(tmp_path / "fake", scenario),
+        tmp_path,
+        dataset_bytes=3000,
+        total_bytes=4000,
+    )
+    report = await check.check_contamination(items_task(tmp_path))
+    assert report.summary.flagged and report.summary.unread_datasets == 3
+    assert report.evidence is not None
+    read = {s.where.split("@")[0]: s for s in report.evidence.sources}
+    assert [read[f"dataset:junk/j{n}"].bytes_read for n in range(3)] == [1000, 1000, 1000]
+    assert read["dataset:org/leaky"].bytes_read == len(LONG) and not read["dataset:org/leaky"].cut
+
+
+async def test_datasets_not_reached_in_time_are_counted_unread_and_scripts_still_checked(
+    tmp_path: Path,
+) -> None:
+    scenario, mounted = junk_then_leaky(junk=10)
+    check = ContaminationActivities(
+        mounting(mounted), FakeBackend(tmp_path / "fake", scenario), tmp_path, read_seconds=0
+    )
+    report = await check.check_contamination(items_task(tmp_path))
+    assert report.summary.checked and not report.summary.flagged
+    assert report.summary.unread_datasets == 4
+    assert report.evidence is not None
+    assert {s.error for s in report.evidence.sources} == {"not read: time"}
+
+
+async def test_an_unreadable_dataset_is_counted_for_the_agent_and_named_in_the_evidence_only(
+    tmp_path: Path,
+) -> None:
+    scenario, mounted = junk_then_leaky(junk=10)
+    mounted["org/gone"] = "9" * 40
+    check = ContaminationActivities(
+        mounting(mounted), FakeBackend(tmp_path / "fake", scenario), tmp_path
+    )
+    report = await check.check_contamination(items_task(tmp_path))
+    assert report.summary.flagged and report.summary.unread_datasets == 1
+    assert "org/gone" not in report.summary.model_dump_json()
+    assert report.evidence is not None
+    (gone,) = [s for s in report.evidence.sources if s.error]
+    assert gone.where == f"dataset:org/gone@{'9' * 40}"
+
+
+async def test_a_parquet_file_is_named_in_the_evidence_as_read_only_as_raw_bytes(
+    tmp_path: Path,
+) -> None:
+    scenario = FakeScenario(
+        datasets={"org/columns": FakeDataset(files={"train.parquet": "PAR1 pages PAR1"})}
+    )
+    check = ContaminationActivities(
+        mounting({"org/columns": "0" * 40}), FakeBackend(tmp_path / "fake", scenario), tmp_path
+    )
+    report = await check.check_contamination(items_task(tmp_path))
+    assert report.evidence is not None
+    (source,) = [s for s in report.evidence.sources if s.where.startswith("dataset:")]
+    assert source.opaque_files == {"parquet": 1}
 
 
 # -- the policy --------------------------------------------------------------------------------

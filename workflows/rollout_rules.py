@@ -54,6 +54,7 @@ def attempt_record(inp: RolloutInput, s: RolloutCarry, now: datetime) -> Rollout
         episode_id=s.episode_id,
         error=s.error,
         conversation=s.conversation,
+        contamination=end.contamination if end else None,
     )
 
 

@@ -9,6 +9,7 @@ is what the job mounts.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 
@@ -28,6 +29,9 @@ from activities.hf.calls import HubCalls
 from posttrain_env.errors import ErrorType, ToolError
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+# Entries of a dataset's tree listed at most for the contamination check (a page of the Hub's
+# listing holds 1000): the files past them are not read, and the dataset counts as cut.
+MAX_LISTED_ENTRIES = 10_000
 
 
 def repo_id_problem(repo_id: object) -> str | None:
@@ -133,9 +137,21 @@ async def resolve_model(calls: HubCalls, public: HfApi, repo_id: str, revision: 
 async def read_dataset(
     calls: HubCalls, public: HfApi, repo_id: str, revision: str, max_bytes: int
 ) -> DatasetBytes:
-    """The first `max_bytes` of the public dataset at `revision` (the contamination check):
-    its files listed and read in path order without the token, each by a streamed GET asking
-    for its first bytes only, in one Hub call under the activity's budget."""
+    """The first `max_bytes` of the public dataset at the commit `revision` (the contamination
+    check), in one Hub call under the activity's budget, without the token: its files listed
+    (`GET /api/datasets/<repo>/tree/<commit>?recursive=True`, page by page, the first
+    MAX_LISTED_ENTRIES entries) and read in path order, each by a streamed
+    `GET /datasets/<repo>/resolve/<commit>/<path>` asking for its first bytes only (`Range`),
+    as `HfFileSystem` reads a range; a file stored in LFS or Xet is redirected by the Hub to
+    its storage and read there. Only `file` entries are read, and only paths that stay inside
+    the dataset (no empty, `.` or `..` segment): nothing else is ever fetched. Compressed files
+    are decompressed as `activities/dataset_bytes.py` says."""
+    problem = repo_id_problem(repo_id)
+    if problem:
+        raise ToolError(ErrorType.not_allowed, f"dataset {repo_id!r} is invalid: {problem}")
+    if not _COMMIT.fullmatch(revision):
+        # What a job mounted is always a commit; a branch would read what is there now.
+        raise ToolError(ErrorType.not_allowed, f"dataset {repo_id!r}: {revision!r} is no commit")
     return await calls.call(
         f"reading dataset {repo_id!r}", _read_public, public, repo_id, revision, max_bytes
     )
@@ -145,18 +161,28 @@ def _read_public(public: HfApi, repo_id: str, revision: str, max_bytes: int) -> 
     entries = public.list_repo_tree(
         repo_id, recursive=True, revision=revision, repo_type="dataset", token=False
     )
-    paths = sorted(entry.path for entry in entries if isinstance(entry, RepoFile))
+    listed = list(itertools.islice(entries, MAX_LISTED_ENTRIES + 1))
+    files = sorted(
+        (entry.path, entry.size)
+        for entry in listed[:MAX_LISTED_ENTRIES]
+        if isinstance(entry, RepoFile) and _inside(entry.path)
+    )
     session = get_session()
+    headers = public._build_hf_headers(token=False)
 
-    def reader(path: str):  # type: ignore[no-untyped-def]
+    def reader(path: str, size: int):  # type: ignore[no-untyped-def]
         def read_at_most(n: int) -> bytes:
+            if size == 0:  # nothing to read (and a range of an empty file is unsatisfiable)
+                return b""
             url = hf_hub_url(
                 repo_id, path, repo_type="dataset", revision=revision, endpoint=public.endpoint
             )
             # A server that ignores Range sends the whole file: read only what is wanted.
             with session.stream(
-                "GET", url, headers={"Range": f"bytes=0-{n - 1}"}, follow_redirects=True
+                "GET", url, headers={**headers, "Range": f"bytes=0-{n - 1}"}, follow_redirects=True
             ) as response:
+                if response.status_code == 416:  # the range starts past the end: empty
+                    return b""
                 if response.status_code >= 400:
                     response.read()
                     hf_raise_for_status(response)  # HfHubHTTPError, translated by `calls`
@@ -169,4 +195,13 @@ def _read_public(public: HfApi, repo_id: str, revision: str, max_bytes: int) -> 
 
         return read_at_most
 
-    return read_until(((path, reader(path)) for path in paths), max_bytes)
+    read = read_until(((path, reader(path, size)) for path, size in files), max_bytes)
+    if len(listed) > MAX_LISTED_ENTRIES:  # entries past the listing's cap were never read
+        return DatasetBytes(files=read.files, cut=True)
+    return read
+
+
+def _inside(path: str) -> bool:
+    """A path in the repo that names nothing outside it once it is put in a URL."""
+    parts = path.split("/")
+    return bool(path) and all(part not in ("", ".", "..") for part in parts)

@@ -5,22 +5,36 @@ A folder is `<state>/local/jobs/<ref>/` (activities/local/jobfiles.py) and nothi
 that is not one of ours (`local-<24 hex>`, so no `/` or `..`) and a folder that is a link are
 refused, and deleting never follows a link inside the folder (`scratch.remove_tree`). A job
 that has not ended is refused for now (its supervisor still writes there).
+
+`job_folders` lists the folders with what their own `job.json` says (the episode, from the
+job's key `episode-<episode_id>/job/<n>`; its job id and role) and when `result.json` says the
+job ended, for retention of folders whose episode has no audit record. Links are skipped, both
+as folders and as those two files; a folder whose files do not say all of that is left out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import stat
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from activities.local import jobfiles as jf
 from activities.local import scratch
 from activities.local.store import REF, JobStore
+from activities.retention_plan import JobFolder
 from activities.storage import StorageRefused
 
 # Counting stops past this many entries; a job's own file limit is far below it.
 MAX_COUNTED_ENTRIES = 10_000_000
+# A job's key is its job workflow's id (workflows/ids.py: `episode-<episode_id>/job/<n>`).
+_JOB_KEY = re.compile(r"episode-(?P<episode>[A-Za-z0-9_-]{1,100})/job/[0-9]{1,9}")
+# Bytes of a job's own metadata file read at most (they are a few KB).
+_METADATA_BYTES = 1 << 20
 
 
 class LocalJobStorage:
@@ -35,6 +49,40 @@ class LocalJobStorage:
 
     async def delete(self, ref: str, *, keep_artifact: bool) -> int:
         return await asyncio.to_thread(self._delete, ref, keep_artifact)
+
+    async def job_folders(self) -> list[JobFolder]:
+        return await asyncio.to_thread(self._job_folders)
+
+    def _job_folders(self) -> list[JobFolder]:
+        try:
+            names = sorted(os.listdir(self._root))
+        except FileNotFoundError:
+            return []
+        found = []
+        for ref in names:
+            folder = self._root / ref
+            if not REF.fullmatch(ref) or not _is_real_dir(folder):
+                continue
+            spec = _read_metadata(folder / jf.JOB)
+            key = _JOB_KEY.fullmatch(str(spec.get("key", ""))) if spec else None
+            if spec is None or key is None:
+                continue
+            result = _read_metadata(folder / jf.RESULT)
+            finished = result.get("finished_at") if result else None
+            found.append(
+                JobFolder(
+                    ref=ref,
+                    episode_id=key["episode"],
+                    job_id=str(spec.get("job_id") or ref),
+                    role=str(spec.get("role", "")),
+                    ended_at=(
+                        datetime.fromtimestamp(finished, UTC)
+                        if isinstance(finished, int | float)
+                        else None
+                    ),
+                )
+            )
+        return found
 
     def _artifact_bytes(self, ref: str) -> int | None:
         try:
@@ -89,6 +137,21 @@ def _is_real_dir(path: Path) -> bool:
         return stat.S_ISDIR(os.lstat(path).st_mode)
     except FileNotFoundError:
         return False
+
+
+def _read_metadata(path: Path) -> dict[str, Any] | None:
+    """A job's own JSON file, never through a link; None when it is missing or unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as source:
+        data = source.read(_METADATA_BYTES)
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _size(path: Path) -> int:

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from posttrain_env.models import EndReason, ServiceSpend
+from posttrain_env.models import ContaminationSummary, EndReason, ServiceSpend
 
 SCHEMA_VERSION = 1
 RECORDS_FILE = "records.jsonl"
@@ -117,6 +117,13 @@ class RolloutRecord(BaseModel):
     error: RecordError | None = None
     conversation: str | None = None  # head of the stored conversation (conversations/)
     project_version: str = ""
+    # The contamination check's counts, as the episode's end carried them (the evidence stays
+    # in the episode's audit record); None: not checked, or a record from before they were kept.
+    contamination: ContaminationSummary | None = None
+
+    @property
+    def contamination_flagged(self) -> bool:
+        return self.contamination is not None and self.contamination.flagged
 
     @property
     def key(self) -> tuple[str, int]:

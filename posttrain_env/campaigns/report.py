@@ -58,6 +58,9 @@ class Cell(BaseModel):
     llm_usd: float
     usd_per_rollout: float  # (env + LLM) / rollouts
     reward_per_usd: float | None  # mean reward / usd_per_rollout
+    # Rollouts (deciding attempts) the contamination check flagged; their rewards count as
+    # the task's policy made them (`report`: as scored; `zero_reward`: 0).
+    contamination_flagged: int = 0
 
     @property
     def key(self) -> tuple[str, str]:
@@ -84,6 +87,7 @@ class AttemptRow(BaseModel):
     llm_usd: float
     total_usd: float
     wall_time_s: float
+    contamination_flagged: bool | None = None  # None: the attempt's episode was not checked
 
 
 class Report(BaseModel):
@@ -95,6 +99,11 @@ class Report(BaseModel):
     attempts: int
     cells: list[Cell]
     attempt_rows: list[AttemptRow] = Field(default_factory=list)
+
+    @property
+    def contamination_flagged(self) -> int:
+        """Rollouts (each once, by its deciding attempt) the contamination check flagged."""
+        return sum(cell.contamination_flagged for cell in self.cells)
 
     def cell(self, task_id: str, agent: str) -> Cell | None:
         return next((c for c in self.cells if c.key == (task_id, agent)), None)
@@ -150,6 +159,7 @@ def build_report(
             llm_usd=r.llm.usd,
             total_usd=round(r.service_spend.settled.usd + r.llm.usd, 6),
             wall_time_s=r.wall_time_s,
+            contamination_flagged=r.contamination.flagged if r.contamination else None,
         )
         for r in sorted(records, key=lambda r: r.key)
     ]
@@ -200,6 +210,7 @@ def _cell(
         llm_usd=llm,
         usd_per_rollout=per_rollout,
         reward_per_usd=mean / per_rollout if mean is not None and per_rollout > 0 else None,
+        contamination_flagged=sum(1 for r in deciding if r.contamination_flagged),
     )
 
 

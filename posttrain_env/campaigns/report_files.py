@@ -39,6 +39,7 @@ CELL_COLUMNS = [
     "llm_usd",
     "total_usd",
     "usd_per_rollout",
+    "contamination_flagged",
 ]
 
 
@@ -61,6 +62,7 @@ def cell_row(cell: Cell) -> dict[str, object]:
         "llm_usd": cell.llm_usd,
         "total_usd": cell.total_usd,
         "usd_per_rollout": cell.usd_per_rollout,
+        "contamination_flagged": cell.contamination_flagged,
     }
 
 
@@ -122,7 +124,7 @@ def summary_markdown(report: Report) -> str:
     return f"""# Campaign {report.campaign_id}
 
 {report.rollouts} rollouts ({report.attempts} attempts), ${env + llm:.4f} spent
-(environment ${env:.4f}, LLM ${llm:.4f}).
+(environment ${env:.4f}, LLM ${llm:.4f}).{_flagged_line(report)}
 
 {table_markdown(report)}
 
@@ -150,6 +152,19 @@ The best reward the agent reached at or below each spend per rollout.
 
 ![reward distribution]({DISTRIBUTION})
 """
+
+
+def _flagged_line(report: Report) -> str:
+    """A sentence when the contamination check flagged rollouts (none: nothing is said)."""
+    flagged = report.contamination_flagged
+    if not flagged:
+        return ""
+    return (
+        f"\n\n**{flagged} rollout{'s' if flagged != 1 else ''} flagged by the contamination "
+        "check** (the task's test items found in what the agent controlled; their rewards are "
+        "as the task's policy made them; `attempts.csv` marks them, each episode's audit "
+        "record holds the evidence)."
+    )
 
 
 def comparison_text(comparison: Comparison) -> str:

@@ -34,9 +34,18 @@ class ContaminationSource(BaseModel):
     """One thing scanned: `script:<sha256>` or `dataset:<repo_id>@<revision>`."""
 
     where: str
-    bytes_read: int = 0
-    cut: bool = False  # read only up to the per-dataset byte cap
+    bytes_read: int = 0  # as scanned: a compressed file counts decompressed
+    cut: bool = False  # not read to its end (a byte or file cap, or the check's time)
     error: str | None = None  # why it could not be read (it then counts as not scanned)
+    # Files scanned only as raw bytes in a format that usually hides its text, by format
+    # (`parquet`: compressed pages; `zip`; a second layer of compression): see
+    # `activities/dataset_bytes.py`.
+    opaque_files: dict[str, int] = Field(default_factory=dict)
+
+    @property
+    def unread(self) -> bool:
+        """Something of this source was not scanned (cut, or not read at all)."""
+        return self.cut or self.error is not None
 
 
 class ContaminationMatch(BaseModel):

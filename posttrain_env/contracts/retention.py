@@ -8,8 +8,12 @@ of that job's folder goes with the others.
 
 The sweep finds folders through the audit records (`<audit dir>/<episode_id>.json`): a record
 exists only for an episode that ended, holds its end time, and names every job's backend ref,
-also after Temporal's retention removed the history. What the sweep did to an episode's
-folders is kept beside its record, in `<audit dir>/retention/<episode_id>.json`
+also after Temporal's retention removed the history. A backend whose folders name their own
+episode (the local backend's `job.json`) also has its folders of episodes without a record
+swept (ended before records existed, or the record failed to write): once the episode's
+workflow is not open and the job ended longer ago than the retention (an agent job's folder:
+the submitted retention, since nothing says whether it was submitted). What the sweep did to
+an episode's folders is kept beside its record, in `<audit dir>/retention/<episode_id>.json`
 (`RetentionEntry`), which is also what later sweeps read instead of the larger record.
 """
 
@@ -57,13 +61,15 @@ class RetainedFolder(BaseModel):
 
 
 class RetentionEntry(BaseModel):
-    """The sidecar of one audit record: what retention did to the episode's folders."""
+    """The sidecar of one audit record: what retention did to the episode's folders. For an
+    episode without a record (`unrecorded`), the folders its jobs' own metadata named."""
 
     episode_id: str
     backend: str | None = None
     ended_at: datetime | None = None
     folders: list[RetainedFolder] = Field(default_factory=list)
     updated_at: datetime | None = None
+    unrecorded: bool = False
 
     @property
     def finished(self) -> bool:
@@ -84,6 +90,7 @@ class RetentionDeletion(BaseModel):
     ref: str
     artifact_kept: bool  # a submitted job's folder without its artifact
     bytes: int = 0
+    unrecorded: bool = False  # found by its own metadata: its episode has no audit record
 
 
 class RetentionReport(BaseModel):

@@ -6,10 +6,20 @@ runs (an upsert of an unknown attribute fails the workflow task, over and over).
   the operator service, idempotently (only the missing ones are added);
 - `tcld_commands`: what to run instead on Temporal Cloud, whose operator service does not add
   search attributes.
+
+The `tcld` syntax was checked against tcld's own source (temporalio/tcld, `app/namespace.go`
+and its generated reference `app/commandsgen/tcld.yml`): `tcld namespace search-attributes
+add` takes `--namespace` (the namespace id, `<name>.<account>`; required) and
+`--search-attribute "name=type"`, which may be given many times (types: Keyword, Text, Int,
+Double, Datetime, Bool, KeywordList). Each run is one update of the namespace (an asynchronous
+operation), and it refuses the whole update when any attribute it names exists already; so
+one command adds all of ours at once, and on a namespace that has some of them already the
+ones it has are left out of the line by hand.
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
 from dataclasses import dataclass
 
@@ -100,11 +110,15 @@ async def require_search_attributes(client: Client, address: str) -> None:
 
 
 def tcld_commands(namespace: str) -> list[str]:
-    """The `tcld` commands that register our attributes on a Temporal Cloud namespace."""
+    """The `tcld` command that registers our attributes on a Temporal Cloud namespace, as the
+    lines of one shell command (each but the last ending in a backslash), after a comment."""
+    flags = [f"--search-attribute {key.name}={type_name(key)}" for key in SEARCH_ATTRIBUTES]
+    parts = [f"tcld namespace search-attributes add --namespace {shlex.quote(namespace)}", *flags]
     return [
-        f"tcld namespace search-attributes add --namespace {namespace} "
-        f"--search-attribute {key.name}={type_name(key)}"
-        for key in SEARCH_ATTRIBUTES
+        "# one update of the namespace; tcld refuses it whole if one of these exists already:"
+        " leave those out",
+        *[f"  {part} \\" if n else f"{part} \\" for n, part in enumerate(parts[:-1])],
+        f"  {parts[-1]}",
     ]
 
 

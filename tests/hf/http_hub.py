@@ -23,7 +23,13 @@ What it models of the real Hub, each as a control a test sets:
   upload (through `FakeXet`, which stands in for hf_xet's own client), the bucket batch;
 - bucket prefixes matched character by character, as the Hub does;
 - a 404 on a job's URL (the library raises `JobNotFoundError`), per namespace;
-- tokens with or without Jobs and bucket-write permission (`scopes`).
+- tokens with or without Jobs and bucket-write permission (`scopes`);
+- datasets with files at several commits (`add_dataset`): the recursive tree listing of a
+  commit (directories listed too, paginated), and each file at
+  `/datasets/<repo>/resolve/<commit>/<path>`, a regular one answered by the Hub itself and
+  one stored in LFS redirected (302, `X-Linked-Size`, `X-Linked-Etag`) to its storage host
+  (`CDN_HOST`), both honouring `Range` as the Hub and its CDN do (206, `Content-Range`); an
+  unknown repo, commit or path is the Hub's 404 with its `X-Error-Code`.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from urllib.parse import unquote
 import httpx2
 from huggingface_hub import constants
 
-from tests.hf.fake_hub import FakeHub, FakeJob, _iso
+from tests.hf.fake_hub import FakeHub, FakeJob, _iso, dataset_json
 
 # A request without any timeout waits at most this long here (and is recorded in `unbounded`):
 # long enough to fail every bound a test asserts, short enough not to hang the suite.
@@ -68,8 +74,35 @@ ROUTES: list[tuple[str, str, re.Pattern[str]]] = [
         ("bucket_tree", "GET", r"/api/buckets/(?P<ns>[^/]+)/(?P<name>[^/]+)/tree(?P<prefix>/.*)?"),
         ("dataset_info", "GET", r"/api/datasets/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>.+))?"),
         ("model_info", "GET", r"/api/models/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>.+))?"),
+        (
+            "dataset_tree",
+            "GET",
+            r"/api/datasets/(?P<repo>[^/]+/[^/]+)/tree/(?P<rev>[^/]+)(?P<path>/.*)?",
+        ),
+        (
+            "dataset_file",
+            "GET",
+            r"/datasets/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)",
+        ),
+        ("lfs_file", "GET", r"/repos/[0-9a-f]{2}/[0-9a-f]{2}/(?P<oid>[0-9a-f]{64})"),
     ]
 ]
+# Where the Hub redirects a file stored in LFS (as huggingface.co sends them to its CDN).
+CDN_HOST = "cdn-lfs.hf.co"
+# Routes answered without a token: public reads (and the storage host, by signed URL).
+PUBLIC_ROUTES = frozenset(
+    {"hardware", "dataset_info", "model_info", "dataset_tree", "dataset_file", "lfs_file"}
+)
+
+
+@dataclass
+class RepoBlob:
+    data: bytes
+    lfs: bool  # stored in LFS: the Hub redirects its downloads to CDN_HOST
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
 
 
 @dataclass
@@ -89,6 +122,8 @@ class Seen:
     at: Any  # the fake Hub's clock when the request arrived
     timeout: dict[str, float | None]
     token: str | None
+    range: str | None = None  # the `Range` header asked for
+    host: str = ""
 
 
 @dataclass
@@ -124,6 +159,9 @@ class HubHttp(httpx2.BaseTransport):
         self.files: dict[str, bytes] = {}  # "<bucket>/<path>" -> bytes (uploads)
         self.blobs: dict[str, bytes] = {}  # xet hash -> bytes
         self.xet_upload_s = 0.0  # how long hf_xet's own upload takes (our deadlines miss it)
+        # repo id -> commit -> path -> the file (`add_dataset`)
+        self.dataset_commits: dict[str, dict[str, dict[str, RepoBlob]]] = {}
+        self.tree_page_size = 1000  # the Hub's own page of a tree listing
         self._job_namespace: dict[str, str] = {}
         self._listed: dict[str, int] = {}
         self._answers: dict[str, list[Answer]] = {}
@@ -157,6 +195,23 @@ class HubHttp(httpx2.BaseTransport):
     def trickle(self, route: str, chunks: int, every_s: float) -> None:
         self._trickles[route] = Trickle(chunks, every_s)
 
+    def add_dataset(
+        self,
+        repo_id: str,
+        commit: str,
+        files: dict[str, bytes],
+        *,
+        lfs: frozenset[str] | set[str] = frozenset(),
+    ) -> None:
+        """A public dataset's files at `commit`, which becomes what `dataset_info` answers (its
+        `main`); earlier commits stay readable, as on the Hub. Paths in `lfs` are stored in LFS."""
+        self.dataset_commits.setdefault(repo_id, {})[commit] = {
+            path: RepoBlob(data, path in lfs) for path, data in files.items()
+        }
+        self.hub.datasets[repo_id] = dataset_json(
+            repo_id, commit, siblings=[{"rfilename": path} for path in sorted(files)]
+        )
+
     def requests_to(self, route: str) -> list[Seen]:
         return [seen for seen in self.seen if seen.route == route]
 
@@ -168,7 +223,7 @@ class HubHttp(httpx2.BaseTransport):
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         request.read()
         path = unquote(request.url.path)
-        route, match = self._route(request.method, path)
+        route, match = self._route(request.method, path, request.url.host)
         token = _bearer(request)
         seen = Seen(
             route=route,
@@ -178,6 +233,8 @@ class HubHttp(httpx2.BaseTransport):
             at=self.hub.clock(),
             timeout=dict(request.extensions.get("timeout") or {}),
             token=token,
+            range=request.headers.get("range"),
+            host=request.url.host,
         )
         with self.hub._lock:
             self.seen.append(seen)
@@ -200,12 +257,12 @@ class HubHttp(httpx2.BaseTransport):
             )
         return response
 
-    def _route(self, method: str, path: str) -> tuple[str, re.Match[str]]:
+    def _route(self, method: str, path: str, host: str) -> tuple[str, re.Match[str]]:
         for name, verb, pattern in ROUTES:
             match = pattern.fullmatch(path)
-            if match and verb == method:
+            if match and verb == method and (host == CDN_HOST) == (name == "lfs_file"):
                 return name, match
-        raise AssertionError(f"the fake Hub has no route for {method} {path}")
+        raise AssertionError(f"the fake Hub has no route for {method} {host}{path}")
 
     def _hang(
         self, request: httpx2.Request, seen: Seen, hang: Hang, route: str, match: re.Match[str]
@@ -241,7 +298,7 @@ class HubHttp(httpx2.BaseTransport):
     def _serve(
         self, route: str, match: re.Match[str], request: httpx2.Request, token: str | None
     ) -> httpx2.Response:
-        needs_token = route not in ("hardware", "dataset_info", "model_info")
+        needs_token = route not in PUBLIC_ROUTES
         if needs_token and token is None:
             return _json(request, 401, {"error": "Invalid credentials in Authorization header"})
         scopes = self.scopes.get(token or "", Scopes())
@@ -420,6 +477,120 @@ class HubHttp(httpx2.BaseTransport):
         if match["rev"] not in (None, "main", data["sha"]):
             return _json(request, 404, {"error": "nope"}, {"X-Error-Code": "RevisionNotFound"})
         return _json(request, 200, data)
+
+    # -- dataset files -------------------------------------------------------------------------
+
+    def _commit_files(
+        self, request: httpx2.Request, repo_id: str, rev: str
+    ) -> tuple[str, dict[str, RepoBlob]] | httpx2.Response:
+        """The commit `rev` names and its files, or the Hub's 404."""
+        commits = self.dataset_commits.get(repo_id)
+        if commits is None:
+            return _json(request, 404, {"error": "Repository not found"}, REPO_NOT_FOUND_HEADER)
+        if rev == "main":
+            rev = self.hub.datasets[repo_id]["sha"]  # type: ignore[index]
+        files = commits.get(rev)
+        if files is None:
+            return _json(request, 404, {"error": "Invalid rev id"}, REVISION_NOT_FOUND_HEADER)
+        return rev, files
+
+    def _dataset_tree(self, match: re.Match[str], request: httpx2.Request, scopes: Scopes) -> Any:
+        found = self._commit_files(request, match["repo"], match["rev"])
+        if isinstance(found, httpx2.Response):
+            return found
+        files = found[1]
+        folder = (match["path"] or "/")[1:]
+        recursive = request.url.params.get("recursive") in ("True", "true", "1")
+        entries: dict[str, dict[str, Any]] = {}
+        for path, blob in sorted(files.items()):
+            if folder and not path.startswith(folder + "/"):
+                continue
+            rest = path[len(folder) + 1 :] if folder else path
+            parts = rest.split("/")
+            if not recursive and len(parts) > 1:  # only the folder's own entries
+                sub = f"{folder}/{parts[0]}" if folder else parts[0]
+                entries[sub] = {"type": "directory", "oid": "0" * 40, "size": 0, "path": sub}
+                continue
+            for depth in range(1, len(parts)):  # a recursive listing names folders too
+                sub = "/".join(([folder] if folder else []) + parts[:depth])
+                entries[sub] = {"type": "directory", "oid": "0" * 40, "size": 0, "path": sub}
+            entries[path] = _file_entry(path, blob)
+        listed = [entries[key] for key in sorted(entries)]
+        start = int(request.url.params.get("cursor", "0"))
+        page = listed[start : start + self.tree_page_size]
+        headers = {}
+        if start + self.tree_page_size < len(listed):
+            following = request.url.copy_set_param("cursor", str(start + self.tree_page_size))
+            headers["Link"] = f'<{following}>; rel="next"'
+        return _json(request, 200, page, headers)
+
+    def _dataset_file(self, match: re.Match[str], request: httpx2.Request, scopes: Scopes) -> Any:
+        found = self._commit_files(request, match["repo"], match["rev"])
+        if isinstance(found, httpx2.Response):
+            return found
+        commit, files = found
+        blob = files.get(match["path"])
+        if blob is None:
+            return _json(
+                request, 404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"}
+            )
+        headers = {"X-Repo-Commit": commit, "ETag": f'"{_git_oid(blob.data)}"'}
+        if blob.lfs:  # the Hub answers with where its storage keeps the bytes
+            digest = blob.sha256
+            headers |= {
+                "Location": f"https://{CDN_HOST}/repos/{digest[:2]}/{digest[2:4]}/{digest}"
+                "?Expires=2000000000&Signature=fake",
+                "X-Linked-Size": str(len(blob.data)),
+                "X-Linked-Etag": f'"{digest}"',
+            }
+            return httpx2.Response(302, headers=headers, request=request)
+        return _ranged(request, blob.data, headers)
+
+    def _lfs_file(self, match: re.Match[str], request: httpx2.Request, scopes: Scopes) -> Any:
+        for commits in self.dataset_commits.values():
+            for files in commits.values():
+                for blob in files.values():
+                    if blob.lfs and blob.sha256 == match["oid"]:
+                        return _ranged(request, blob.data, {"ETag": f'"{match["oid"]}"'})
+        return httpx2.Response(403, content=b"<Error>AccessDenied</Error>", request=request)
+
+
+REPO_NOT_FOUND_HEADER = {"X-Error-Code": "RepoNotFound"}
+REVISION_NOT_FOUND_HEADER = {"X-Error-Code": "RevisionNotFound"}
+ENTRY_NOT_FOUND_HEADER = {"X-Error-Code": "EntryNotFound"}
+_RANGE = re.compile(r"bytes=(\d+)-(\d*)")
+
+
+def _file_entry(path: str, blob: RepoBlob) -> dict[str, Any]:
+    """A file as the Hub's tree listing describes it."""
+    entry: dict[str, Any] = {
+        "type": "file",
+        "oid": _git_oid(blob.data if not blob.lfs else b"lfs pointer " + blob.sha256.encode()),
+        "size": len(blob.data),
+        "path": path,
+    }
+    if blob.lfs:
+        entry["lfs"] = {"oid": blob.sha256, "size": len(blob.data), "pointerSize": 134}
+    return entry
+
+
+def _git_oid(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _ranged(request: httpx2.Request, data: bytes, headers: dict[str, str]) -> httpx2.Response:
+    """`data` as a server that honours a single `Range: bytes=a-b` sends it (206), else 200."""
+    asked = _RANGE.fullmatch(request.headers.get("range", ""))
+    headers = {**headers, "Accept-Ranges": "bytes"}
+    if asked is None:
+        return httpx2.Response(200, headers=headers, content=data, request=request)
+    start = int(asked[1])
+    end = min(int(asked[2]) if asked[2] else len(data) - 1, len(data) - 1)
+    if start >= len(data):
+        headers["Content-Range"] = f"bytes */{len(data)}"
+        return httpx2.Response(416, headers=headers, request=request)
+    headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+    return httpx2.Response(206, headers=headers, content=data[start : end + 1], request=request)
 
 
 def _bearer(request: httpx2.Request) -> str | None:

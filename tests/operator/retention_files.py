@@ -16,7 +16,14 @@ from posttrain_env.contracts.audit import AuditCall, AuditJob, AuditRecord
 
 
 def job_folder(
-    jobs_dir: Path, key: str, *, ended: bool = True, artifact: int = 1000, log: int = 300
+    jobs_dir: Path,
+    key: str,
+    *,
+    ended: bool = True,
+    artifact: int = 1000,
+    log: int = 300,
+    role: str = "agent",
+    ended_days_ago: float = 0.0,
 ) -> Path:
     """A local job's folder: its spec, log, script, and (once ended) its result and artifact.
     A job that has not ended has a live supervisor (this test process)."""
@@ -24,8 +31,11 @@ def job_folder(
     (folder / "job").mkdir(parents=True)
     (folder / "job" / "launcher.py").write_text("print('hi')\n")
     (folder / jf.LOG).write_bytes(b"x" * log)
-    now = time.time()
-    jf.write_json(folder / jf.JOB, {"key": key, "created_at": now - 600, "role": "agent"})
+    now = time.time() - ended_days_ago * 86400
+    job_id = f"job-{key.rsplit('/', 1)[-1]}"
+    jf.write_json(
+        folder / jf.JOB, {"key": key, "created_at": now - 600, "role": role, "job_id": job_id}
+    )
     if not ended:
         jf.write_json(folder / jf.SUPERVISOR, jf.identity(os.getpid()))
         jf.write_json(folder / jf.STATUS, {"started_at": now - 500})

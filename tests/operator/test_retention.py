@@ -200,6 +200,91 @@ async def test_keeping_forever_deletes_nothing(
     assert world.a.exists() and world.b.exists() and world.g.exists()
 
 
+async def test_folders_of_episodes_without_a_record_are_deleted_by_their_own_metadata(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """Episodes that left no audit record: their local job folders are found by the episode
+    their `job.json` names. An evaluation's folder goes once its job ended longer ago than the
+    job retention, an agent's only after the submitted retention (it may hold the submitted
+    artifact); never while the episode's workflow is open, nor a recent one, a folder naming no
+    episode, a link, or a folder whose metadata is a link. A record that turns up later takes
+    over, keeping what was deleted."""
+    env, client = time_skipping_env, time_skipping_env.client
+    now = await env.get_current_time()
+    jobs_dir, audit_dir = tmp_path / "jobs", tmp_path / "audit"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    gone, open_, recent, recorded = (f"ep-{c * 16}" for c in "1234")
+    agent = job_folder(jobs_dir, f"episode-{gone}/job/1", ended_days_ago=20)
+    grader = job_folder(jobs_dir, f"episode-{gone}/job/2", role="grader", ended_days_ago=20)
+    running = job_folder(jobs_dir, f"episode-{open_}/job/1", role="grader", ended_days_ago=20)
+    fresh = job_folder(jobs_dir, f"episode-{recent}/job/1", role="grader", ended_days_ago=2)
+    nameless = job_folder(jobs_dir, "not-an-episode/1", role="grader", ended_days_ago=200)
+    kept = job_folder(jobs_dir, f"episode-{recorded}/job/1", role="grader", ended_days_ago=20)
+    record(audit_dir, recorded, now - 2 * DAY, {"job-1": ("grader", kept.name)})
+    # A link named like a job folder, to a folder whose metadata names an old episode.
+    decoy = job_folder(outside, f"episode-{gone}/job/9", role="grader", ended_days_ago=200)
+    link = jobs_dir / job_ref("episode-ep-5555555555555555/job/1")
+    link.symlink_to(decoy, target_is_directory=True)
+    # A folder whose job.json is a link to such metadata.
+    linked_meta = jobs_dir / job_ref("elsewhere/1")
+    linked_meta.mkdir()
+    (linked_meta / "job.json").symlink_to(decoy / "job.json")
+    (linked_meta / "result.json").symlink_to(decoy / "result.json")
+
+    retention = RetentionActivities(
+        LocalJobStorage(JobStore(jobs_dir, sys.executable)),
+        TemporalEpisodeLiveness(client),
+        audit_dir,
+        POLICY,
+    )
+    queue = f"tq-{uuid.uuid4().hex[:8]}"
+    async with Worker(client, task_queue=queue, workflows=[StandInEpisode]):
+        episode = await client.start_workflow(
+            StandInEpisode.run, False, id=episode_workflow_id(open_), task_queue=queue
+        )
+        with env.auto_time_skipping_disabled():
+            first = await retention.sweep_retention(SweepRetention(now=now))
+            await episode.signal(StandInEpisode.finish)
+            await episode.result()
+
+    assert [(d.episode_id, d.job_id, d.unrecorded) for d in first.deleted] == [
+        (gone, "job-2", True)
+    ]
+    assert not grader.exists() and agent.exists()  # the agent's waits for 90 days
+    assert first.running == [open_] and running.exists()
+    assert fresh.exists() and nameless.exists() and kept.exists()
+    assert link.is_symlink() and decoy.exists() and linked_meta.exists()
+    entry = sidecar(audit_dir, gone)
+    assert entry["unrecorded"] and [f["ref"] for f in entry["folders"]] == [grader.name]
+    assert entry["folders"][0]["deleted_at"] and entry["folders"][0]["bytes_deleted"] >= 1300
+
+    # 75 days on: the agent's folder is past the submitted retention, the others past theirs
+    # (the recorded episode's by its record).
+    later = await retention.sweep_retention(SweepRetention(now=now + 75 * DAY))
+    assert {(d.episode_id, d.unrecorded) for d in later.deleted} == {
+        (gone, True),
+        (open_, True),
+        (recent, True),
+        (recorded, False),
+    }
+    assert not agent.exists() and not running.exists() and not fresh.exists()
+    assert nameless.exists() and decoy.exists() and link.is_symlink() and linked_meta.exists()
+    assert {f["ref"] for f in sidecar(audit_dir, gone)["folders"]} == {grader.name, agent.name}
+
+    # The record turns up: it decides from now on, and what was deleted stays deleted.
+    record(
+        audit_dir,
+        gone,
+        now - 20 * DAY,
+        {"job-1": ("agent", agent.name), "job-2": ("grader", grader.name)},
+    )
+    after = await retention.sweep_retention(SweepRetention(now=now + 76 * DAY))
+    assert after.deleted == []
+    entry = sidecar(audit_dir, gone)
+    assert not entry["unrecorded"] and all(f["deleted_at"] for f in entry["folders"])
+
+
 # -- the local storage's guards ------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -65,9 +66,42 @@ async def test_server_refuses_without_attributes_and_starts_after_temporal_setup
         await env.shutdown()
 
 
-def test_setup_on_temporal_cloud_prints_the_tcld_commands(tmp_path: Path) -> None:
+# What `tcld namespace search-attributes add` accepts, as its source declares it (temporalio/tcld,
+# app/namespace.go): --namespace (-n), --search-attribute (--sa, repeated, "name=type"),
+# --request-id (-r), --resource-version (-v); the types it knows.
+TCLD_FLAGS = {"--namespace", "--search-attribute", "--request-id", "--resource-version"}
+TCLD_TYPES = {"Keyword", "Text", "Int", "Double", "Datetime", "Bool", "KeywordList"}
+
+
+def test_setup_on_temporal_cloud_prints_one_tcld_command_that_adds_every_attribute(
+    tmp_path: Path,
+) -> None:
     done = setup_command("my-ns.abc12.tmprl.cloud:7233", tmp_path)
     assert done.returncode == 0
-    lines = done.stdout.splitlines()[1:]
-    assert lines == tcld_commands("default") and len(lines) == len(SEARCH_ATTRIBUTES)
-    assert "--search-attribute PtCancelPendingSince=Datetime" in done.stdout
+    assert done.stdout.splitlines()[1:] == tcld_commands("default")
+    # Run as printed, by a shell, with a stand-in `tcld` that records its arguments.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in = bin_dir / "tcld"
+    stand_in.write_text(
+        "#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n"
+    )
+    stand_in.chmod(0o755)
+    ran = subprocess.run(
+        ["bash", "-c", done.stdout],
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    (called,) = [json.loads(line) for line in ran.stdout.splitlines()]  # one command
+    assert called[:3] == ["namespace", "search-attributes", "add"]
+    flags, values = called[3::2], called[4::2]
+    assert set(flags) <= TCLD_FLAGS and flags.count("--namespace") == 1
+    assert values[flags.index("--namespace")] == "default"
+    added = [v for f, v in zip(flags, values, strict=True) if f == "--search-attribute"]
+    pairs = [value.split("=") for value in added]
+    assert {name for name, _ in pairs} == {key.name for key in SEARCH_ATTRIBUTES}
+    assert {kind for _, kind in pairs} <= TCLD_TYPES and len(pairs) == len(SEARCH_ATTRIBUTES)
+    assert "PtCancelPendingSince=Datetime" in added and "PtReward=Double" in added

@@ -119,7 +119,13 @@ async def test_a_script_that_embeds_test_items_is_flagged_with_evidence_in_the_a
         )
         final, status, record = await play(h, "t_public", EMBEDDING_SCRIPT)
 
-    counts = {"checked": True, "flagged": True, "policy": "report", "matched_items": 1}
+    counts = {
+        "checked": True,
+        "flagged": True,
+        "policy": "report",
+        "matched_items": 1,
+        "unread_datasets": 0,
+    }
     assert final.metadata["episode_end"] == {"reason": "submitted", "reward": 0.8,
                                              "contamination": counts}  # fmt: skip
     assert final.reward == 0.8  # report: the reward stands
@@ -150,7 +156,13 @@ async def test_a_mounted_dataset_that_holds_test_items_is_flagged_and_zero_rewar
             h, "t_strict", CLEAN_SCRIPT, ["test-org/clean", "test-org/leaky"]
         )
 
-    counts = {"checked": True, "flagged": True, "policy": "zero_reward", "matched_items": 2}
+    counts = {
+        "checked": True,
+        "flagged": True,
+        "policy": "zero_reward",
+        "matched_items": 2,
+        "unread_datasets": 0,
+    }
     assert final.metadata["episode_end"] == {"reason": "submitted", "reward": 0.0,
                                              "contamination": counts}  # fmt: skip
     assert final.reward == 0.0 and final.data["score"] == 0.0
@@ -184,7 +196,13 @@ async def test_a_clean_run_is_not_flagged_and_keeps_its_reward_under_zero_reward
         )
         final, _status, record = await play(h, "t_strict", CLEAN_SCRIPT, ["test-org/clean"])
 
-    counts = {"checked": True, "flagged": False, "policy": "zero_reward", "matched_items": 0}
+    counts = {
+        "checked": True,
+        "flagged": False,
+        "policy": "zero_reward",
+        "matched_items": 0,
+        "unread_datasets": 0,
+    }
     assert final.metadata["episode_end"]["contamination"] == counts
     assert final.reward == 0.8 and final.data["score"] == 0.8
     assert record["contamination"]["evidence"]["matches"] == []
@@ -211,7 +229,10 @@ async def test_a_task_whose_hidden_split_is_generated_skips_the_check(
     }
     assert final.metadata["episode_end"]["contamination"] == skipped
     assert final.reward == 0.8
-    assert record["contamination"] == {"summary": skipped, "evidence": None}
+    assert record["contamination"] == {
+        "summary": {**skipped, "unread_datasets": None},
+        "evidence": None,
+    }
     activities = {
         e.activity_task_scheduled_event_attributes.activity_type.name
         for e in history.events
@@ -233,3 +254,36 @@ async def test_a_task_without_test_items_file_reports_a_failed_check_and_keeps_t
     assert end["contamination"]["checked"] is False
     assert end["contamination"]["skipped"] == "check_failed" and final.reward == 0.8
     assert "gone.jsonl" in record["contamination"]["evidence"]["error"]
+
+
+async def test_a_dataset_the_check_cannot_read_is_counted_for_the_agent_never_named(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """A dataset gone by the time of the check (here: its commit no longer served) is not
+    scanned: the agent's counts say one dataset was not read, without saying which; the audit
+    record names it and why."""
+    scenario = SCENARIO.model_copy(deep=True)
+    async with running_worker(time_skipping_env, tmp_path, scenario) as h:
+        write_contamination_task(
+            tmp_path / "tasks", "t_public", 'test_items = "test_items.jsonl"\npolicy = "report"\n'
+        )
+        ep = await h.episode("t_public")
+        job_id = await ep.submit_job(script=CLEAN_SCRIPT, datasets=["test-org/leaky"])
+        assert (await ep.wait_job(job_id, step=timedelta(seconds=31))).data["state"] == "succeeded"
+        scenario.datasets["test-org/leaky"].revision = "3" * 40  # force-pushed away
+        final = await ep.call_over(timedelta(minutes=5), "submit", job_id=job_id)
+        await ep.handle.result()
+        record = json.loads((h.settings.state_dir / "audit" / f"{ep.episode_id}.json").read_text())
+
+    counts = final.metadata["episode_end"]["contamination"]
+    assert counts == {
+        "checked": True,
+        "flagged": False,
+        "policy": "report",
+        "matched_items": 0,
+        "unread_datasets": 1,
+    }
+    assert "leaky" not in json.dumps([final.data, final.metadata])
+    sources = record["contamination"]["evidence"]["sources"]
+    (unread,) = [s for s in sources if s["error"]]
+    assert unread["where"] == f"dataset:test-org/leaky@{LEAKY_REVISION}"
