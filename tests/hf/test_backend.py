@@ -438,18 +438,19 @@ async def test_logs_are_the_tail_of_the_hubs_log(hub: FakeHub, backend: HfBacken
 def test_without_hf_token_the_backend_refuses_to_start(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path, backend="hf", hf_token=None)
     with pytest.raises(SystemExit) as refused:
-        hf_backend(settings)
+        hf_backend(settings, ServerKey(b"k" * 32))
     assert "HF_TOKEN" in str(refused.value.code)
 
 
 def test_the_wiring_keeps_the_token_in_the_broker_api_only(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path, backend="hf", hf_token=SecretStr("hf_x"))
+    key = ServerKey(b"k" * 32)
     try:
-        backend = hf_backend(settings)
+        backend = hf_backend(settings, key)
         assert isinstance(backend, HfBackend)
         assert backend._api.token == "hf_x" and backend._public.token is False
         # One deployment label per server key: every worker sharing the key agrees on it.
-        again = hf_backend(settings)
+        again = hf_backend(settings, key)
         assert isinstance(again, HfBackend) and again.deployment == backend.deployment
         # Every Hub request of the process goes through the bounded transport.
         client = get_session()

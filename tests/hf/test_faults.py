@@ -236,7 +236,12 @@ async def test_a_call_after_work_in_its_activity_still_ends_before_the_activity_
     config = Settings(state_dir=tmp_path / "state", backend="fake")
     # The interceptors the hf worker is built with (on a queue of its own: never started).
     production = build_worker(
-        client, config, backend, task_queue=f"{queue}-built", tasks_dir=tmp_path
+        client,
+        config,
+        backend,
+        key=ServerKey(b"k" * 32),
+        task_queue=f"{queue}-built",
+        tasks_dir=tmp_path,
     )
     interceptors = production.config()["interceptors"]
     assert any(isinstance(each, AttemptClock) for each in interceptors)
