@@ -8,9 +8,17 @@ here worded for the call's path (`ToolResult.worded_for`: what to do after the e
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import TypeVar
 
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
 from temporalio.service import RPCError
 
 from posttrain_env.errors import (
@@ -27,6 +35,9 @@ from workflows.episode_contract import EpisodeStatus, ToolCall, ToolResult, epis
 # Built in the ground (a rollout's activity builds its calls the same way); the edge's name.
 from workflows.episode_contract import tool_call as tool_call
 from workflows.ids import episode_workflow_id
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class UnknownEpisode(LookupError):
@@ -51,18 +62,40 @@ async def call_tool(
             f"the tool call is {size} bytes encoded; at most {MAX_UPDATE_BYTES} can be sent",
         )
     handle = client.get_workflow_handle_for(EpisodeWorkflow.run, episode_workflow_id(episode_id))
-    try:
-        result = await handle.execute_update(
+
+    async def send() -> ToolResult:
+        return await handle.execute_update(
             EpisodeWorkflow.call_tool,
             call,
             id=update_id(episode_id, call.request_id),
             rpc_timeout=rpc_timeout,
         )
+
+    try:
+        result = await (send() if rpc_timeout is not None else wait_out_slow_polls(send))
         return result.worded_for(call.path)
     except (WorkflowUpdateFailedError, RPCError) as err:
         if not workflow_is_gone(err):
             raise
     return (await _answer_after_the_end(client, episode_id, call)).worded_for(call.path)
+
+
+async def wait_out_slow_polls(send: Callable[[], Awaitable[T]]) -> T:
+    """`send()`, sent again with the same update id whenever the SDK gives up waiting for the
+    update's outcome (`WorkflowUpdateRPCTimeoutOrCancelledError` for a caller that was not
+    cancelled). That only means one poll of a busy Temporal server did not answer in time (seen
+    in a burst of 200 resets, issue 18); the update carries on, and the same id attaches to it
+    again rather than running it twice. Without this the gateway answered UNAVAILABLE and the
+    client had to re-send. Any other failure (Temporal unreachable, a refused update) is
+    raised as before."""
+    while True:
+        try:
+            return await send()
+        except WorkflowUpdateRPCTimeoutOrCancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller is going away: nothing waits for the answer
+            log.info("waiting again for an update: a poll of a busy Temporal server timed out")
 
 
 async def _answer_after_the_end(client: Client, episode_id: str, call: ToolCall) -> ToolResult:

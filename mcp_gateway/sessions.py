@@ -27,7 +27,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
-from mcp_gateway.episode_calls import UnknownEpisode, call_tool
+from mcp_gateway.episode_calls import UnknownEpisode, call_tool, wait_out_slow_polls
 from posttrain_env.errors import (
     ErrorType,
     GatewayCode,
@@ -102,24 +102,32 @@ class Sessions:
             raise SessionError(
                 ErrorType.invalid_argument.value, "reset needs task_id, e.g. reset(task_id=...)"
             )
-        start = WithStartWorkflowOperation(
-            SessionWorkflow.run,
-            SessionState(),
-            id=session_workflow_id(session_id),
-            task_queue=self._task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
+
         try:
             request = ResetRequest(task_id=task_id)
         except ValueError:
             raise SessionError(ErrorType.invalid_argument.value, "task_id is too long") from None
-        try:
-            result = await self._client.execute_update_with_start_workflow(
+
+        def start_operation() -> WithStartWorkflowOperation:  # single-use: one per send
+            return WithStartWorkflowOperation(
+                SessionWorkflow.run,
+                SessionState(),
+                id=session_workflow_id(session_id),
+                task_queue=self._task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            )
+
+        async def send() -> ResetResult:
+            # The same update id each time: sent again, it attaches to the reset in flight.
+            return await self._client.execute_update_with_start_workflow(
                 SessionWorkflow.reset,
                 request,
-                start_workflow_operation=start,
+                start_workflow_operation=start_operation(),
                 id=f"reset:{request_id}",
             )
+
+        try:
+            result = await wait_out_slow_polls(send)
         except WorkflowUpdateFailedError as err:
             cause = err.cause
             if not (isinstance(cause, ApplicationError) and cause.type):

@@ -37,12 +37,28 @@ def test_the_launcher_overhead_benchmark_runs_and_prints_its_figures() -> None:
 
 
 def test_the_gateway_latency_benchmark_runs_and_prints_its_table() -> None:
-    out = run("bench/gateway_latency.py", "--calls", "6", "--levels", "1,2")
-    rows = [line.split() for line in out.splitlines() if line.strip().startswith(("1 ", "2 "))]
+    # The split shape (its own Temporal, a gateway, a worker) with both kinds of level; the
+    # all-in-one server is the burst benchmark's (below).
+    out = run(
+        "bench/gateway_latency.py",
+        *("--shape", "split", "--workers", "1", "--calls", "6", "--levels", "1,2"),
+        *("--live", "2", "--interval", "1", "--duration", "3"),
+    )
+    rows = [
+        line.split() for line in out.splitlines() if line.strip().startswith(("1 ", "2 ", "live2 "))
+    ]
     assert [(r[0], r[1]) for r in rows] == [
-        (level, path) for level in ("1", "2") for path in ("bare", "ws", "mcp")
+        (level, path) for level in ("1", "2", "live2") for path in ("bare", "ws", "mcp")
     ], out
-    assert "target" in out
+    assert all(r[-2].endswith("x") and r[-1].endswith("x") for r in rows), out  # p50, p99 ratios
+    assert "target" in out and "offered" in out, out
+    assert "wft execution" in out and "worker0 loop" in out and "gateway loop" in out, out
+
+
+def test_the_burst_benchmark_runs_and_prints_what_the_clients_saw() -> None:
+    out = run("bench/burst.py", "--clients", "2")
+    assert "burst of 2: 2 admitted, 0 client errors" in out, out
+    assert "PostTrainEnv re-sends" in out and "wft sched-to-start" in out, out
 
 
 def test_the_episode_wall_benchmark_runs_and_prints_its_phases() -> None:

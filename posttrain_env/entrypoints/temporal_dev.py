@@ -28,6 +28,17 @@ from posttrain_env.contracts.visibility import dev_server_flags
 
 PR_SET_PDEATHSIG = 1
 READY_TIMEOUT_S = 30.0
+# SQLite's write-ahead log instead of its rollback journal: each commit appends to one file
+# instead of syncing a journal and the database, so the file-backed server takes about three
+# times the updates per second and its p99 latency falls from seconds to under one (measured in
+# issue 18: 50 concurrent updates, 28-31/s -> 73-114/s). Durability is unchanged: SQLite's
+# `synchronous` stays at its default, and a WAL database survives a SIGKILL as the journal does.
+SQLITE_PRAGMAS = ("journal_mode=wal",)
+
+
+def sqlite_flags() -> list[str]:
+    """`--sqlite-pragma` flags for every file-backed `temporal server start-dev` we run."""
+    return [flag for pragma in SQLITE_PRAGMAS for flag in ("--sqlite-pragma", pragma)]
 
 
 class EmbeddedTemporalError(RuntimeError):
@@ -100,6 +111,7 @@ class EmbeddedTemporal:
             "start-dev",
             "--db-filename",
             str(cfg.state_dir / "temporal.db"),
+            *sqlite_flags(),
             "--ip",
             "127.0.0.1",
             "--port",

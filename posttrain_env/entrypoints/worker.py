@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from temporalio.client import Client
 from temporalio.worker import Interceptor, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.audit import AuditActivities
 from activities.backend import JobsBackend
@@ -62,6 +63,14 @@ log = logging.getLogger(__name__)
 DEFAULT_WATCH_INTERVAL_S = 30.0
 LOCAL_WATCH_INTERVAL_S = 2.0
 LOCAL_BRISK_LOOK_S = 0.1
+
+# Workflow tasks one worker runs at once. A worker process runs workflow code on one core at a
+# time (the GIL), so past a handful more slots only queue tasks inside the process, where their
+# wait counts against the workflow task timeout (10 s). At the SDK's default of 100, a burst of
+# 50 resets timed tasks out in a loop (each retry redone from scratch) and clients got
+# FAILED_PRECONDITION (issue 18); bounded, the backlog waits on the Temporal server instead,
+# where no timeout runs, and another worker may take it.
+MAX_WORKFLOW_TASKS = 10
 
 WORKFLOWS: Sequence[type] = (
     DeploymentWorkflow,
@@ -169,6 +178,24 @@ def build_worker(
         workflows=workflows,
         activities=activities,
         interceptors=interceptors,
+        workflow_runner=workflow_runner(),
+        max_concurrent_workflow_tasks=MAX_WORKFLOW_TASKS,
+    )
+
+
+def workflow_runner() -> SandboxedWorkflowRunner:
+    """The SDK's workflow sandbox, with beartype passed through.
+
+    beartype's import hook (`beartype.claw`, installed process-wide by py-key-value, which
+    openenv's server side imports through fastmcp) loads every module the sandbox imports, and
+    imports parts of beartype while doing so. Inside the sandbox those are fresh imports of the
+    whole beartype package for every workflow instance (a new workflow, a continue-as-new, a
+    replay after eviction): 0.4-0.6 s each in the all-in-one server, on the event loop its
+    gateway shares, which is where issue 18's multi-second stalls came from. Passed through,
+    an instance costs 6-24 ms. Workflow code never calls beartype, so nothing it relies on for
+    determinism changes."""
+    return SandboxedWorkflowRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_modules("beartype")
     )
 
 
