@@ -1,5 +1,6 @@
 """How every process of ours connects to Temporal: one runtime per process, the pydantic data
-converter, the SDK core's own log forwarded to Python logging."""
+converter, the SDK core's own log forwarded to Python logging, and, for a Temporal of your own,
+its TLS and API key (README "Production shape")."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import TLSConfig
 from temporalio.runtime import (
     LogForwardingConfig,
     LoggingConfig,
@@ -39,10 +41,30 @@ def core_runtime() -> Runtime:
     )
 
 
+def tls_config(settings: Settings) -> bool | TLSConfig | None:
+    """What `Client.connect` takes as `tls`: None (plain, or TLS when an API key is given: the
+    SDK's own default), False (TEMPORAL_TLS=false), True (TLS with the system's roots), or a
+    TLSConfig with the certificates read now (they may have been rotated since the start)."""
+    files = {
+        "server_root_ca_cert": settings.temporal_tls_server_ca_cert_path,
+        "client_cert": settings.temporal_tls_client_cert_path,
+        "client_private_key": settings.temporal_tls_client_key_path,
+    }
+    read = {name: path.read_bytes() for name, path in files.items() if path is not None}
+    if settings.temporal_tls is False:
+        return False
+    if read or settings.temporal_tls_server_name:
+        return TLSConfig(**read, domain=settings.temporal_tls_server_name)
+    return settings.temporal_tls
+
+
 async def connect(settings: Settings) -> Client:
+    api_key = settings.temporal_api_key
     return await Client.connect(
         settings.temporal_address,
         namespace=settings.temporal_namespace,
+        api_key=api_key.get_secret_value() if api_key is not None else None,
+        tls=tls_config(settings),
         data_converter=pydantic_data_converter,
         runtime=core_runtime(),
     )
