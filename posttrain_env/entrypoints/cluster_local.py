@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -367,15 +368,19 @@ class LocalCluster:
 
 
 async def _terminate(members: Sequence[Member], grace_s: float) -> None:
+    """SIGTERM each running member, wait up to `grace_s` for all, SIGKILL what is left."""
     running = [m for m in members if m.alive]
     for member in running:
         member.exit_expected = True
         assert member.proc is not None
         with contextlib.suppress(ProcessLookupError):
             member.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while any(m.alive for m in running) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
+
+    async def reaped(proc: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            await asyncio.to_thread(proc.wait, grace_s)
+
+    await asyncio.gather(*(reaped(m.proc) for m in running if m.proc is not None))
     for member in running:
         if member.alive:
             assert member.proc is not None
@@ -443,6 +448,9 @@ async def serve_cluster(config: ClusterConfig, out: TextIO = sys.stdout) -> int:
 
     def say(line: str) -> None:
         print(line, file=out, flush=True)
+
+    # Its readiness probes would log every /health request at INFO.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
     cluster = LocalCluster(config)
     stop = asyncio.Event()

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import functools
 import logging
+from pathlib import Path
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.service import TLSConfig
 from temporalio.runtime import (
     LogForwardingConfig,
     LoggingConfig,
@@ -17,6 +17,7 @@ from temporalio.runtime import (
     TelemetryConfig,
     TelemetryFilter,
 )
+from temporalio.service import TLSConfig
 
 from posttrain_env.settings import Settings
 
@@ -45,16 +46,22 @@ def tls_config(settings: Settings) -> bool | TLSConfig | None:
     """What `Client.connect` takes as `tls`: None (plain, or TLS when an API key is given: the
     SDK's own default), False (TEMPORAL_TLS=false), True (TLS with the system's roots), or a
     TLSConfig with the certificates read now (they may have been rotated since the start)."""
-    files = {
-        "server_root_ca_cert": settings.temporal_tls_server_ca_cert_path,
-        "client_cert": settings.temporal_tls_client_cert_path,
-        "client_private_key": settings.temporal_tls_client_key_path,
-    }
-    read = {name: path.read_bytes() for name, path in files.items() if path is not None}
+
+    def read(path: Path | None) -> bytes | None:
+        return path.read_bytes() if path is not None else None
+
+    ca = read(settings.temporal_tls_server_ca_cert_path)
+    cert = read(settings.temporal_tls_client_cert_path)
+    key = read(settings.temporal_tls_client_key_path)
     if settings.temporal_tls is False:
         return False
-    if read or settings.temporal_tls_server_name:
-        return TLSConfig(**read, domain=settings.temporal_tls_server_name)
+    if ca or cert or key or settings.temporal_tls_server_name:
+        return TLSConfig(
+            server_root_ca_cert=ca,
+            client_cert=cert,
+            client_private_key=key,
+            domain=settings.temporal_tls_server_name,
+        )
     return settings.temporal_tls
 
 

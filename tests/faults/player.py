@@ -127,8 +127,9 @@ class Player:
         request_id = f"{self.cell}-{n}-reset"
         client = self.clients[gateway]
         send = client.reset(task_id=task_id, request_id=request_id)
-        return await self._answer(n, gateway, "reset", {"task_id": task_id}, request_id, send,
-                                  kill_when, strike)
+        return await self._answer(
+            n, gateway, "reset", {"task_id": task_id}, request_id, send, kill_when, strike
+        )
 
     async def call(
         self,
@@ -208,8 +209,9 @@ class Player:
 
     async def close_session(self) -> None:
         """End the session (`openenv/session/close`): its live episode ends `cancelled`."""
-        await mcp_request(self.urls[self.next_gateway], "openenv/session/close",
-                          {"session_id": self.session_id})
+        await mcp_request(
+            self.urls[self.next_gateway], "openenv/session/close", {"session_id": self.session_id}
+        )
 
 
 async def mcp_request(url: str, method: str, params: dict[str, Any]) -> dict[str, Any]:

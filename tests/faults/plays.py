@@ -60,7 +60,9 @@ FAKE_SCENARIO = FakeScenario(
             transient_errors={"submit": 2},
             fail_after_create=True,
         ),
-        FakeJobScript(script_contains="SLOW_CANCEL", queue_s=0.5, run_s=600, cancel_confirm_after_s=6),
+        FakeJobScript(
+            script_contains="SLOW_CANCEL", queue_s=0.5, run_s=600, cancel_confirm_after_s=6
+        ),
         FakeJobScript(script_contains="RUN_LONG", queue_s=0.5, run_s=8),
         FakeJobScript(role=JobRole.dev, queue_s=0.5, run_s=5, score=FAKE_DEV_SCORE),
         FakeJobScript(role=JobRole.grader, queue_s=0.5, run_s=5, score=FAKE_GRADER_SCORE),
@@ -230,8 +232,9 @@ async def play_a(ctx: Context) -> Expected:
     )
     await ctx.player.wait_ended(job_id)
     await ctx.submitted(job_id)
-    return Expected({episode: End(EndReason.submitted, ctx.scripts.grader_score)},
-                    {episode: one_each()})
+    return Expected(
+        {episode: End(EndReason.submitted, ctx.scripts.grader_score)}, {episode: one_each()}
+    )
 
 
 async def play_b(ctx: Context) -> Expected:
@@ -243,8 +246,9 @@ async def play_b(ctx: Context) -> Expected:
     waited = await ctx.player.wait_ended(job_id)
     assert waited.data["state"] == "succeeded", waited.data
     await ctx.submitted(job_id)
-    return Expected({episode: End(EndReason.submitted, ctx.scripts.grader_score)},
-                    {episode: one_each()})
+    return Expected(
+        {episode: End(EndReason.submitted, ctx.scripts.grader_score)}, {episode: one_each()}
+    )
 
 
 async def play_c(ctx: Context) -> Expected:
@@ -253,33 +257,41 @@ async def play_c(ctx: Context) -> Expected:
     # Once the episode has seen it run, a jobs_wait waits for its end (seconds away).
     await ctx.episode_sees(job_id, JobState.running)
     steps = ctx.player.steps_of(episode) + 1
-    await ctx.player.call("jobs_wait", job_id=job_id, timeout_s=60,
-                          **ctx.strike_args(ctx.steps_reach(steps)))
+    await ctx.player.call(
+        "jobs_wait", job_id=job_id, timeout_s=60, **ctx.strike_args(ctx.steps_reach(steps))
+    )
     waited = await ctx.player.wait_ended(job_id)
     assert waited.data["state"] == "succeeded", waited.data
     await ctx.submitted(job_id)
-    return Expected({episode: End(EndReason.submitted, ctx.scripts.grader_score)},
-                    {episode: one_each()})
+    return Expected(
+        {episode: End(EndReason.submitted, ctx.scripts.grader_score)}, {episode: one_each()}
+    )
 
 
 async def play_d(ctx: Context) -> Expected:
     episode = await ctx.reset()
     job_id = await ctx.trained(ctx.scripts.quick)
-    started = ctx.backend_has(JobRole.dev, () if ctx.topology.backend == "local" else (JobState.running,))
+    started = ctx.backend_has(
+        JobRole.dev, () if ctx.topology.backend == "local" else (JobState.running,)
+    )
     dev = await ctx.player.call("dev_evaluate", job_id=job_id, **ctx.strike_args(started))
     assert dev.data.get("score") == ctx.scripts.dev_score, dev.data
     await ctx.submitted(job_id)
-    return Expected({episode: End(EndReason.submitted, ctx.scripts.grader_score)},
-                    {episode: one_each(dev=1)})
+    return Expected(
+        {episode: End(EndReason.submitted, ctx.scripts.grader_score)}, {episode: one_each(dev=1)}
+    )
 
 
 async def play_e(ctx: Context) -> Expected:
     episode = await ctx.reset()
     job_id = await ctx.trained(ctx.scripts.quick)
-    grading = ctx.backend_has(JobRole.grader, () if ctx.topology.backend == "local" else (JobState.running,))
+    grading = ctx.backend_has(
+        JobRole.grader, () if ctx.topology.backend == "local" else (JobState.running,)
+    )
     await ctx.submitted(job_id, **ctx.strike_args(grading))
-    return Expected({episode: End(EndReason.submitted, ctx.scripts.grader_score)},
-                    {episode: one_each()})
+    return Expected(
+        {episode: End(EndReason.submitted, ctx.scripts.grader_score)}, {episode: one_each()}
+    )
 
 
 async def play_f(ctx: Context) -> Expected:
@@ -292,8 +304,9 @@ async def play_f(ctx: Context) -> Expected:
     assert cancelled.data.get("state") == "cancelled", cancelled.data
     job_id = await ctx.trained(ctx.scripts.quick)
     await ctx.submitted(job_id)
-    return Expected({episode: End(EndReason.submitted, ctx.scripts.grader_score)},
-                    {episode: one_each(agent=2)})
+    return Expected(
+        {episode: End(EndReason.submitted, ctx.scripts.grader_score)}, {episode: one_each(agent=2)}
+    )
 
 
 async def play_g(ctx: Context) -> Expected:

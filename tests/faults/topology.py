@@ -6,6 +6,7 @@ topology serves every cell of a run: a killed process is started again before th
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -171,8 +172,6 @@ class Topology:
             spec_file = folder / "job.json"
             if view is None or not spec_file.exists():
                 continue
-            import json
-
             spec = json.loads(spec_file.read_text())
             records.append(
                 BackendRecord(

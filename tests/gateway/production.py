@@ -148,7 +148,9 @@ def check_cluster_logs(cluster: LocalCluster) -> None:
         if member.log_path.exists():
             lines = member.log_path.read_text(errors="replace").splitlines()
             violations = payload_limit_violations(lines)
-            assert not violations, f"{member.name}: a payload over Temporal's limit: {violations[:3]}"
+            assert not violations, (
+                f"{member.name}: a payload over Temporal's limit: {violations[:3]}"
+            )
 
 
 @asynccontextmanager
