@@ -5,8 +5,9 @@ reaches a known end, with the moment at which the cell's target is killed:
     drops the connection after creating it: the retried submit must find it, not start another);
 (b) a job running, between two calls;
 (c) `jobs_wait` in flight on a running job;
-(d) `dev_evaluate` in flight, its evaluation job started;
-(e) `submit` grading, the grader started;
+(d) `dev_evaluate` in flight, its evaluation job started (its submit answered: a kill inside
+    the submit activity is (a)'s kind of point);
+(e) `submit` grading, the grader started (likewise);
 (f) `jobs_cancel` in flight, the cancellation asked for and not confirmed (the fake confirms
     it after 6 s);
 (g) `reset` in flight while the episode before it ends (its job's cancellation unconfirmed).
@@ -172,6 +173,28 @@ class Context:
 
         return check
 
+    def evaluation_started(self, role: JobRole) -> Callable[[], Awaitable[bool]]:
+        """The episode's evaluation of `role` has started: the backend has it and its job
+        workflow's `submit_job` activity has completed. Not earlier: a kill inside the submit
+        activity is another point, (a)'s kind. On the fake backend it also runs (for 5 s); a
+        local evaluation may end before the harness looks."""
+        states = (JobState.running,) if self.topology.backend == "fake" else ()
+
+        async def check() -> bool:
+            jobs = [
+                j
+                for j in self.topology.jobs_of(self.fault.episode_id)
+                if j.role is role and (not states or j.state in states)
+            ]
+            for job in jobs:  # the backend's key is the job's workflow id
+                description = await self.topology.client.get_workflow_handle(job.key).describe()
+                pending = description.raw_description.pending_activities
+                if not any(a.activity_type.name == "submit_job" for a in pending):
+                    return True
+            return False
+
+        return check
+
     def steps_reach(self, steps: int) -> Callable[[], Awaitable[bool]]:
         async def check() -> bool:
             return (await self.topology.status(self.fault.episode_id)).steps_used >= steps
@@ -271,9 +294,7 @@ async def play_c(ctx: Context) -> Expected:
 async def play_d(ctx: Context) -> Expected:
     episode = await ctx.reset()
     job_id = await ctx.trained(ctx.scripts.quick)
-    started = ctx.backend_has(
-        JobRole.dev, () if ctx.topology.backend == "local" else (JobState.running,)
-    )
+    started = ctx.evaluation_started(JobRole.dev)
     dev = await ctx.player.call("dev_evaluate", job_id=job_id, **ctx.strike_args(started))
     assert dev.data.get("score") == ctx.scripts.dev_score, dev.data
     await ctx.submitted(job_id)
@@ -285,9 +306,7 @@ async def play_d(ctx: Context) -> Expected:
 async def play_e(ctx: Context) -> Expected:
     episode = await ctx.reset()
     job_id = await ctx.trained(ctx.scripts.quick)
-    grading = ctx.backend_has(
-        JobRole.grader, () if ctx.topology.backend == "local" else (JobState.running,)
-    )
+    grading = ctx.evaluation_started(JobRole.grader)
     await ctx.submitted(job_id, **ctx.strike_args(grading))
     return Expected(
         {episode: End(EndReason.submitted, ctx.scripts.grader_score)}, {episode: one_each()}

@@ -32,7 +32,16 @@ FAKE_ROTATION: list[tuple[str, Target]] = [
     ("f", "worker"),
     ("g", "gateway"),
 ]
-LOCAL_ROTATION: list[tuple[str, Target]] = [("b", "everything"), ("d", "worker"), ("e", "temporal")]
+# Not a worker on the local backend: its evaluations end within the 10 s a dead worker's
+# workflow task takes to time out, and a job workflow whose end report arrives in the same
+# activation as its submit's result then waits WATCHER_SETTLE_S (120 s) for the watcher
+# (`uv run python -m tests.faults.matrix --backend local --points d --targets worker` shows it;
+# the cell passes, two minutes late). The command's full matrix has every target.
+LOCAL_ROTATION: list[tuple[str, Target]] = [
+    ("b", "everything"),
+    ("d", "gateway"),
+    ("e", "temporal"),
+]
 
 
 class TestOnTheFakeBackend:
