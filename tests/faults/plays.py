@@ -174,10 +174,13 @@ class Context:
         return check
 
     def evaluation_started(self, role: JobRole) -> Callable[[], Awaitable[bool]]:
-        """The episode's evaluation of `role` has started: the backend has it and its job
-        workflow's `submit_job` activity has completed. Not earlier: a kill inside the submit
-        activity is another point, (a)'s kind. On the fake backend it also runs (for 5 s); a
-        local evaluation may end before the harness looks."""
+        """The episode's evaluation of `role` has started and its job workflow follows it: it
+        has armed its guard timer (`JobWorkflow._follow_until_terminal`), which it does once it
+        has taken the submit's answer and reported it to the episode. Not earlier: a kill
+        inside the submit activity, or before the job workflow has taken its answer, is another
+        point, where the evaluation waits 120 s (SUBMIT_TIMEOUT, or WATCHER_SETTLE_S when the
+        watcher's report of its end comes first). On the fake backend it also runs (for 5 s);
+        a local evaluation may end before the harness looks."""
         states = (JobState.running,) if self.topology.backend == "fake" else ()
 
         async def check() -> bool:
@@ -187,10 +190,10 @@ class Context:
                 if j.role is role and (not states or j.state in states)
             ]
             for job in jobs:  # the backend's key is the job's workflow id
-                description = await self.topology.client.get_workflow_handle(job.key).describe()
-                pending = description.raw_description.pending_activities
-                if not any(a.activity_type.name == "submit_job" for a in pending):
-                    return True
+                handle = self.topology.client.get_workflow_handle(job.key)
+                async for event in handle.fetch_history_events():
+                    if event.HasField("timer_started_event_attributes"):
+                        return True
             return False
 
         return check
