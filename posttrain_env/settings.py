@@ -11,7 +11,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from posttrain_env.contracts.retention import DEFAULT_MAX_FOLDERS, RetentionPolicy
@@ -31,6 +38,20 @@ from posttrain_env.pip_config import pip_find_links
 
 # Retention settings above a century are surely a typo (and timedelta has its own limit).
 MAX_RETENTION_DAYS = 36_500
+
+
+# The Temporal connection settings (field -> Temporal's environment name), for messages.
+TEMPORAL_TLS_FILE_SETTINGS = {
+    "temporal_tls_client_cert_path": "TEMPORAL_TLS_CLIENT_CERT_PATH",
+    "temporal_tls_client_key_path": "TEMPORAL_TLS_CLIENT_KEY_PATH",
+    "temporal_tls_server_ca_cert_path": "TEMPORAL_TLS_SERVER_CA_CERT_PATH",
+}
+TEMPORAL_TLS_SETTINGS = {
+    "temporal_api_key": "TEMPORAL_API_KEY",
+    "temporal_tls": "TEMPORAL_TLS",
+    **TEMPORAL_TLS_FILE_SETTINGS,
+    "temporal_tls_server_name": "TEMPORAL_TLS_SERVER_NAME",
+}
 
 
 def default_state_dir() -> Path:
@@ -61,6 +82,26 @@ class Settings(BaseSettings):
     )
     temporal_namespace: str = Field(
         default="default", validation_alias=AliasChoices("TEMPORAL_NAMESPACE")
+    )
+    # How to reach a Temporal of your own (README "Production shape"), under the names
+    # Temporal's own CLI and SDKs read (its "environment configuration"), so one environment
+    # serves `temporal workflow list` and our processes alike. An API key (Temporal Cloud)
+    # turns TLS on unless TEMPORAL_TLS=false; TEMPORAL_TLS=true alone is TLS with the system's
+    # roots; a client certificate and its key (mTLS) go together. Only beside TEMPORAL_ADDRESS.
+    temporal_api_key: SecretStr | None = Field(default=None, validation_alias="TEMPORAL_API_KEY")
+    temporal_tls: bool | None = Field(default=None, validation_alias="TEMPORAL_TLS")
+    temporal_tls_client_cert_path: Path | None = Field(
+        default=None, validation_alias="TEMPORAL_TLS_CLIENT_CERT_PATH"
+    )
+    temporal_tls_client_key_path: Path | None = Field(
+        default=None, validation_alias="TEMPORAL_TLS_CLIENT_KEY_PATH"
+    )
+    temporal_tls_server_ca_cert_path: Path | None = Field(
+        default=None, validation_alias="TEMPORAL_TLS_SERVER_CA_CERT_PATH"
+    )
+    # The name the server's certificate must hold, when it is not the address's host.
+    temporal_tls_server_name: str | None = Field(
+        default=None, validation_alias="TEMPORAL_TLS_SERVER_NAME"
     )
     task_queue: str = "posttrain"
     # This deployment's name, shown on every episode (`PtDeployment`) so that operators of a
@@ -133,6 +174,12 @@ class Settings(BaseSettings):
         "watch_interval_s",
         "server_key_file",
         "server_key",
+        "temporal_api_key",
+        "temporal_tls",
+        "temporal_tls_client_cert_path",
+        "temporal_tls_client_key_path",
+        "temporal_tls_server_ca_cert_path",
+        "temporal_tls_server_name",
         mode="before",
     )
     @classmethod
@@ -161,6 +208,54 @@ class Settings(BaseSettings):
                 f"{KEY_FILE_SETTING} and {KEY_HEX_SETTING} are both set: give the deployment's "
                 "key one way only"
             )
+        return self
+
+    @field_validator(
+        "temporal_tls_client_cert_path",
+        "temporal_tls_client_key_path",
+        "temporal_tls_server_ca_cert_path",
+    )
+    @classmethod
+    def _a_readable_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        # Read at every connect; checked here so that a wrong path stops a process before it
+        # starts, naming the setting (never the file's content: the key is a secret).
+        if value is not None:
+            setting = TEMPORAL_TLS_SETTINGS[info.field_name or ""]
+            try:
+                with value.open("rb") as handle:
+                    handle.read(1)
+            except OSError as exc:
+                raise ValueError(f"{setting}={value}: cannot be read ({exc.strerror})") from None
+        return value
+
+    @model_validator(mode="after")
+    def _temporal_tls_fits_together(self) -> Settings:
+        given = [
+            TEMPORAL_TLS_SETTINGS[name]
+            for name in TEMPORAL_TLS_SETTINGS
+            if getattr(self, name) is not None
+        ]
+        if given and not self.temporal_is_external:
+            raise ValueError(
+                f"{', '.join(given)} set without TEMPORAL_ADDRESS: they are for a Temporal of "
+                "your own (the embedded one is plain, on 127.0.0.1); set TEMPORAL_ADDRESS too"
+            )
+        cert, key = self.temporal_tls_client_cert_path, self.temporal_tls_client_key_path
+        if (cert is None) != (key is None):
+            raise ValueError(
+                "TEMPORAL_TLS_CLIENT_CERT_PATH and TEMPORAL_TLS_CLIENT_KEY_PATH go together "
+                "(a client certificate and its private key): set both or neither"
+            )
+        certificates = [
+            TEMPORAL_TLS_SETTINGS[name]
+            for name in TEMPORAL_TLS_FILE_SETTINGS
+            if getattr(self, name) is not None
+        ]
+        if self.temporal_tls is False and (certificates or self.temporal_tls_server_name):
+            named = certificates + (
+                ["TEMPORAL_TLS_SERVER_NAME"] if self.temporal_tls_server_name else []
+            )
+            raise ValueError(f"TEMPORAL_TLS=false contradicts {', '.join(named)}")
         return self
 
     @model_validator(mode="after")

@@ -1,5 +1,5 @@
-"""`posttrain-env` command line: `demo`, `server`, `worker`, `agent-worker`, `campaign`, `hub`,
-`temporal`, `episodes`, `key`."""
+"""`posttrain-env` command line: `demo`, `server`, `worker`, `agent-worker`, `cluster-local`,
+`campaign`, `hub`, `temporal`, `episodes`, `key`."""
 
 from __future__ import annotations
 
@@ -27,6 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_server_arguments(
         sub.add_parser("server", help="the gateway, a worker and the embedded Temporal server")
+    )
+    from posttrain_env.entrypoints.cluster_local import CLUSTER_HELP, add_cluster_local_arguments
+
+    add_cluster_local_arguments(
+        sub.add_parser("cluster-local", help=CLUSTER_HELP, description=CLUSTER_HELP)
     )
     from posttrain_env.entrypoints.hub_cli import add_hub_commands
 
@@ -62,6 +67,10 @@ def main(argv: list[str] | None = None) -> None:
             from posttrain_env.entrypoints.server import run
 
             status = run(args.host, args.port, with_worker=not args.no_worker)
+        elif args.command == "cluster-local":
+            from posttrain_env.entrypoints.cluster_local import run_cluster_local
+
+            status = run_cluster_local(args)
         elif args.command == "agent-worker":
             from posttrain_env.entrypoints.agent_worker import run_agent_worker
 

@@ -1,8 +1,9 @@
-"""The production shape on one machine, as the key and shutdown tests run it: a file-backed
-Temporal dev server of its own (`TEMPORAL_ADDRESS`), `posttrain-env worker` processes and
-`server --no-worker` gateways, each in a process group of its own, and one key file. Also the
-calls a shutdown must not wait for: a 300 s `jobs_wait` open over /ws and over MCP, and an
-episode whose workflow task fails in a loop."""
+"""The production shape on one machine, as the tests run it: the package's `LocalCluster`
+(`posttrain-env cluster-local`: a file-backed Temporal dev server of its own, `server
+--no-worker` gateways and `posttrain-env worker` processes, one key file) on free ports and the
+fake backend, and the processes the key and shutdown tests start one by one. Also the calls a
+shutdown must not wait for: a 300 s `jobs_wait` open over /ws and over MCP, and an episode whose
+workflow task fails in a loop."""
 
 from __future__ import annotations
 
@@ -26,10 +27,19 @@ from temporalio.client import Client, WorkflowUpdateStage
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.fake.backend import FakeScenario
+from posttrain_env.entrypoints.cluster_local import (
+    ClusterConfig,
+    ClusterError,
+    LocalCluster,
+    our_command,
+    spawn,
+)
+from posttrain_env.entrypoints.cluster_local import kill_group as kill_group
 from posttrain_env.keys import write_new_key
 from posttrain_env.limits import TEMPORAL_PAYLOAD_LIMIT_BYTES
 from tests.gateway.mcp_helpers import SUBMIT, create_episode, data
-from tests.gateway.server import ServerProcess, command, frame, ws_url
+from tests.gateway.server import ServerProcess, frame, free_port, ws_url
+from tests.payload_limits import payload_limit_violations
 from workflows.episode import EpisodeWorkflow
 from workflows.episode_contract import EpisodeStatus, ToolCall
 from workflows.ids import episode_workflow_id
@@ -58,21 +68,15 @@ def gateway(
 
 
 def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """`posttrain-env worker` in its own process group, its output in `log`."""
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [*command(), "worker"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    """`posttrain-env worker` in its own process group, its output in `log` (the package's
+    `spawn`, as `cluster-local` starts one)."""
+    return spawn(our_command("worker"), env, log)
 
 
 def run_to_exit(args: list[str], env: dict[str, str], timeout_s: float = 120) -> Any:
     """A command of ours to its end: the CompletedProcess (text output)."""
     return subprocess.run(
-        [*command(), *args],
+        our_command(*args),
         env=env,
         capture_output=True,
         text=True,
@@ -82,11 +86,81 @@ def run_to_exit(args: list[str], env: dict[str, str], timeout_s: float = 120) ->
     )
 
 
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
+def cluster_environment(
+    state_dir: Path, scenario: FakeScenario | None = None, **extra: str
+) -> dict[str, str]:
+    """The environment a test topology's processes start from: this process's, without any
+    setting of ours or of Temporal's, on the fake backend with `scenario` (written to the
+    state dir), a watcher that looks every second, and `extra` (POSTTRAIN_* names)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    scenario_file = state_dir / "scenario.json"
+    scenario_file.write_text((scenario or FakeScenario()).model_dump_json())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("POSTTRAIN_", "TEMPORAL_"))}
+    env.pop("HF_TOKEN", None)
+    return {
+        **env,
+        "POSTTRAIN_BACKEND": "fake",
+        "POSTTRAIN_FAKE_SCENARIO": str(scenario_file),
+        "POSTTRAIN_WATCH_INTERVAL_S": "1",
+        **extra,
+    }
+
+
+def cluster_config(
+    state_dir: Path, environment: dict[str, str], gateways: int = 2, workers: int = 2
+) -> ClusterConfig:
+    """`cluster-local`'s topology on free ports, without the Temporal UI."""
+    return ClusterConfig(
+        state_dir=state_dir,
+        gateway_ports=tuple(free_port() for _ in range(gateways)),
+        workers=workers,
+        temporal_port=free_port(),
+        temporal_ui_port=None,
+        environment=environment,
+    )
+
+
+async def start_cluster(config: ClusterConfig) -> LocalCluster:
+    """A started LocalCluster. Ports are chosen free but another test may take one before it
+    is bound: then once more on other ports."""
+    for attempt in range(2):
+        cluster = LocalCluster(config)
+        try:
+            await cluster.start()
+            return cluster
+        except ClusterError as exc:
+            taken = "in use" in str(exc) or "could not listen" in str(exc)
+            if attempt == 1 or not taken:
+                raise
+            config = cluster_config(
+                config.state_dir,
+                dict(config.environment),
+                len(config.gateway_ports),
+                config.workers,
+            )
+    raise AssertionError("unreachable")
+
+
+def check_cluster_logs(cluster: LocalCluster) -> None:
+    """Fail if a worker ever had a payload refused for its size (TMPRL1103), as every test
+    checks of its server."""
+    for member in cluster.members:
+        if member.log_path.exists():
+            lines = member.log_path.read_text(errors="replace").splitlines()
+            violations = payload_limit_violations(lines)
+            assert not violations, (
+                f"{member.name}: a payload over Temporal's limit: {violations[:3]}"
+            )
+
+
+@asynccontextmanager
+async def local_cluster(config: ClusterConfig) -> AsyncIterator[LocalCluster]:
+    cluster = await start_cluster(config)
+    try:
+        yield cluster
+    finally:
+        await cluster.stop()
+        check_cluster_logs(cluster)
 
 
 async def seconds_to_exit(proc: subprocess.Popen[bytes], limit_s: float = 120) -> float:
