@@ -13,8 +13,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.api.testservice.v1 import SleepRequest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
@@ -48,6 +49,23 @@ def _no_answer(err: RPCError) -> bool:
 def agent_env(**extra: str) -> dict[str, str]:
     """What the agent worker's environment holds in these tests (tests/ importable)."""
     return {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), **extra}
+
+
+async def runs_of(client: Client, workflow_id: str) -> list[WorkflowHistory]:
+    """Every run of a workflow, first to latest, each with its own history: a workflow that
+    continued as new has one per run."""
+    latest = await client.get_workflow_handle(workflow_id).fetch_history()
+    started = latest.events[0].workflow_execution_started_event_attributes
+    run_id: str | None = started.first_execution_run_id
+    runs: list[WorkflowHistory] = []
+    while run_id:
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        runs.append(history)
+        last = history.events[-1]
+        run_id = None
+        if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+            run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+    return runs
 
 
 @dataclass
