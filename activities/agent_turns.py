@@ -23,9 +23,10 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.campaign_store import CampaignStore, StoredTurn
-from posttrain_env.agents.runner import AGENT_FAILED, AGENT_INVALID, TurnReply, TurnRequest
+from posttrain_env.agents.runner import TurnReply, TurnRequest
 from posttrain_env.contracts.activities import AgentsApi
 from posttrain_env.contracts.campaigns import AgentTurn, CheckAgents, TurnSummary
+from posttrain_env.errors import AGENT_FAILED, AGENT_INVALID, agent_failure
 from posttrain_env.limits import MAX_AGENT_TURN_BYTES, cut_text
 
 # What a turn's process gets of the worker's environment, besides the agent's own key.
@@ -61,7 +62,7 @@ class AgentTurnActivities(AgentsApi):
             )
             reply = await self._run(request, float(turn.agent.turn_timeout_s))
             if reply.turn is None:
-                raise ApplicationError("the agent answered no turn", type=AGENT_FAILED)
+                raise agent_failure(AGENT_FAILED, "the agent answered no turn", non_retryable=False)
             messages = [*reply.turn.exchanged, reply.turn.message()]
             head = await asyncio.to_thread(store.extend, campaign, turn.conversation, messages)
             stored = StoredTurn(turn=reply.turn, conversation=head)
@@ -84,9 +85,7 @@ class AgentTurnActivities(AgentsApi):
             try:
                 await self._run(request, CHECK_TIMEOUT_S)
             except ApplicationError as err:
-                raise ApplicationError(
-                    f"agent {agent.name!r}: {err.message}", type=AGENT_INVALID, non_retryable=True
-                ) from None
+                raise agent_failure(AGENT_INVALID, f"agent {agent.name!r}: {err.message}") from None
 
     # -- the turn's process --------------------------------------------------------------------
 
@@ -96,10 +95,9 @@ class AgentTurnActivities(AgentsApi):
         name = request.api_key_env
         if name is not None:
             if not self._environ.get(name):
-                raise ApplicationError(
+                raise agent_failure(
+                    AGENT_INVALID,
                     f"the agent worker has no {name} set: the agent's key is read from it",
-                    type=AGENT_INVALID,
-                    non_retryable=True,
                 )
             env[name] = self._environ[name]
         return env
@@ -137,13 +135,12 @@ class AgentTurnActivities(AgentsApi):
         try:
             reply = TurnReply.model_validate_json(out.strip().splitlines()[-1] if out else b"")
         except (ValueError, IndexError):
-            raise ApplicationError(
+            raise agent_failure(
+                AGENT_FAILED,
                 cut_text(f"the agent's process ended {proc.returncode} without a turn: {err_tail}"),
-                type=AGENT_FAILED,
-                non_retryable=True,
             ) from None
         if reply.error is not None:
-            raise ApplicationError(reply.error.message, type=reply.error.type, non_retryable=True)
+            raise agent_failure(reply.error.type, reply.error.message)
         return reply
 
     async def _communicate(
@@ -159,20 +156,17 @@ class AgentTurnActivities(AgentsApi):
         while not reading.done():
             if loop.time() > deadline:
                 reading.cancel()
-                raise ApplicationError(
+                raise agent_failure(
+                    AGENT_FAILED,
                     f"the agent's turn took longer than {timeout_s:.0f} s (turn_timeout_s)",
-                    type=AGENT_FAILED,
-                    non_retryable=True,
                 )
             await asyncio.wait([reading], timeout=HEARTBEAT_S)
             if activity.in_activity():
                 activity.heartbeat()
         out = reading.result()
         if len(out) > MAX_AGENT_TURN_BYTES:
-            raise ApplicationError(
-                f"the agent's turn is over {MAX_AGENT_TURN_BYTES} bytes",
-                type=AGENT_FAILED,
-                non_retryable=True,
+            raise agent_failure(
+                AGENT_FAILED, f"the agent's turn is over {MAX_AGENT_TURN_BYTES} bytes"
             )
         await proc.wait()
         return out

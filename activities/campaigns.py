@@ -42,14 +42,12 @@ from posttrain_env.contracts.campaigns import (
     Reopened,
     TaskPlan,
 )
-from posttrain_env.contracts.episode_calls import ToolResult, tool_call
+from posttrain_env.contracts.episode_calls import ToolResult, episode_over, tool_call
 from posttrain_env.contracts.jobs import RepoRef
-from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.errors import ToolError, campaign_invalid
 from posttrain_env.models import MICRO, TaskSpec, usd
 from tasks.registry import TaskSpecError, load_task
 
-# The error type of a spec that cannot run (the campaign ends `invalid`, nothing started).
-CAMPAIGN_INVALID = "campaign_invalid"
 # How often a rollout's activity tells Temporal it is alive (the rollout's heartbeat timeout,
 # `workflows/rollout.py` CALL_HEARTBEAT, is a few of these).
 HEARTBEAT_S = 2.0
@@ -135,7 +133,7 @@ class CampaignActivities(CampaignsApi):
             }
         except (SpecError, ToolError) as err:
             message = err.message if isinstance(err, ToolError) else str(err)
-            raise ApplicationError(message, type=CAMPAIGN_INVALID, non_retryable=True) from None
+            raise campaign_invalid(message) from None
         worst = worst_cases(spec, tasks)
         if await asyncio.to_thread(self._store.read_meta, plan.campaign_id) is None:
             meta = CampaignMeta(
@@ -238,15 +236,13 @@ class CampaignActivities(CampaignsApi):
     async def reopen_campaign(self, reopen: ReopenCampaign) -> Reopened:
         meta = await asyncio.to_thread(self._store.read_meta, reopen.campaign_id)
         if meta is None:
-            raise ApplicationError(
-                f"campaign {reopen.campaign_id} has no campaign.json in its folder",
-                type=CAMPAIGN_INVALID,
-                non_retryable=True,
+            raise campaign_invalid(
+                f"campaign {reopen.campaign_id} has no campaign.json in its folder"
             )
         try:
             tasks = check_tasks(reopen.spec, self._config.tasks_dir)
         except SpecError as err:
-            raise ApplicationError(str(err), type=CAMPAIGN_INVALID, non_retryable=True) from None
+            raise campaign_invalid(str(err)) from None
         records = await asyncio.to_thread(read_records, self._store.folder(reopen.campaign_id))
         plan = CampaignPlan(
             tasks={
@@ -280,7 +276,7 @@ class CampaignActivities(CampaignsApi):
     async def _after_the_end(self, call: CallRef) -> ToolResult:
         status = await self._calls.status(call.episode_id)
         assert status.metadata is not None
-        over = ToolError(ErrorType.episode_over, "the episode is over")
+        over = episode_over(status.end)
         return ToolResult(
             tool="",
             data=over.envelope(),
@@ -296,7 +292,7 @@ class CampaignActivities(CampaignsApi):
             role="tool",
             call_id=agent_call.id,
             tool=agent_call.tool,
-            data=result.data,
+            data=result.worded_for("rollout").data,  # this path's edge: what to do after the end
             steps_left=meta.steps_left,
             time_left_s=meta.time_left_s,
             spend_usd={"settled": spend.settled.usd, "reserved": spend.reserved.usd},

@@ -12,7 +12,6 @@ from datetime import datetime
 from pathlib import Path
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 from activities.backend import ArtifactRejected, JobRequest, JobsBackend, TransientBackendError
 from activities.launcher_report import read_launcher_lines
@@ -33,7 +32,7 @@ from posttrain_env.contracts.jobs import (
     ScoreResult,
     SubmitJob,
 )
-from posttrain_env.errors import ARTIFACT_REJECTED, ErrorType, ToolError, agent_errors
+from posttrain_env.errors import ErrorType, ToolError, agent_errors, artifact_rejected
 from posttrain_env.keys import ServerKey
 from posttrain_env.limits import bound_log_lines, cut_text
 from posttrain_env.models import JobState, TaskSpec
@@ -64,7 +63,7 @@ class JobsActivities(JobsApi):
         try:
             started = found or await self._backend.submit(self._request(job))
         except ArtifactRejected as err:
-            raise ApplicationError(str(err), type=ARTIFACT_REJECTED, non_retryable=True) from None
+            raise artifact_rejected(str(err)) from None
         if not started.state.terminal:
             await self._watch.watch(
                 JobToWatch(

@@ -823,14 +823,18 @@ class JobContext:
 
 def remove_tree(root: str) -> None:
     """Remove `root` without following links and without recursion: the job decides how deep
-    its HOME goes (shutil.rmtree recurses and raises RecursionError on a tree 1,000 deep, and
-    paths that deep exceed PATH_MAX). Each folder met below the first level is moved up to be
-    a direct child of `root` (a rename within one filesystem), then emptied."""
+    its HOME (and, where it runs as the launcher's own uid, the temporary venv) goes;
+    shutil.rmtree recurses and raises RecursionError on a tree 1,000 deep, which even
+    `ignore_errors=True` lets through, and paths that deep exceed PATH_MAX. Each folder met
+    below the first level is moved up to be a direct child of `root` (a rename within one
+    filesystem), then emptied; folders the job made unreadable or unwritable (possible when it
+    shares our uid) are opened up first. Raises OSError for what cannot be removed."""
     if not os.path.isdir(root) or os.path.islink(root):
         return
     pending, moved = [root], 0
     while pending:
         folder = pending.pop()
+        _make_writable(folder)
         with os.scandir(folder) as entries:
             children = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
         for name, is_dir in children:
@@ -845,11 +849,21 @@ def remove_tree(root: str) -> None:
                     moved += 1
                     target = os.path.join(root, f".remove-{moved}")
                 moved += 1
+                _make_writable(path)  # moving a folder rewrites its `..`
                 os.rename(path, target)
                 pending.append(target)
         if folder != root:
             os.rmdir(folder)
     os.rmdir(root)
+
+
+def _make_writable(folder: str) -> None:
+    try:
+        mode = stat.S_IMODE(os.lstat(folder).st_mode)
+        if mode & 0o700 != 0o700:
+            os.chmod(folder, mode | 0o700)
+    except OSError:
+        pass  # not ours to change (root's run needs none): removing it says what failed
 
 
 def _child(ctx: JobContext, errfd: int) -> None:
@@ -1066,7 +1080,10 @@ def main(argv: list[str] | None = None) -> int:
         return supervise(ctx, nonce)
     finally:
         if temporary:
-            shutil.rmtree(temporary, ignore_errors=True)
+            try:
+                remove_tree(temporary)
+            except OSError:
+                pass  # best effort, as before: the exit line has been written
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 The update id is `<episode_id>:<request_id>`, so a retried request is answered once. A call to
 an episode whose workflow has completed is answered as `episode_over` with the episode's final
-state (or with its earlier answer, if the call was answered before the end).
+state (or with its earlier answer, if the call was answered before the end). Every answer leaves
+here worded for the call's path (`ToolResult.worded_for`: what to do after the end).
 """
 
 from __future__ import annotations
@@ -51,16 +52,17 @@ async def call_tool(
         )
     handle = client.get_workflow_handle_for(EpisodeWorkflow.run, episode_workflow_id(episode_id))
     try:
-        return await handle.execute_update(
+        result = await handle.execute_update(
             EpisodeWorkflow.call_tool,
             call,
             id=update_id(episode_id, call.request_id),
             rpc_timeout=rpc_timeout,
         )
+        return result.worded_for(call.path)
     except (WorkflowUpdateFailedError, RPCError) as err:
         if not workflow_is_gone(err):
             raise
-    return await _answer_after_the_end(client, episode_id, call)
+    return (await _answer_after_the_end(client, episode_id, call)).worded_for(call.path)
 
 
 async def _answer_after_the_end(client: Client, episode_id: str, call: ToolCall) -> ToolResult:
@@ -77,7 +79,7 @@ async def _answer_after_the_end(client: Client, episode_id: str, call: ToolCall)
         raise
     if answered is not None:  # the call was made before the end: the same answer again
         return answered
-    error = episode_over(call.path, status.end)
+    error = episode_over(status.end)
     if again:
         error = ToolError(
             ErrorType.already_answered,

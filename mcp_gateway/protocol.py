@@ -19,10 +19,10 @@ from mcp_gateway.observations import (
     tools_observation,
 )
 from mcp_gateway.sessions import SessionIds, Sessions, request_id_of
+from posttrain_env.contracts.episode_calls import ToolPath
 from posttrain_env.errors import GatewayCode, SessionError
 from posttrain_env.keys import ServerKey
 from posttrain_env.tools import tool_catalog
-from workflows.episode_contract import ToolPath
 
 
 class OpenEnvProtocol:

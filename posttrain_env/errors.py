@@ -185,3 +185,39 @@ def update_failure(err: WorkflowUpdateFailedError, what: str) -> ToolError:
     if isinstance(cause, ApplicationError) and cause.type in ERROR_TYPES:
         return tool_error_of(cause)
     return ToolError(ErrorType.hf_error, f"{what} could not be updated: {err}")
+
+
+# -- failures of the work around episodes (never an agent's tool error) ----------------------------
+# Activities raise these as typed ApplicationErrors; the workflow above branches on the type.
+
+# A turn of an agent (the rollout records the type): the agent's spec is wrong (never retried),
+# or the agent failed (its LLM, its code, its process).
+AGENT_INVALID = "agent_invalid"
+AGENT_FAILED = "agent_failed"
+# A campaign spec that cannot run: the campaign ends `invalid`, nothing started.
+CAMPAIGN_INVALID = "campaign_invalid"
+
+
+def artifact_rejected(reason: str) -> ApplicationError:
+    """An evaluation refused because of its artifact, before it started (the backend's
+    ArtifactRejected); non-retryable, and read back by `artifact_rejection`."""
+    from temporalio.exceptions import ApplicationError
+
+    return ApplicationError(reason, type=ARTIFACT_REJECTED, non_retryable=True)
+
+
+def agent_failure(type: str, message: str, *, non_retryable: bool = True) -> ApplicationError:
+    """A turn's failure typed AGENT_INVALID or AGENT_FAILED (the rollout's retry policy names
+    both as non-retryable whatever the flag says; the flag keeps what each raise always said)."""
+    from temporalio.exceptions import ApplicationError
+
+    if type not in (AGENT_INVALID, AGENT_FAILED):
+        raise ValueError(f"not an agent failure type: {type!r}")
+    return ApplicationError(message, type=type, non_retryable=non_retryable)
+
+
+def campaign_invalid(message: str) -> ApplicationError:
+    """A campaign that cannot run (its spec, its tasks, its folder): non-retryable."""
+    from temporalio.exceptions import ApplicationError
+
+    return ApplicationError(message, type=CAMPAIGN_INVALID, non_retryable=True)

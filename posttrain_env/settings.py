@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     audit_dir: Path | None = None
     # Where task specs live (default: the `tasks` package shipped with the server).
     tasks_dir: Path | None = None
+    # The fake backend's scenario, a JSON file of `activities.fake.backend.FakeScenario` (what
+    # each job does; out-of-process tests). None: every job queues, runs and succeeds.
+    fake_scenario: Path | None = None
     # Continue an episode as new past this many history events (default: when Temporal
     # suggests it, ~4,000 events on the dev server). Lower it to exercise the path.
     continue_as_new_events: int | None = Field(default=None, ge=100)

@@ -15,7 +15,9 @@ from pathlib import Path
 from temporalio import activity
 
 import activities
+from activities.agent_turns import AgentTurnActivities
 from activities.audit import AuditActivities
+from activities.campaigns import CampaignActivities
 from activities.contamination import ContaminationActivities
 from activities.episodes import EpisodeActivities
 from activities.hf.reaper import ReaperActivities
@@ -24,7 +26,9 @@ from activities.local import plan
 from activities.retention import RetentionActivities
 from job_launcher import launcher
 from posttrain_env.contracts.activities import (
+    AgentsApi,
     AuditApi,
+    CampaignsApi,
     ContaminationApi,
     EpisodesApi,
     JobsApi,
@@ -58,21 +62,51 @@ def project_modules() -> dict[str, Path]:
     return modules
 
 
-def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
-    """Every project module `path` imports, at module level or inside a function."""
+def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every project module that `module` (at `path`) imports: at module level or inside a
+    function, absolute or relative (`from . import x`), or by a literal
+    `importlib.import_module("...")` (a name computed at run time cannot be seen)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join([*parts[: len(parts) - node.level + 1], *([base] if base else [])])
+            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Call):
+            names = literal_import(node, package)
         for name in names:
             while name and name not in modules:
                 name = name.rpartition(".")[0]
             if name:
                 found.add(name)
     return found
+
+
+def literal_import(call: ast.Call, package: str) -> list[str]:
+    """The module an `import_module("...")` or `__import__("...")` call names, if literal."""
+    func = call.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    if called not in ("import_module", "__import__") or not call.args:
+        return []
+    first = call.args[0]
+    if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+        return []
+    name = first.value
+    if name.startswith("."):  # relative to `package=`, or to the caller's own package
+        anchor = package
+        for keyword in call.keywords:
+            if keyword.arg == "package" and isinstance(keyword.value, ast.Constant):
+                anchor = str(keyword.value.value)
+        level = len(name) - len(name.lstrip("."))
+        parts = anchor.split(".")
+        name = ".".join([*parts[: len(parts) - level + 1], name.lstrip(".")]).rstrip(".")
+    return [name]
 
 
 def layer(module: str) -> int:
@@ -86,7 +120,7 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
     upward = [
         f"{module} -> {imported}"
         for module, path in modules.items()
-        for imported in imports_of(path, modules)
+        for imported in imports_of(module, path, modules)
         if layer(imported) > layer(module)
     ]
     assert upward == []
@@ -94,7 +128,7 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
 
 def test_the_import_graph_has_no_circle() -> None:
     modules = project_modules()
-    graph = {module: imports_of(path, modules) - {module} for module, path in modules.items()}
+    graph = {m: imports_of(m, path, modules) - {m} for m, path in modules.items()}
     done: set[str] = set()
     for start in graph:  # depth-first, iterative; a grey module met again closes a circle
         stack, grey = [(start, iter(sorted(graph[start])))], {start}
@@ -111,6 +145,39 @@ def test_the_import_graph_has_no_circle() -> None:
             elif child not in done:
                 grey.add(child)
                 stack.append((child, iter(sorted(graph[child]))))
+
+
+def test_the_import_graph_sees_relative_and_literal_dynamic_imports(tmp_path: Path) -> None:
+    """What the two graph tests rely on: no kind of import goes unseen."""
+    files = {
+        "ground/__init__.py": "",
+        "ground/types.py": "",
+        "upper/__init__.py": "from . import sibling\n",
+        "upper/sibling.py": "",
+        "upper/deep/__init__.py": "",
+        "upper/deep/leaf.py": (
+            "import importlib\n"
+            "from ..sibling import x\n"
+            "from .. import other\n"
+            "def late():\n"
+            "    importlib.import_module('ground.types')\n"
+            "    importlib.import_module('.mod', package='ground')\n"
+            "    __import__('ground')\n"
+            "    importlib.import_module(computed_name)\n"
+        ),
+        "upper/other.py": "",
+        "ground/mod.py": "",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    modules = {
+        ".".join(Path(name).with_suffix("").parts).removesuffix(".__init__"): tmp_path / name
+        for name in files
+    }
+    leaf = imports_of("upper.deep.leaf", modules["upper.deep.leaf"], modules)
+    assert leaf == {"upper.sibling", "upper", "upper.other", "ground.types", "ground.mod", "ground"}
+    assert imports_of("upper", modules["upper"], modules) == {"upper", "upper.sibling"}
 
 
 def test_importing_every_activity_module_loads_no_workflow_module() -> None:
@@ -139,13 +206,14 @@ def free_port() -> int:
 
 
 def test_the_gateway_without_a_worker_loads_no_activity_or_backend_code(tmp_path: Path) -> None:
-    """`server --no-worker` serves (its /health answers), and no module of `activities/` (the
-    backends among them) is in the process."""
+    """`server --no-worker` serves (its /health answers 200: the probe fails otherwise), and no
+    module of `activities/` (the backends among them) is in the process."""
     probe = (
         "import asyncio, os, sys, httpx\n"
         "from posttrain_env.entrypoints.server import serve\n"
         "async def main():\n"
         "    server = asyncio.create_task(serve('127.0.0.1', PORT, with_worker=False))\n"
+        "    healthy = False\n"
         "    for _ in range(300):\n"
         "        await asyncio.sleep(0.1)\n"
         "        if server.done():\n"
@@ -154,9 +222,14 @@ def test_the_gateway_without_a_worker_loads_no_activity_or_backend_code(tmp_path
         "            async with httpx.AsyncClient() as http:\n"
         "                health = await http.get('http://127.0.0.1:PORT/health')\n"
         "            if health.status_code == 200:\n"
+        "                healthy = True\n"
         "                break\n"
         "        except httpx.TransportError:\n"
         "            pass\n"
+        "    if not healthy:\n"
+        "        print('the gateway never answered /health with 200', file=sys.stderr)\n"
+        "        sys.stderr.flush()\n"
+        "        os._exit(3)\n"
         "    print(sorted(m for m in sys.modules if m.split('.')[0] == 'activities'))\n"
         "    sys.stdout.flush()\n"
         "    os._exit(0)\n"
@@ -192,6 +265,8 @@ def test_every_activity_interface_method_is_implemented_as_an_activity() -> None
         (AuditApi, AuditActivities),
         (RetentionApi, RetentionActivities),
         (ContaminationApi, ContaminationActivities),
+        (CampaignsApi, CampaignActivities),
+        (AgentsApi, AgentTurnActivities),
     ):
         declared = {
             name for name, fn in vars(interface).items() if activity._Definition.from_callable(fn)

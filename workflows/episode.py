@@ -2,55 +2,43 @@
 
 Tool calls arrive as Updates (update id `<episode_id>:<request_id>`), reads as Queries, an
 operator's cancel and a session's end request as Signals. The tools are `EpisodeTools`
-(`episode_tools.py`), the jobs `EpisodeJobs` (`episode_jobs.py`), the rules and views pure
-functions (`episode_rules.py`); this module holds the life of the episode: counting steps,
-ending it (once) and staying open until every job is confirmed final, continuing as new when
-the history grows long, and telling its session.
+(`episode_tools.py`), the jobs `EpisodeJobs` (`episode_jobs.py`), what it sends besides its
+answers `EpisodeOutbox` (`episode_outbox.py`: its session's reply, the close announcement, the
+audit record); the rules, views and timers are pure functions (`episode_rules.py`,
+`episode_timing.py`). This module holds the life of the episode: counting steps, ending it
+(once) and staying open until every job is confirmed final, continuing as new when the history
+grows long.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from posttrain_env.contracts.activities import AuditApi
-    from posttrain_env.contracts.audit import AuditEnd, WriteAudit
     from posttrain_env.contracts.episodes import EpisodeSetup
     from posttrain_env.errors import ErrorType, ToolError
     from posttrain_env.models import ContaminationSummary, EndReason, EpisodeEnd
     from posttrain_env.tools import oversized_error
     from workflows.episode_contract import (
         EndRequest,
-        EpisodeClosed,
         EpisodeStatus,
-        ToolAnswered,
         ToolCall,
         ToolResult,
         episode_over,
     )
     from workflows.episode_jobs import EpisodeJobs
-    from workflows.episode_rules import (
-        all_final,
-        deadline,
-        job_view,
-        service_spend,
-        step_metadata,
-        steps_left,
-        time_left_s,
-        unconfirmed,
-    )
+    from workflows.episode_outbox import EpisodeOutbox
+    from workflows.episode_rules import all_final, already_answered, episode_status, tool_result
     from workflows.episode_state import EpisodeCarry
+    from workflows.episode_timing import next_timer, out_of_time
     from workflows.episode_tools import EpisodeTools
     from workflows.history import history_is_long
-    from workflows.ids import SIGNAL_EPISODE_CLOSED, SIGNAL_JOB_CHANGED, SIGNAL_TOOL_ANSWERED
+    from workflows.ids import SIGNAL_JOB_CHANGED
     from workflows.job import JobSnapshot
     from workflows.ledger import Ledger
-    from workflows.policies import AUDIT_TIMEOUT, READ_RETRY
     from workflows.recent import remember, was_dropped
     from workflows.visibility import Visibility, episode_attributes, episode_memo
     from workflows.waiting import wait_until
@@ -75,9 +63,7 @@ class EpisodeWorkflow:
         )
         self._jobs = EpisodeJobs(self._setup, self._s)
         self._tools = EpisodeTools(self._setup, self._s, self._jobs, self._end)
-        self._reply_to: str | None = None
-        self._end_requested_at = None
-        self._replied = False
+        self._outbox = EpisodeOutbox(self._setup, self._s)
         # Set when the run loop's timer must be recomputed (an end, or an end request).
         self._rearm = False
         self._visibility = Visibility()
@@ -87,11 +73,11 @@ class EpisodeWorkflow:
         self._jobs.visible = self._visibility.enable(episode_memo(self._setup))
         while True:
             self._show()
-            await wait_until(self._should_wake, self._next_timer())
+            timer = next_timer(self._setup, self._s, self._outbox.reply, workflow.now())
+            await wait_until(self._should_wake, timer)
             self._rearm = False
-            if self._s.end is None and self._deadline_passed() and not self._s.submitting:
-                await self._end(EndReason.time_limit, 0.0)
-            await self._reply_if_due()
+            await self._end_if_out_of_time()
+            await self._outbox.reply_if_due()
             if self._s.end is not None and all_final(self._s):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 if all_final(self._s):
@@ -99,11 +85,11 @@ class EpisodeWorkflow:
             if self._history_is_long() and not self._s.submitting:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(EpisodeInput(setup=self._setup, carry=self._s))
-        await self._reply_if_due()
-        await self._announce_close()
+        await self._outbox.reply_if_due()
+        await self._outbox.announce_close()
         await self._jobs.account_retire()
         if workflow.patched(AUDIT_PATCH):
-            await self._write_audit()
+            await self._outbox.write_audit()
         self._show(closing=True)
         assert self._s.end is not None
         return self._s.end
@@ -116,27 +102,18 @@ class EpisodeWorkflow:
         with `reply_to` (a rollout's) is followed by a `ToolAnswered` signal to that workflow."""
         result = await self._call_tool(call)
         if call.reply_to is not None:
-            await self._tell_answered(call.reply_to, call.request_id)
+            await self._outbox.tell_answered(call.reply_to, call.request_id)
         return result
 
     async def _call_tool(self, call: ToolCall) -> ToolResult:
         if call.request_id in self._s.recent:
             return self._s.recent[call.request_id]
         if was_dropped(self._s, call.request_id):
-            return self._answer(
-                call,
-                ToolError(
-                    ErrorType.already_answered,
-                    f"request {call.request_id!r} was already answered and its answer is no "
-                    "longer kept; it is not run again (jobs_status shows the jobs)",
-                    request_id=call.request_id,
-                ).envelope(),
-            )
-        if self._s.end is None and self._deadline_passed() and not self._s.submitting:
-            await self._end(EndReason.time_limit, 0.0)
+            return self._answer(call, already_answered(call.request_id).envelope())
+        await self._end_if_out_of_time()
         if self._s.end is not None:
             return self.answer_again(call) or self._answer(
-                call, episode_over(call.path, self._s.end).envelope()
+                call, episode_over(self._s.end).envelope()
             )
         if self._s.steps_used >= self._setup.task.max_steps:
             limit = ToolError(
@@ -176,30 +153,14 @@ class EpisodeWorkflow:
         """A session's reset or close, or an operator's cancel: end now, reward None. A
         rollout's `abandoned` (its agent stopped without submitting): reward 0."""
         if request.reply_to:
-            self._reply_to = request.reply_to
-            self._replied = False
-            self._end_requested_at = workflow.now()
+            self._outbox.reply.requested(request.reply_to, workflow.now())
         self._rearm = True
         await self._end(request.reason, 0.0 if request.reason is EndReason.abandoned else None)
         self._show()
 
     @workflow.query
     def status(self) -> EpisodeStatus:
-        now = workflow.now()
-        views = [job_view(self._setup.episode_id, r, now) for r in self._s.jobs.values()]
-        return EpisodeStatus(
-            episode_id=self._setup.episode_id,
-            task_id=self._setup.task.id,
-            steps_used=self._s.steps_used,
-            steps_left=steps_left(self._setup, self._s),
-            time_left_s=time_left_s(self._setup, self._s, now),
-            done=self._s.end is not None,
-            end=self._s.end,
-            service_spend=service_spend(self._s),
-            jobs=[view.model_dump(mode="json") for view in views],
-            cancelling=unconfirmed(self._s),
-            metadata=step_metadata(self._setup, self._s, now),
-        )
+        return episode_status(self._setup, self._s, workflow.now())
 
     @workflow.query
     def result_of(self, request_id: str) -> ToolResult | None:
@@ -240,28 +201,6 @@ class EpisodeWorkflow:
             workflow.logger.info("episode %s ended: %s", self._setup.episode_id, reason.value)
         await self._jobs.cancel_every_live_job()
 
-    async def _write_audit(self) -> None:
-        """The audit record, written by an activity that reads this history itself (only
-        ids and the end cross Temporal). A failure to write it never fails the episode."""
-        end = self._s.end
-        assert end is not None
-        try:
-            await workflow.execute_activity_method(
-                AuditApi.write_audit,
-                WriteAudit(
-                    episode_id=self._setup.episode_id,
-                    end=AuditEnd(
-                        reason=end.reason.value, reward=end.reward, invalid_score=end.invalid_score
-                    ),
-                    now=workflow.now(),
-                    contamination=self._s.contamination,
-                ),
-                start_to_close_timeout=AUDIT_TIMEOUT,
-                retry_policy=READ_RETRY,
-            )
-        except ActivityError as err:
-            workflow.logger.warning("no audit record for %s: %s", self._setup.episode_id, err)
-
     def _show(self, *, closing: bool = False) -> None:
         """Keep the operator's search attributes current (upserts only what matters)."""
         self._visibility.show(episode_attributes(self._setup, self._s, closing=closing))
@@ -277,71 +216,9 @@ class EpisodeWorkflow:
         setup = self._setup
         return history_is_long(setup.continue_as_new_bytes, setup.continue_as_new_events)
 
-    def _deadline_passed(self) -> bool:
-        return workflow.now() >= deadline(self._setup, self._s)
-
-    def _next_timer(self) -> timedelta | None:
-        if self._s.end is None:
-            if self._s.submitting and self._deadline_passed():
-                return None  # a submit in flight at the deadline finishes and counts
-            return max(deadline(self._setup, self._s) - workflow.now(), timedelta(seconds=1))
-        if self._reply_to and not self._replied and self._end_requested_at is not None:
-            due = self._end_requested_at + timedelta(seconds=self._setup.cancel_confirm_s)
-            return max(due - workflow.now(), timedelta(seconds=1))
-        return None
-
-    async def _reply_if_due(self) -> None:
-        """Tell the session the episode is closed, or which jobs did not confirm in time."""
-        if self._reply_to is None or self._replied or self._s.end is None:
-            return
-        due = self._end_requested_at is not None and workflow.now() >= (
-            self._end_requested_at + timedelta(seconds=self._setup.cancel_confirm_s)
-        )
-        if not all_final(self._s) and not due:
-            return
-        self._replied = True
-        await self._tell_session(self._reply_to, self._closed(unconfirmed(self._s)))
-
-    async def _announce_close(self) -> None:
-        """Tell the session the episode is closed, so that it never signals a completed run."""
-        session = self._setup.session_workflow_id
-        if session is None or (
-            self._reply_to == session and self._replied and not unconfirmed(self._s)
-        ):
-            return
-        await self._tell_session(session, self._closed([]))
-
-    def _closed(self, unconfirmed_jobs: list[str]) -> EpisodeClosed:
-        assert self._s.end is not None
-        return EpisodeClosed(
-            episode_id=self._setup.episode_id,
-            end=self._s.end,
-            service_spend=service_spend(self._s),
-            unconfirmed=unconfirmed_jobs,
-        )
-
-    async def _tell_session(self, session: str, closed: EpisodeClosed) -> None:
-        try:
-            await workflow.get_external_workflow_handle(session).signal(
-                SIGNAL_EPISODE_CLOSED, closed
-            )
-        except FailureError:
-            workflow.logger.warning("session of episode %s is gone", self._setup.episode_id)
-
-    async def _tell_answered(self, workflow_id: str, request_id: str) -> None:
-        try:
-            await workflow.get_external_workflow_handle(workflow_id).signal(
-                SIGNAL_TOOL_ANSWERED, ToolAnswered(request_id=request_id)
-            )
-        except FailureError:
-            workflow.logger.warning("the caller of %s is gone", request_id)
+    async def _end_if_out_of_time(self) -> None:
+        if out_of_time(self._setup, self._s, workflow.now()):
+            await self._end(EndReason.time_limit, 0.0)
 
     def _answer(self, call: ToolCall, data: dict[str, Any]) -> ToolResult:
-        end = self._s.end
-        return ToolResult(
-            tool=call.tool,
-            data=data,
-            done=end is not None,
-            reward=end.reward if end is not None else None,
-            metadata=step_metadata(self._setup, self._s, workflow.now()),
-        )
+        return tool_result(self._setup, self._s, call.tool, data, workflow.now())

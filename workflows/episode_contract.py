@@ -3,6 +3,8 @@
 The models live in the ground (`posttrain_env.contracts.episode_calls`) so that activities (a
 rollout's tool-call activity) speak the same contract without importing workflow code; they are
 re-exported here for the workflows and the gateway, which have always imported them from here.
+`ToolPath` is not among them: the workflows never branch on a call's path (the edge words its
+answers for its transport, `ToolResult.worded_for`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from posttrain_env.contracts.episode_calls import (
     StepMetadata,
     ToolAnswered,
     ToolCall,
-    ToolPath,
     ToolResult,
     episode_over,
     tool_call,
@@ -29,7 +30,6 @@ __all__ = [
     "StepMetadata",
     "ToolAnswered",
     "ToolCall",
-    "ToolPath",
     "ToolResult",
     "episode_over",
     "tool_call",

@@ -1,20 +1,21 @@
 """The episode's rules and views, pure: tested without Temporal, as the ledger is.
 
 Whether a job may start, which job an id names, how a job looks to the agent, what a backend's
-report changes, how much time and how many steps are left. No clock here: `now` is passed in
-(the workflow's time).
+report changes, how much time and how many steps are left, and the episode's answers and status
+as they are built from its state. No clock here: `now` is passed in (the workflow's time).
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from posttrain_env.contracts.episodes import EpisodeSetup
 from posttrain_env.contracts.jobs import JobRole
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.limits import MAX_JOBS_PER_EPISODE
 from posttrain_env.models import JobState, JobView, ServiceSpend, usd
-from workflows.episode_contract import StepMetadata
+from workflows.episode_contract import EpisodeStatus, StepMetadata, ToolResult
 from workflows.episode_state import EpisodeCarry, JobRecord
 from workflows.job import JobSnapshot
 
@@ -230,4 +231,47 @@ def step_metadata(setup: EpisodeSetup, carry: EpisodeCarry, now: datetime) -> St
         prices_simulated=setup.prices_simulated,
         service_spend=service_spend(carry),
         episode_end=carry.end,
+    )
+
+
+def tool_result(
+    setup: EpisodeSetup, carry: EpisodeCarry, tool: str, data: dict[str, Any], now: datetime
+) -> ToolResult:
+    """An answer of the episode: the tool's data with the step metadata, and once the episode is
+    done, its reward."""
+    end = carry.end
+    return ToolResult(
+        tool=tool,
+        data=data,
+        done=end is not None,
+        reward=end.reward if end is not None else None,
+        metadata=step_metadata(setup, carry, now),
+    )
+
+
+def episode_status(setup: EpisodeSetup, carry: EpisodeCarry, now: datetime) -> EpisodeStatus:
+    """The `status` query: the episode as an operator, the gateway or a rollout reads it."""
+    views = [job_view(setup.episode_id, record, now) for record in carry.jobs.values()]
+    return EpisodeStatus(
+        episode_id=setup.episode_id,
+        task_id=setup.task.id,
+        steps_used=carry.steps_used,
+        steps_left=steps_left(setup, carry),
+        time_left_s=time_left_s(setup, carry, now),
+        done=carry.end is not None,
+        end=carry.end,
+        service_spend=service_spend(carry),
+        jobs=[view.model_dump(mode="json") for view in views],
+        cancelling=unconfirmed(carry),
+        metadata=step_metadata(setup, carry, now),
+    )
+
+
+def already_answered(request_id: str) -> ToolError:
+    """A request sent again whose answer the episode no longer keeps: it is not run again."""
+    return ToolError(
+        ErrorType.already_answered,
+        f"request {request_id!r} was already answered and its answer is no longer kept; it is "
+        "not run again (jobs_status shows the jobs)",
+        request_id=request_id,
     )

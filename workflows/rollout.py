@@ -35,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
         ToolAnswered,
     )
     from posttrain_env.contracts.episodes import EpisodeSetup, PrepareEpisode
-    from posttrain_env.errors import ErrorType, tool_error_of
+    from posttrain_env.errors import AGENT_FAILED, AGENT_INVALID, ErrorType, tool_error_of
     from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES
     from posttrain_env.models import EndReason
     from workflows.episode import EpisodeInput, EpisodeWorkflow
@@ -73,7 +73,7 @@ TURN_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=2),
     maximum_interval=timedelta(seconds=60),
     maximum_attempts=5,
-    non_retryable_error_types=["agent_invalid", "agent_failed"],
+    non_retryable_error_types=[AGENT_INVALID, AGENT_FAILED],
 )
 STORE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -204,7 +204,7 @@ class RolloutWorkflow:
                 retry_policy=TURN_RETRY,
             )
         except ActivityError as err:
-            raise AttemptFailed(_record_error(err, "agent_failed")) from None
+            raise AttemptFailed(_record_error(err, AGENT_FAILED)) from None
         s.turns = number
         s.usage = s.usage + summary.usage
         s.llm_micro_usd += inp.agent.prices.cost_micro_usd(

@@ -6,7 +6,8 @@ computed from the workflow time passed in each call (`now`), never from the wall
 workflow tests with time skipping see jobs queue, run and finish (DESIGN §9).
 
 What each job does comes from a `FakeScenario`: the first rule that matches the job's role and
-script wins. Out-of-process runs name a scenario file with `POSTTRAIN_FAKE_SCENARIO`.
+script wins. The wiring passes the scenario in (for a server or worker, read from the file
+`POSTTRAIN_FAKE_SCENARIO` names); the backend reads no environment.
 """
 
 from __future__ import annotations
@@ -87,11 +88,6 @@ class FakeScenario(BaseModel):
     prices: list[FlavorPrice] = Field(default_factory=lambda: list(DEFAULT_PRICES))
     datasets: dict[str, FakeDataset] = Field(default_factory=dict)
 
-    @classmethod
-    def from_env(cls) -> FakeScenario:
-        path = os.environ.get("POSTTRAIN_FAKE_SCENARIO")
-        return cls.model_validate_json(Path(path).read_text()) if path else cls()
-
     def rule_for(self, role: JobRole, script: str, evaluated_script: str = "") -> FakeJobScript:
         for rule in self.jobs:
             if rule.role not in (None, role):
@@ -131,7 +127,7 @@ class FakeBackend:
         state_dir.mkdir(parents=True, exist_ok=True)
         self._path = state_dir / "fake_backend.json"
         self._lock_path = state_dir / "fake_backend.lock"
-        self.scenario = scenario if scenario is not None else FakeScenario.from_env()
+        self.scenario = scenario if scenario is not None else FakeScenario()
 
     # -- JobsBackend ---------------------------------------------------------------------------
 

@@ -254,6 +254,8 @@ class LocalBackend:
                 else None
             ),
             "niceness": 0 if "cpu" in contained else FALLBACK_NICENESS,
+            # The host disk jobs never take: checked by the supervisor before the job starts.
+            "host_disk_reserve_bytes": limits.host_disk_reserve_bytes,
             # rlimits: memory and processes only where no control group holds them.
             "limits": {
                 "nproc": None if "pids" in contained else resources.processes,

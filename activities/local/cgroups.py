@@ -14,6 +14,13 @@ cgroup v1 hierarchies are used where a controller is mounted as v1 (these machin
 `memory`, `cpu` and `pids` that way), the v2 hierarchy where the controller lives there. The
 parent is made by whichever supervisor needs it first and removed by the last one to leave it
 (rmdir fails while another job's group is inside), so nothing stays behind after the jobs.
+
+On cgroup v2 a group may hand a controller to its children only while it holds no processes
+itself (the root excepted), and the server's own group holds the server. So there the parent
+goes beside the server's group, in the group above it, which must be delegated to the server
+(writable) and hold no processes: systemd's `Delegate=yes` with `DelegateSubgroup=server`, or
+a container whose entrypoint moves itself into a subgroup. A server in the root group keeps
+the parent beneath it. (Tested against fake files only: this machine's controllers are v1.)
 """
 
 from __future__ import annotations
@@ -87,7 +94,10 @@ def find_placements(parent_name: str) -> tuple[list[Placement], dict[str, str]]:
             if group is None:
                 missing[controller] = "this process's cgroup v2 group is not visible here"
                 continue
-            placements.append(Placement(controller, 2, os.path.join(group, parent_name)))
+            # Beside the server's group (see the module's docstring), unless it is the root.
+            root = os.path.normpath(group) == os.path.normpath(v2[0])
+            above = group if root else os.path.dirname(os.path.normpath(group))
+            placements.append(Placement(controller, 2, os.path.join(above, parent_name)))
         else:
             missing[controller] = f"no {controller} controller is mounted (cgroup v1 or v2)"
     return placements, missing
@@ -241,8 +251,10 @@ def _ensure_parent(placement: Placement, limits: GroupLimits) -> None:
                 _write(above, "cgroup.subtree_control", f"+{placement.controller}")
             except CgroupError as exc:
                 raise CgroupError(
-                    f"{exc} (cgroup v2 enables a controller only below a group without "
-                    "processes: run the server in a delegated group of its own)"
+                    f"{exc} (cgroup v2 enables a controller only in a group without "
+                    "processes: run the server in a subgroup of a group delegated to it, e.g. "
+                    "systemd's Delegate=yes with DelegateSubgroup=server; the jobs' groups go "
+                    "beside the server's)"
                 ) from None
     try:
         os.mkdir(placement.parent, 0o755)

@@ -5,11 +5,12 @@ that it is nobody's child and outlives the worker or server that started it), it
 phases' secret environment (nonce, grader seed) from stdin — never from a file or its command
 line — then:
 
-1. contains the job (README "Local backend", DESIGN §10): its control groups (memory with swap
-   off, processes, CPU weight and quota; activities/local/cgroups.py) and its filesystems (an
-   ext4 image for /data, /tmp and the venv, a tmpfs for /dev/shm, mounted in a mount namespace
-   of the supervisor's own; activities/local/scratch.py). A job whose limits cannot be set up
-   as the backend planned does not run;
+1. contains the job (README "Local backend", DESIGN §10): host disk for its own disk beside
+   the other running jobs' and a reserve (else it does not start); its control groups (memory
+   with swap off, processes, CPU weight and quota; activities/local/cgroups.py) and its
+   filesystems (an ext4 image for /data, /tmp and the venv, a tmpfs for /dev/shm, mounted in a
+   mount namespace of the supervisor's own; activities/local/scratch.py). A job whose limits
+   cannot be set up as the backend planned does not run;
 2. runs the phases of `job.json` in order (install with network, then the sandboxed run), each
    in bubblewrap inside the job's groups, its output piped through the supervisor into `log`;
    while a phase runs it enforces the job's timeout (`timed_out`), a cancellation (the `cancel`
@@ -41,6 +42,7 @@ from activities.local import jobfiles as jf
 from activities.local import scratch
 from activities.local.cgroups import CgroupError, GroupLimits, JobGroups
 from activities.local.sandbox import INFO_FD
+from activities.local.scratch import describe_bytes as _size
 
 INFO_WAIT_S = 30.0
 DRAIN_WAIT_S = 10.0
@@ -119,6 +121,8 @@ class Supervisor:
         try:
             try:
                 self.contain()
+            except scratch.HostDiskError as exc:
+                message = str(exc)  # names the limit: the host's disk and its reserve
             except (CgroupError, scratch.ScratchError, OSError) as exc:
                 message = f"the job's limits could not be set up, so it did not run: {exc}"
             else:
@@ -183,8 +187,15 @@ class Supervisor:
     # -- containment -------------------------------------------------------------------------------
 
     def contain(self) -> None:
-        """The job's control groups and filesystems, before anything of it runs."""
+        """The job's host disk, control groups and filesystems, before anything of it runs."""
         resources = self.spec["resources"]
+        filesystem = self.spec.get("filesystem")
+        scratch.claim_host_disk(
+            self.folder,
+            disk_bytes=resources["disk_bytes"],
+            reserve_bytes=int(self.spec.get("host_disk_reserve_bytes") or 0),
+            image=bool(filesystem),
+        )
         placements = self.spec.get("cgroups") or []
         if placements:
             self.groups = JobGroups.from_spec(placements, self.folder.name)
@@ -202,7 +213,6 @@ class Supervisor:
                     cpu_weight=self.spec["job_cpu_weight"],
                 ),
             )
-        filesystem = self.spec.get("filesystem")
         if filesystem:
             self.tools = scratch.Tools(**filesystem)
             scratch.enter_private_mount_namespace()
@@ -474,13 +484,6 @@ def shm_bytes(resources: dict[str, Any]) -> int:
     """/dev/shm holds at most half the job's memory: its pages are memory (charged to the
     job's group), so a full /dev/shm answers ENOSPC before the job's memory runs out."""
     return int(resources["memory_bytes"]) // 2
-
-
-def _size(size: int) -> str:
-    gib, mib = 1 << 30, 1 << 20
-    if size >= gib:
-        return f"{size / gib:.1f} GiB"
-    return f"{size // mib} MiB" if size >= mib else f"{size} bytes"
 
 
 def _stop(proc: subprocess.Popen[bytes], sandbox: dict[str, int] | None) -> None:

@@ -33,6 +33,10 @@ from posttrain_env.limits import (
 INODE_BYTES = 256
 # At least this much of a job's disk must be left for data once its inodes are counted.
 MIN_DATA_BYTES = 4 * MIB
+# The host disk that jobs never take (README "Local backend"): a job starts only if the free
+# space on the state dir, less what the other running jobs' disks may still grow into, holds
+# its own disk and this much more, for the server's state, Temporal, logs and the system.
+HOST_DISK_RESERVE_BYTES = 2 * GIB
 
 
 class LimitsError(ValueError):
@@ -45,7 +49,8 @@ class LocalLimits:
 
     Per job, whatever its flavor: artifact, disk, files, processes, log. Per flavor (scaled to
     this machine): CPUs and memory. `memory_bytes` caps every job's memory further (tests);
-    `file_bytes` is RLIMIT_FSIZE (None: the disk size).
+    `file_bytes` is RLIMIT_FSIZE (None: the disk size). `host_disk_reserve_bytes`: the host
+    disk kept free of jobs (see HOST_DISK_RESERVE_BYTES).
     """
 
     artifact_cap_bytes: int = LOCAL_ARTIFACT_CAP_BYTES
@@ -59,11 +64,14 @@ class LocalLimits:
     cpu_share: float = LOCAL_CPU_SHARE
     poll_s: float = 0.1
     size_every_s: float = 0.5
+    host_disk_reserve_bytes: int = HOST_DISK_RESERVE_BYTES
 
     def __post_init__(self) -> None:
         for name in ("artifact_cap_bytes", "disk_cap_bytes", "max_files", "nproc"):
             if getattr(self, name) <= 0:
                 raise LimitsError(f"local limits: {name} must be positive")
+        if self.host_disk_reserve_bytes < 0:
+            raise LimitsError("local limits: the host disk reserve cannot be negative")
         if self.log_cap_bytes < MIB:
             raise LimitsError("local limits: the log cap must be at least 1 MiB")
         for name in ("memory_share", "cpu_share"):

@@ -15,6 +15,10 @@ and the job's processes even when the supervisor is killed (the loop device is f
 last mount). Without root (or without mkfs.ext4 and loop devices) the folders are plain
 folders on the host and the supervisor measures them instead (README, "Local backend").
 
+Each image is sparse, so it takes host disk only as its job writes: jobs that each fit could
+together fill the host. `claim_host_disk` lets a job start only when the host's free space, less
+what the other running jobs' images may still grow into, holds its whole disk and a reserve.
+
 Removing a tree never recurses on its depth: `remove_tree` moves every folder it meets up to
 the top before emptying it.
 """
@@ -22,6 +26,7 @@ the top before emptying it.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import shutil
 import stat
@@ -51,6 +56,11 @@ MS_PRIVATE = 0x40000
 
 class ScratchError(Exception):
     """A job filesystem could not be made, mounted or removed (the message says which)."""
+
+
+class HostDiskError(ScratchError):
+    """The host's disk cannot hold this job's disk beside the other running jobs' and the
+    reserve: the job does not start. The message names the figures, never a host path."""
 
 
 @dataclass(frozen=True)
@@ -83,15 +93,63 @@ def enter_private_mount_namespace() -> None:
         raise ScratchError(f"making / private: {os.strerror(ctypes.get_errno())}")
 
 
+def claim_host_disk(folder: Path, disk_bytes: int, reserve_bytes: int, image: bool) -> None:
+    """Let job `folder` start only if the host can hold its disk: the free space where the jobs
+    live, less what the other jobs' images may still grow into (their size less what they
+    already take), must hold `disk_bytes` and `reserve_bytes` more. With `image`, make the
+    job's sparse image, under the same lock as the check, so that two jobs starting together
+    each count the other's. Raises HostDiskError (the job must not start)."""
+    jobs = folder.parent
+    # The lock: flock on the jobs folder itself (no file of its own among the job folders).
+    lock = os.open(jobs, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the descriptor closes
+        st = os.statvfs(jobs)
+        free = st.f_bavail * st.f_frsize
+        promised = sum(_growth(other / IMAGE) for other in jobs.iterdir() if other != folder)
+        if free - promised < disk_bytes + reserve_bytes:
+            raise HostDiskError(
+                f"not started: the host's disk cannot hold this job's disk of "
+                f"{describe_bytes(disk_bytes)} (/data, /tmp and its packages) beside the "
+                f"host's reserve of {describe_bytes(reserve_bytes)}: {describe_bytes(free)} is "
+                f"free, {describe_bytes(promised)} of it held for other running jobs' disks; "
+                "try again when other jobs have ended"
+            )
+        if image:
+            with open(folder / IMAGE, "wb") as fh:
+                fh.truncate(disk_bytes)
+            os.chmod(folder / IMAGE, 0o600)
+    finally:
+        os.close(lock)
+
+
+def _growth(image: Path) -> int:
+    """How much more host disk a job's sparse image may take (0: none, or no image)."""
+    try:
+        st = os.lstat(image)
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    return max(0, st.st_size - st.st_blocks * 512)
+
+
+def describe_bytes(size: int) -> str:
+    """`8.0 GiB`, `512 MiB`: sizes as messages give them."""
+    gib, mib = 1 << 30, 1 << 20
+    if size >= gib:
+        return f"{size / gib:.1f} GiB"
+    return f"{size // mib} MiB" if size >= mib else f"{size} bytes"
+
+
 def mount_job_filesystems(
     folder: Path, tools: Tools, disk_bytes: int, files: int, shm_bytes: int
 ) -> None:
-    """Make and mount `<folder>/fs` (ext4 image) and `<folder>/shm` (tmpfs). Call after
-    enter_private_mount_namespace."""
+    """Make (unless claim_host_disk made it) and mount `<folder>/fs` (ext4 image) and
+    `<folder>/shm` (tmpfs). Call after enter_private_mount_namespace."""
     image = folder / IMAGE
-    with open(image, "wb") as fh:
-        fh.truncate(disk_bytes)
-    os.chmod(image, 0o600)
+    if not image.exists():
+        with open(image, "wb") as fh:
+            fh.truncate(disk_bytes)
+        os.chmod(image, 0o600)
     _run([tools.mkfs, *MKFS_OPTIONS, "-N", str(files), "-E", MKFS_EXTENDED, str(image)], "mkfs")
     (folder / FS).mkdir(exist_ok=True)
     _run([tools.mount, "-n", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(folder / FS)])

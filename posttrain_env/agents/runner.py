@@ -18,12 +18,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from posttrain_env.agents.conversation import AgentError, Conversation, Turn
 from posttrain_env.agents.registry import AgentSpecError, build
+from posttrain_env.errors import AGENT_FAILED, AGENT_INVALID
 from posttrain_env.limits import cut_text
-
-# Error types of a turn (the rollout records them): the agent's spec is wrong (never retried),
-# or the agent failed (its LLM, its code).
-AGENT_INVALID = "agent_invalid"
-AGENT_FAILED = "agent_failed"
 
 
 class TurnRequest(BaseModel):
@@ -34,6 +30,8 @@ class TurnRequest(BaseModel):
 
 
 class TurnFailure(BaseModel):
+    # posttrain_env.errors: AGENT_INVALID (the agent's spec is wrong: never retried) or
+    # AGENT_FAILED (its LLM, its code)
     type: Literal["agent_invalid", "agent_failed"]
     message: str
 

@@ -18,21 +18,25 @@ from posttrain_env.limits import MAX_ARGUMENTS_BYTES, MAX_REQUEST_ID_CHARS, MAX_
 from posttrain_env.models import EndReason, EpisodeEnd, ServiceSpend
 
 # Where a call came from. The episode answers every path alike; the path is kept as data (for
-# the audit record) and the edge drops what its transport does not carry (`StepMetadata`).
+# the audit record) and the edge shapes the answer for its transport: the metadata it carries
+# (`StepMetadata.view`) and what to do after the end (`worded_for`).
 ToolPath = Literal["step", "mcp", "openenv_mcp", "rollout"]
 
 
-def episode_over(path: ToolPath, end: EpisodeEnd | None) -> ToolError:
-    """The answer to a call after the end: how it ended, and what to do next on this path (an
-    MCP-only client has no reset)."""
+def episode_over(end: EpisodeEnd | None) -> ToolError:
+    """The answer to a call after the end, as the episode gives it: how it ended. The edge adds
+    what to do next on its path (`worded_for`)."""
     ended = f" (it ended: {end.reason.value})" if end is not None else ""
+    return ToolError(ErrorType.episode_over, f"the episode is over{ended}")
+
+
+def next_step(path: ToolPath) -> str:
+    """What to do once the episode is over, on `path` (an MCP-only client has no reset)."""
     if path == "mcp":
-        hint = "GET /episodes/<episode_id> shows its end and spend; POST /episodes starts another"
-    elif path == "rollout":
-        hint = "the rollout is over"
-    else:
-        hint = "call reset to start another"
-    return ToolError(ErrorType.episode_over, f"the episode is over{ended}; {hint}")
+        return "GET /episodes/<episode_id> shows its end and spend; POST /episodes starts another"
+    if path == "rollout":
+        return "the rollout is over"
+    return "call reset to start another"
 
 
 class Oversized(BaseModel):
@@ -103,6 +107,20 @@ class ToolResult(BaseModel):
     done: bool = False
     reward: float | None = None  # the episode's reward once it is done (step path only)
     metadata: StepMetadata
+
+    def worded_for(self, path: ToolPath) -> ToolResult:
+        """This answer as `path` gives it: an `episode_over` error ends with what to do next on
+        that path. An answer the episode gave before this wording moved to the edge (recorded,
+        and answered again for a retried update) already ends with it and is left as it is."""
+        error = self.data.get("error")
+        if not (isinstance(error, dict) and error.get("type") == ErrorType.episode_over.value):
+            return self
+        hint = next_step(path)
+        message = str(error.get("message", ""))
+        if message.endswith(hint):
+            return self
+        worded = {**error, "message": f"{message}; {hint}"}
+        return self.model_copy(update={"data": {**self.data, "error": worded}})
 
 
 class EndRequest(BaseModel):

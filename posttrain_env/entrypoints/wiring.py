@@ -87,12 +87,26 @@ def make_backend(settings: Settings) -> JobsBackend:
     """The backend `POSTTRAIN_BACKEND` names. Raises SystemExit with a message a person can act
     on when it cannot be built (e.g. `hf` without `HF_TOKEN`)."""
     if settings.backend == "fake":
-        from activities.fake.backend import FakeBackend
-
-        return FakeBackend(settings.state_dir / "fake")
+        return fake_backend(settings)
     if settings.backend == "local":
         return local_backend(settings)
     return hf_backend(settings)
+
+
+def fake_backend(settings: Settings) -> JobsBackend:
+    """The fake backend with the scenario POSTTRAIN_FAKE_SCENARIO names (SystemExit when that
+    file cannot be read or is not a scenario)."""
+    from pydantic import ValidationError
+
+    from activities.fake.backend import FakeBackend, FakeScenario
+
+    scenario = FakeScenario()
+    if settings.fake_scenario is not None:
+        try:
+            scenario = FakeScenario.model_validate_json(settings.fake_scenario.read_text())
+        except (OSError, ValidationError) as exc:
+            raise SystemExit(f"POSTTRAIN_FAKE_SCENARIO={settings.fake_scenario}: {exc}") from None
+    return FakeBackend(settings.state_dir / "fake", scenario)
 
 
 def local_backend(settings: Settings) -> JobsBackend:

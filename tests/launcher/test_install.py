@@ -200,6 +200,48 @@ def test_phase_all_without_a_venv_dir_uses_and_removes_a_temporary_venv(
     assert prefix.endswith("/venv") and not os.path.exists(prefix)
 
 
+def test_a_temporary_venv_the_job_filled_with_a_1500_deep_tree_is_removed_after_the_exit_line(
+    job_root: Path, wheelhouse: Path
+) -> None:
+    # Run as an ordinary user (the local backend without root), the job shares the launcher's
+    # uid and may write into the temporary venv of --phase all. shutil.rmtree recursed on it
+    # and raised RecursionError (which ignore_errors lets through) after the exit line.
+    uid = 3_400_000 + os.getpid() % 1000
+    for path in (job_root, job_root / "data"):
+        os.chown(path, uid, uid)
+    config = job_config(job_root, wheelhouse, venv_dir=None)
+    body = """\
+import json, os, sys
+os.chdir(sys.prefix)
+for _ in range(1500):
+    os.mkdir("d")
+    os.chdir("d")
+open("bottom", "wb").write(b"x" * 65536)
+os.mkdir("locked")
+open("locked/inside", "w").write("x")
+os.chmod("locked", 0)  # unreadable and unwritable: the removal must open it up
+os.symlink("/", "root-link")  # never followed
+print("REPORT " + json.dumps({"prefix": sys.prefix}))
+"""
+    path = write_launcher(job_root, body, [], config)
+    os.chown(path, uid, uid)
+    result = run_launcher(
+        job_root,
+        path,
+        config,
+        env={"UV_CACHE_DIR": str(job_root / "uv-cache"), "HOME": str(job_root)},
+        user=uid,
+        group=uid,
+        extra_groups=[],
+    )
+    assert_ran(result)
+    assert "RecursionError" not in result.stderr, result.stderr[-2000:]
+    prefix = result.report()["prefix"]
+    assert prefix.endswith("/venv")
+    assert not os.path.exists(os.path.dirname(prefix))  # the temporary folder, all of it
+    assert os.path.isdir("/usr")  # the link was not followed
+
+
 def test_an_unprivileged_launcher_verifies_instead_of_switching_uid(
     job_root: Path, wheelhouse: Path
 ) -> None:

@@ -1,8 +1,9 @@
 """What the local backend writes into control groups, on cgroup v2 and v1.
 
-This machine's memory, pids and cpu controllers are bound to cgroup v1 (FACTS.md), so the v2
-path cannot run against the kernel here: these tests give it a folder that behaves as a v2
-group does on `mkdir` (its interface files appear) and check every file it writes. The v1 path
+This machine's memory, pids and cpu controllers are bound to cgroup v1 (FACTS.md; its cgroup2
+hierarchy at /sys/fs/cgroup/unified offers only `hugetlb`), so the v2 path cannot run against
+the kernel here: these tests give it a folder that behaves as a v2 group does on `mkdir` (its
+interface files appear) and check every file it writes and where the groups go. The v1 path
 runs against the kernel in tests/local/test_containment.py.
 """
 
@@ -40,8 +41,9 @@ def written(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str]]:
 
 @pytest.fixture
 def v2_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A server's v2 group with every controller enabled for its children; mkdir below it
-    makes the interface files of every controller, as the kernel would."""
+    """The v2 group delegated to a server (it holds no processes: the server runs in a
+    subgroup) with every controller enabled for its children; mkdir below it makes the
+    interface files of every controller, as the kernel would."""
     server = tmp_path / "server.service"
     server.mkdir()
     (server / "cgroup.subtree_control").write_text("memory pids cpu")
@@ -104,7 +106,31 @@ def test_a_v2_server_group_that_cannot_enable_a_controller_is_a_clear_error(
     with pytest.raises(CgroupError) as err:
         groups.create(GroupLimits(memory_bytes=1 << 30), GroupLimits(memory_bytes=1 << 29))
     assert "cgroup.subtree_control" in str(err.value)
-    assert "delegated group" in str(err.value)
+    assert "a subgroup of a group delegated to it" in str(err.value)
+    assert "Delegate=yes with DelegateSubgroup=server" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("server", "above"),
+    [
+        # systemd's Delegate=yes with DelegateSubgroup=server: the service's group holds no
+        # processes, the server runs in its subgroup, the jobs' parent goes beside the server.
+        ("/system.slice/posttrain.service/server", "system.slice/posttrain.service"),
+        ("/", ""),  # the root group may hold processes and still hand controllers down
+    ],
+)
+def test_on_v2_the_jobs_parent_goes_beside_the_servers_group_in_the_delegated_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: str, above: str
+) -> None:
+    mount = tmp_path / "cgroup"
+    (mount / server.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    (mount / "cgroup.controllers").write_text("cpuset cpu io memory pids")
+    monkeypatch.setattr(cgroups, "_cgroup_mounts", lambda: {"": (str(mount), "/")})
+    monkeypatch.setattr(cgroups, "_own_groups", lambda: {"": server})
+    placements, missing = cgroups.find_placements("posttrain-jobs-x")
+    assert missing == {}
+    parent = os.path.join(os.path.normpath(mount / above), "posttrain-jobs-x")
+    assert placements == [Placement(c, 2, parent) for c in ("memory", "pids", "cpu")]
 
 
 def test_v1_cpu_weight_is_written_as_shares_and_the_quota_per_period(tmp_path: Path) -> None:

@@ -13,7 +13,11 @@ import dataclasses
 import json
 import os
 import secrets
+import signal
+import statistics
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +64,13 @@ def placements(jobs: Jobs) -> dict[str, Placement]:
 
 def read_int(path: Path) -> int:
     return int(path.read_text().split()[0])
+
+
+def keyed(path: Path) -> dict[str, int]:
+    """A flat keyed cgroup file (`max 12`, one key a line)."""
+    return {
+        key: int(value) for key, value in (line.split() for line in path.read_text().splitlines())
+    }
 
 
 def logged(jobs: Jobs, ref: str, text: str) -> bool:
@@ -224,11 +235,62 @@ deadline = time.time() + 600
 while time.time() < deadline:
     pass
 """
+PAIRS = 5  # alone/busy pairs; the promise is on the median of their ratios
+SERVER_WORK_S = 0.3  # the server-work probe's length alone (see `server_work`)
+
+
+class PausedHog:
+    """A running job's processes, stopped (SIGSTOP) and resumed (SIGCONT) as a whole, so that
+    "alone" and "beside the hog" can be measured in turn under the same outside load."""
+
+    def __init__(self, jobs: Jobs, ref: str) -> None:
+        spec = json.loads((jobs.folder(ref) / "job.json").read_text())
+        self.pids = JobGroups.from_spec(spec["cgroups"], ref).pids()
+        assert len(self.pids) >= 16, self.pids  # the hog's 16 processes, in the job's groups
+
+    def pause(self) -> None:
+        self._signal(signal.SIGSTOP, stopped=True)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT, stopped=False)
+
+    def _signal(self, signum: int, stopped: bool) -> None:
+        for pid in self.pids:
+            os.kill(pid, signum)
+        wait_for(lambda: all(_is_stopped(pid) == stopped for pid in self.pids), timeout=10)
+
+
+def _is_stopped(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] in "Tt"  # the state field follows the command's ")"
+
+
+def load_average() -> str:
+    """The 1-minute load and the runnable/all tasks now (/proc/loadavg)."""
+    fields = Path("/proc/loadavg").read_text().split()
+    return f"load {fields[0]}, runnable {fields[3]}"
 
 
 def test_a_cpu_hog_leaves_another_episodes_dev_evaluation_within_3x_its_time_alone(
     jobs: Jobs,
 ) -> None:
+    """The promise (issue 17): beside another episode's CPU hog, a dev evaluation takes at most
+    3x its time alone, and the server's own work too.
+
+    What holds it: each job's cpu group weighs as much as any other (the hog's 16 processes
+    together as much as the evaluation), and all jobs' parent group as much as one busy process
+    of the server. On 2 cores the hog's quota (cpu-basic: 2 vCPUs) is the whole machine and
+    never throttles it: weights alone do the work. With the outside load held constant, equal
+    weights mean about 1.5x (an idle machine) to 2x (a loaded one) for the evaluation's CPU-bound
+    part, and about 1.5x for a single-threaded server beside the jobs' parent.
+
+    How it measures: other engineers' tests share this machine, and their load changes within
+    seconds, so a baseline taken before the hog started compares two different machines. Each
+    pair measures alone (the hog's processes stopped with SIGSTOP) and beside the hog (SIGCONT)
+    back to back, in ABBA order across pairs (alone-busy, busy-alone, ...) so that a load that
+    drifts in one direction cancels out; the median of the per-pair ratios must be <= 3, and
+    every pair is printed with the load average.
+    """
     task = load_task("t0_artifact")
     assert task.base_model.local is not None
     revision = asyncio.run(jobs.backend.resolve_model(task.base_model.local, "main"))
@@ -244,32 +306,55 @@ def test_a_cpu_hog_leaves_another_episodes_dev_evaluation_within_3x_its_time_alo
         assert job.state.value == "succeeded", jobs.logs(job.ref)
         return time.monotonic() - started
 
-    def server_work() -> float:
-        """What the server does between jobs: plain Python in the test's own process."""
-        started = time.process_time(), time.monotonic()
+    def server_work(additions: int) -> float:
+        """What the server does between jobs: plain Python in the test's own process, which sits
+        outside the jobs' parent group as the server does. Its wall time is its CPU time
+        divided by the share of a CPU the scheduler gives it. The slice lasts SERVER_WORK_S
+        alone: at 0.07 s (3 million additions) it spanned only a few scheduler periods, and
+        one preemption by a burst of someone else's work moved it by 50 % or more."""
+        started = time.monotonic()
         total = 0
-        for n in range(3_000_000):
+        for n in range(additions):
             total += n
-        return time.monotonic() - started[1]
+        return time.monotonic() - started
 
-    # Other engineers' tests share this machine: measure the baseline in the same test, and
-    # take the best of three on each side.
-    alone = min(dev_evaluate() for _ in range(3))
-    server_alone = min(server_work() for _ in range(3))
     hog = jobs.submit(HOG, episode_id="ep-hog", timeout_s=300)
     wait_for(lambda: logged(jobs, hog.ref, "spinning"))
-    busy = min(dev_evaluate() for _ in range(3))
-    server_busy = min(server_work() for _ in range(3))
-    hog_usage = asyncio.run(jobs.backend.cancel(hog.ref, now()))
+    paused = PausedHog(jobs, hog.ref)
+    pairs: list[tuple[str, float, float, float, float]] = []
+    try:
+        paused.pause()
+        additions = round(3_000_000 * SERVER_WORK_S / min(server_work(3_000_000) for _ in range(3)))
+        hog_running = False
+        for index in range(PAIRS):
+            measured: dict[bool, tuple[float, float]] = {}
+            load = ""
+            for busy in (False, True) if index % 2 == 0 else (True, False):
+                if busy and not hog_running:
+                    paused.resume()
+                elif hog_running and not busy:
+                    paused.pause()
+                    load = load_average()  # the outside load, without the hog's 16 runnable
+                hog_running = busy
+                load = load or load_average()
+                measured[busy] = dev_evaluate(), server_work(additions)
+            (alone, server_alone), (beside, server_beside) = measured[False], measured[True]
+            pairs.append((load, alone, beside, server_alone, server_beside))
+    finally:
+        paused.resume()
+        hog_usage = asyncio.run(jobs.backend.cancel(hog.ref, now()))
     assert hog_usage.state.value == "cancelled"
-    figures = (
-        f"dev_evaluate alone {alone:.2f} s, beside the hog {busy:.2f} s ({busy / alone:.2f}x); "
-        f"server work alone {server_alone:.3f} s, beside the hog {server_busy:.3f} s "
-        f"({server_busy / server_alone:.2f}x)"
-    )
+    eval_ratio = statistics.median(beside / alone for _, alone, beside, _, _ in pairs)
+    server_ratio = statistics.median(busy / alone for _, _, _, alone, busy in pairs)
+    figures = "\n".join(
+        f"pair {n} ({load}): dev_evaluate alone {alone:.2f} s, beside the hog {beside:.2f} s "
+        f"({beside / alone:.2f}x); server work alone {s_alone:.3f} s, beside the hog "
+        f"{s_busy:.3f} s ({s_busy / s_alone:.2f}x)"
+        for n, (load, alone, beside, s_alone, s_busy) in enumerate(pairs, 1)
+    ) + (f"\nmedians: dev_evaluate {eval_ratio:.2f}x, server work {server_ratio:.2f}x")
     print(figures)
-    assert busy <= 3 * alone, figures
-    assert server_busy <= 3 * server_alone, figures
+    assert eval_ratio <= 3, figures
+    assert server_ratio <= 3, figures
 
 
 def test_unlinked_files_past_the_disk_cap_get_enospc_and_the_host_disk_drops_by_at_most_the_cap(
@@ -325,6 +410,57 @@ time.sleep(600)  # hold everything while the test looks at the host
     )
     assert "/dev/shm was full (at most 128 MiB and 2000 files; ENOSPC)" in cancelled.message
     assert leftovers(jobs, job.ref) == []
+
+
+@pytest.fixture
+def small_host_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 100 MiB filesystem of its own (a tmpfs) to hold a state dir: a host disk that jobs'
+    disks can outgrow without filling the real one."""
+    mount = tmp_path / "small-host-disk"
+    mount.mkdir()
+    options = "size=100m,mode=0755"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "posttrain-test", mount], check=True)
+    try:
+        yield mount
+    finally:
+        if subprocess.run(["umount", mount], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", mount], check=True)
+
+
+def test_a_job_whose_disk_the_host_cannot_hold_beside_the_running_jobs_does_not_start(
+    small_host_disk: Path, tmp_path: Path
+) -> None:
+    # Jobs of 40 MiB, a host reserve of 10 MiB, a host disk of 100 MiB. The images are sparse
+    # (they take almost nothing until written), so free space alone would let every job in.
+    limits = dataclasses.replace(SMALL, disk_cap_bytes=40 * MIB, host_disk_reserve_bytes=10 * MIB)
+    state_dir = small_host_disk / "state" / "local"
+    backend = LocalBackend(state_dir, job_python=JOB_PYTHON, limits=limits, bwrap=TEST_BWRAP)
+    jobs = Jobs(backend, write_model(tmp_path / "model-src"))
+    running = [jobs.submit(SLEEPER, episode_id=f"ep-{n}") for n in (1, 2)]
+    for job in running:
+        wait_for(lambda job=job: logged(jobs, job.ref, "started"))
+    refused = jobs.run("print('the script ran')", episode_id="ep-3")
+    assert refused.state.value == "failed"
+    assert refused.message.startswith(
+        "not started: the host's disk cannot hold this job's disk of 40 MiB (/data, /tmp and "
+        "its packages) beside the host's reserve of 10 MiB: "
+    ), refused.message
+    assert "of it held for other running jobs' disks" in refused.message
+    assert not logged(jobs, refused.ref, "the script ran")
+    assert not (jobs.folder(refused.ref) / "fs.img").exists()
+    for job in running:
+        assert asyncio.run(jobs.backend.cancel(job.ref, now())).state.value == "cancelled"
+    # Alone, a job whose disk is larger than the whole free disk does not start either.
+    too_big = jobs.run("print('the script ran')", artifact_cap_bytes=200 * MIB)
+    assert too_big.state.value == "failed"
+    assert too_big.message.startswith(
+        "not started: the host's disk cannot hold this job's disk of 200 MiB"
+    ), too_big.message
+    # Once the others have ended, their disks are free again.
+    fits = jobs.run("print('the script ran')", episode_id="ep-3")
+    assert fits.state.value == "succeeded", fits.message
+    for job in [*running, refused, too_big, fits]:
+        assert leftovers(jobs, job.ref) == []
 
 
 def test_unlinked_inodes_past_the_file_cap_get_enospc(state_dir: Path, tmp_path: Path) -> None:
@@ -440,14 +576,29 @@ time.sleep(600)
     uid = job_uid(jobs, job.ref)
     group = Path(placements(jobs)["pids"].job(job.ref))
     wait_for(lambda: logged(jobs, job.ref, "REPORT "), timeout=15)
-    # Held by the job's own pids group (the outer sandbox, its init, the launcher and the job).
-    assert read_int(group / "pids.current") == SMALL.nproc
-    assert read_int(group / "pids.max") == SMALL.nproc
+    # The job's own pids group refused the forks: it reached its limit and never went past
+    # it. (How many processes it holds at one instant varies: one of the sandbox's may be
+    # exiting; the kernel's counters are what the promise is about.)
+    limit = read_int(group / "pids.max")
+    assert limit == SMALL.nproc
+    assert keyed(group / "pids.events")["max"] > 0  # forks refused by this group's limit
+    assert read_int(group / "pids.current") <= limit
+    counts_peak = (group / "pids.peak").exists()  # newer kernels count it (this one does)
+    if counts_peak:
+        assert read_int(group / "pids.peak") == limit
+    # Accounted to the job's group: every process of the job is in it (none escaped to the
+    # parent or the host's root group, where no limit would hold it).
+    bomb = live_pids_of_uid(uid)
+    assert len(bomb) >= limit // 2, len(bomb)
+    own = f"/{group.parent.name}/{job.ref}"  # the job's group as /proc/<pid>/cgroup names it
+    for pid in bomb:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        assert next(line for line in lines if ":pids:" in line).endswith(own), (pid, lines)
     ended = jobs.wait_end(job.ref, timeout=30)
     assert ended.state.value == "timed_out"
     assert jobs.report(job.ref)["processes"] <= SMALL.nproc
     usage = result_of(jobs, job.ref)["usage"]
-    assert usage["processes_peak"] == SMALL.nproc
+    assert usage.get("processes_peak") == (limit if counts_peak else None)
     assert usage["fork_refusals"] >= 20
     assert ended.message.startswith(
         f"timed out after 15 s; it reached its limit of {SMALL.nproc} processes and threads ("

@@ -59,6 +59,7 @@ def test_an_unknown_flavor_is_sized_as_cpu_basic_and_a_large_artifact_cap_grows_
         ({"disk_cap_bytes": 16 * MIB}, "more than half of the"),  # 100,000 inodes: 24 MiB
         ({"nproc": 0}, "nproc must be positive"),
         ({"memory_bytes": MIB}, "at least 64 MiB"),
+        ({"host_disk_reserve_bytes": -1}, "host disk reserve cannot be negative"),
     ],
 )
 def test_limits_that_cannot_work_together_are_refused_with_the_reason(

@@ -3,6 +3,7 @@ stage failed and why in its message, with no `jobs_logs` step; agent output cann
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
@@ -91,10 +92,17 @@ async def test_a_job_failing_in_install_reports_the_stage_in_its_message(
     async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[broken])) as h:
         ep = await h.episode()
         job_id = await ep.submit_job()
-        done = await ep.wait_job(job_id)
+        waits = 0
+        while True:  # jobs_wait answers every change (queued -> running -> failed)
+            done = await ep.call_over(timedelta(minutes=2), "jobs_wait", job_id=job_id)
+            waits += 1
+            if done.data.get("state") not in ("queued", "running"):
+                break
+            assert waits < 10, done.data
         assert done.data["state"] == "failed"
         message = done.data["message"]
         assert "install stage" in message and "nope-not-a-package" in message
         assert "forged" not in message
         status = await ep.status()
-        assert status.steps_used == 2  # submit and one wait: no jobs_logs step was needed
+        # The submit and the waits only: the agent needed no jobs_logs step to learn why.
+        assert status.steps_used == 1 + waits

@@ -18,6 +18,10 @@ Scenarios:
   goes on answering afterwards.
 - `cancel_pending`: a job whose cancellation is never confirmed: the reset that asked for it
   fails, and the job's workflow re-issues the cancel.
+- `sent_again`: the patched branches of the episode's end. A task with public test items: a
+  `dev_evaluate` and a `submit` each sent again while they run (the second attaches to the
+  first's work), the grader's contamination check, the audit record; then, while a cancelled job
+  keeps the episode open, a `submit` sent again and another call after the end.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -235,6 +239,100 @@ async def record_cancel_pending(out: Path, workdir: Path) -> list[Path]:
         return await save_all(env.client, "cancel_pending", out)
 
 
+# A task whose test items the grader-side contamination check looks for; the agent's script
+# embeds the first one, so the check flags it (its evidence goes to the audit record only).
+TEST_ITEMS = [
+    "Which river flows through the ancient city that was founded, according to legend, by twin "
+    "brothers who were raised by a wolf?",
+    "Name the only metal that is liquid at room temperature and was once used in thermometers, "
+    "barometers and some old dental fillings.",
+]
+
+
+def write_items_task(tasks_dir: Path, task_id: str) -> None:
+    from tests.workflows.harness import write_task
+
+    write_task(tasks_dir, task_id)
+    folder = tasks_dir / task_id
+    table = '\n[contamination]\ntest_items = "test_items.jsonl"\npolicy = "report"\n'
+    (folder / "task.toml").write_text((folder / "task.toml").read_text() + table)
+    lines = [json.dumps({"id": f"q{n}", "text": text}) for n, text in enumerate(TEST_ITEMS)]
+    (folder / "test_items.jsonl").write_text("\n".join(lines) + "\n")
+
+
+async def jobs_seen(client: Client, workflow_id: str, count: int) -> None:
+    """Until the episode has started `count` jobs (evaluations and graders count)."""
+    from workflows.episode import EpisodeWorkflow
+
+    handle = client.get_workflow_handle(workflow_id)
+    for _ in range(300):
+        if len((await handle.query(EpisodeWorkflow.status)).jobs) >= count:
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"the episode never started {count} jobs")
+
+
+async def closed(client: Client, workflow_id: str) -> None:
+    handle = client.get_workflow_handle(workflow_id)
+    for _ in range(600):
+        if (await handle.describe()).status is WorkflowExecutionStatus.COMPLETED:
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"{workflow_id} never completed")
+
+
+async def record_sent_again(out: Path, workdir: Path) -> list[Path]:
+    from activities.fake.backend import FakeJobScript, FakeScenario
+    from posttrain_env.contracts.jobs import JobRole
+
+    scenario = FakeScenario(
+        jobs=[
+            # Cancelled by the end, and confirmed only a few seconds later: the episode stays
+            # open meanwhile and answers calls after its end itself.
+            FakeJobScript(script_contains="SLOW", queue_s=1, run_s=3600, cancel_confirm_after_s=3),
+            FakeJobScript(role=JobRole.agent, queue_s=1, run_s=2),
+            FakeJobScript(queue_s=1, run_s=4, score=0.75),
+        ]
+    )
+    write_items_task(workdir / "tasks", "t_items")
+    env = await dev_server()
+    async with env:
+        async with fake_stack(env, workdir, scenario) as (client, queue):
+            episode = await session_reset(client, queue, "sent-again", task_id="t_items")
+            eid = episode.episode_id
+            script = f"QUESTIONS = [{TEST_ITEMS[0]!r}]\nprint('training on', QUESTIONS)\n"
+            trained = await call(
+                client, eid, "jobs_submit", script=script, flavor="cpu-basic", timeout_minutes=5
+            )
+            job_id = trained.data["job_id"]
+            slow = await call(
+                client,
+                eid,
+                "jobs_submit",
+                script="SLOW = 1\n",
+                flavor="cpu-basic",
+                timeout_minutes=60,
+            )
+            await wait_state(client, eid, slow.data["job_id"], {"running"})
+            await wait_state(client, eid, job_id, {"succeeded"})
+            for tool, jobs in (("dev_evaluate", 3), ("submit", 4)):
+                first = asyncio.create_task(call(client, eid, tool, job_id=job_id))
+                await jobs_seen(client, episode.workflow_id, jobs)
+                again = await call(client, eid, tool, job_id=job_id)  # attaches to the first
+                if (await first).data != again.data or "error" in again.data:
+                    raise RuntimeError(f"{tool} sent again did not attach: {again.data}")
+            status = await client.get_workflow_handle(episode.workflow_id).describe()
+            if status.status is not WorkflowExecutionStatus.RUNNING:
+                raise RuntimeError("the episode closed before its cancelled job confirmed")
+            await call(client, eid, "submit", job_id=job_id)  # the grading's answer again
+            over = await call(client, eid, "task_info")
+            if over.data.get("error", {}).get("type") != "episode_over":
+                raise RuntimeError(f"a call after the end was answered {over.data}")
+            await closed(client, episode.workflow_id)
+            await asyncio.sleep(2)
+        return await save_all(env.client, "sent_again", out)
+
+
 async def record_t0_artifact(out: Path, workdir: Path) -> list[Path]:
     import uvicorn
 
@@ -271,6 +369,7 @@ SCENARIOS = {
     "reset": record_reset,
     "continue_as_new": record_continue_as_new,
     "cancel_pending": record_cancel_pending,
+    "sent_again": record_sent_again,
 }
 
 

@@ -5,7 +5,9 @@ non-determinism error. A change to workflow code that alters the commands it mak
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import base64
 import json
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from temporalio.worker import Replayer
 
 from posttrain_env.entrypoints.worker import WORKFLOWS
 
+ROOT = Path(__file__).resolve().parents[2]
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*/*.json"))
 RECORDINGS = sorted({path.parent for path in HISTORIES})
 
@@ -26,7 +29,8 @@ RECORDINGS = sorted({path.parent for path in HISTORIES})
 def test_every_scenario_and_workflow_type_is_recorded(folder: Path) -> None:
     recorded = {(p.name.split("--")[0], p.name.split("--")[1]) for p in folder.glob("*.json")}
     scenarios = {scenario for scenario, _ in recorded}
-    assert scenarios == {"t0_artifact", "reset", "continue_as_new", "cancel_pending"}
+    # Later recordings add scenarios (`sent_again`); none drops one of the first four.
+    assert {"t0_artifact", "reset", "continue_as_new", "cancel_pending"} <= scenarios
     types = {workflow_type for _, workflow_type in recorded}
     assert types == {
         "SessionWorkflow",
@@ -35,6 +39,60 @@ def test_every_scenario_and_workflow_type_is_recorded(folder: Path) -> None:
         "WatcherWorkflow",
         "AccountWorkflow",
     }
+
+
+def patch_ids_in_code() -> set[str]:
+    """Every id the workflow code passes to `workflow.patched` (a literal, or a module-level
+    string constant of the same module)."""
+    ids: set[str] = set()
+    for path in (ROOT / "workflows").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        constants = {
+            target.id: node.value.value
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        for node in ast.walk(tree):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "patched"
+                and node.args
+            ):
+                continue
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                ids.add(arg.value)
+            elif isinstance(arg, ast.Name) and arg.id in constants:
+                ids.add(constants[arg.id])
+            else:
+                raise AssertionError(f"{path.name}:{node.lineno}: a patch id that is not literal")
+    return ids
+
+
+def patch_ids_taken(path: Path) -> set[str]:
+    """The patches a recorded history took (Temporal's `core_patch` markers)."""
+    taken = set()
+    for event in json.loads(path.read_text())["events"]:
+        marker = event.get("markerRecordedEventAttributes")
+        if marker is None or marker.get("markerName") != "core_patch":
+            continue
+        for payload in marker["details"]["patch-data"]["payloads"]:
+            taken.add(json.loads(base64.b64decode(payload["data"]))["id"])
+    return taken
+
+
+def test_every_patched_branch_of_the_workflow_code_is_replayed() -> None:
+    """A change behind `workflow.patched` is followed by a recording that takes it (README,
+    "Changing workflow code"), so that its new branch is replayed too, not only the old one."""
+    in_code = patch_ids_in_code()
+    assert len(in_code) >= 5
+    taken = set().union(*(patch_ids_taken(path) for path in HISTORIES))
+    assert in_code - taken == set(), "record new histories (tests/replay/record_histories.py)"
 
 
 def load(path: Path) -> WorkflowHistory:

@@ -10,6 +10,8 @@ from temporalio.testing import WorkflowEnvironment
 from activities.fake.backend import FakeJobScript, FakeScenario
 from posttrain_env.contracts.jobs import JobRole
 from tests.workflows.harness import running_worker, write_task
+from workflows.episode import EpisodeWorkflow
+from workflows.episode_contract import ToolCall
 
 CPU_PRICE = 167  # micro-USD per minute of cpu-basic in the fake's price list
 T4_PRICE = 6_667
@@ -173,6 +175,35 @@ async def test_the_last_allowed_call_runs_and_ends_the_episode_with_reward_0(
         assert last.metadata["episode_end"]["reason"] == "max_steps"
         after = await ep.call("task_info")
         assert after.data["error"]["type"] == "episode_over"
+
+
+async def test_a_call_after_the_end_says_what_to_do_next_on_its_own_path(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """The episode answers every path alike (it never branches on a call's path); the edge adds
+    what to do next on each: reset on OpenEnv, `POST /episodes` for an MCP-only client."""
+    stuck = FakeJobScript(run_s=100_000, cancel_confirm_after_s=None)  # keeps the episode open
+    async with running_worker(time_skipping_env, tmp_path, scenario(stuck)) as h:
+        write_task(tmp_path / "tasks", "t_two_steps", max_steps=2)
+        ep = await h.episode("t_two_steps")
+        await ep.submit_job(timeout_minutes=60)
+        assert (await ep.call("task_info")).metadata["episode_end"]["reason"] == "max_steps"
+        raw = await ep.handle.execute_update(
+            EpisodeWorkflow.call_tool, ToolCall(request_id="raw", tool="task_info", path="mcp")
+        )
+        assert raw.data["error"] == {
+            "type": "episode_over",
+            "message": "the episode is over (it ended: max_steps)",
+        }
+        step = (await ep.call("task_info", path="step")).data["error"]
+        openenv_mcp = (await ep.call("task_info", path="openenv_mcp")).data["error"]
+        mcp = (await ep.call("task_info", path="mcp")).data["error"]
+    assert (
+        step["message"] == "the episode is over (it ended: max_steps); call reset to start another"
+    )
+    assert openenv_mcp["message"] == step["message"]
+    assert mcp["type"] == "episode_over" and mcp["message"].startswith(raw.data["error"]["message"])
+    assert "POST /episodes" in mcp["message"] and "reset" not in mcp["message"]
 
 
 async def test_the_time_limit_ends_the_episode_with_reward_0_and_cancels_live_jobs(
