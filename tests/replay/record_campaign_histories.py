@@ -10,7 +10,7 @@ new) as Temporal's JSON history, into `histories/<date>-campaigns-<label>/`. Kee
 folders: they prove that campaigns started by that code keep running after an upgrade.
 
 Scenarios:
-- `campaign_continue_as_new`: 6 rollouts of 3 agents (one scores, one's grader fails, one stops
+- `campaign_continue_as_new`: 3 rollouts of 3 agents (one scores, one's grader fails, one stops
   at once), 3 at a time, with a history limit low enough that the campaign and its rollouts
   continue as new; a `retry --only unscored` is asked of the running campaign once the grader
   is mended.
@@ -142,7 +142,7 @@ async def record_continue_as_new(out: Path, workdir: Path) -> list[Path]:
         "name": "recorded",
         "tasks": ["t_test"],
         "agents": [scripted("solver", SOLVES), scripted("graderfail", GRADER_FAILS), QUITTER],
-        "epochs": 2,
+        "epochs": 1,
         "concurrency": 3,
         "budget_usd": 20.0,
     }
@@ -255,7 +255,7 @@ def main(out: Path, only: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--label", required=True, help="what the recorded code is, e.g. a change")
     parser.add_argument(
         "--out", type=Path, help="another folder (default: histories/<date>-campaigns-<label>)"
