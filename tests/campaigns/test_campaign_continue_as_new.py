@@ -11,10 +11,11 @@ completed and the workflow task they wake; a child start 5; a signal 4):
 - a campaign writes about 19 before its first start (plan 6, agents 6, its start 4), then about
   13 a rollout (the child's start 5, its signal 4, its completion 4).
 The check comes before every turn and after every round of starts, so every run makes progress
-whatever the limit. At 40 a rollout's first run plays one or two turns and each later run two
-or three, so a rollout of 7 turns continues as new two or three times; the campaign's first run
-continues after its first finished rollout and each later run after about three, so 8 rollouts
-make it continue three times.
+whatever the limit. At 30 a rollout's first run plays one turn (21 + 12 is past it) and each
+later run two or three (3 + 2 x 12 is not), so a rollout of 6 turns continues as new two or
+three times; the campaign's first run continues at its first finished rollout (19 + 3 starts
+is about 30) and each later run after two or three, so 6 rollouts make it continue two or three
+times.
 
 The time-skipping test server stops skipping time for a child whose parent continued as new
 (temporalio/sdk-java#1540): from the first continue-as-new every timer costs real seconds, so
@@ -24,6 +25,7 @@ the jobs, the watcher and the answer fallback are kept short here.
 from __future__ import annotations
 
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +42,12 @@ from tests.campaigns.test_campaign_flow import GRADER_FAILS, SOLVES
 from workflows.campaign import CampaignWorkflow
 from workflows.campaign_contract import CampaignInput, CampaignPhase, RetryRequest
 from workflows.ids import SIGNAL_ROLLOUT_FINISHED, campaign_workflow_id, rollout_workflow_id
+from workflows.rollout import TURN_HEARTBEAT
 from workflows.rollout_contract import RolloutInput
 
-LIMIT = 40
+LIMIT = 30
 RETRY_LIMIT = 12  # a fresh run past it right after the update: it continues with the retry queued
-TASK_INFOS = 3  # turns before the job: 3 task_info, jobs_submit, 2 jobs_wait, submit = 7 turns
+TASK_INFOS = 2  # turns before the job: 2 task_info, jobs_submit, 2 jobs_wait, submit = 6 turns
 SHORT = FakeScenario(
     jobs=[
         FakeJobScript(role=JobRole.agent, queue_s=1, run_s=8),
@@ -75,11 +78,12 @@ def talkative(name: str, script: str, timeout_minutes: int = 5) -> dict[str, Any
     return {"name": name, "agent": "scripted", "args": {"calls": calls}}
 
 
+HEARTBEATING = {"open_conversation", "agent_turn", "send_call", "collect_answer", "finish_attempt"}
 SPEC = {
     "name": "can",
     "tasks": ["t_a"],
     "agents": [talkative("solver", SOLVES), talkative("graderfail", GRADER_FAILS)],
-    "epochs": 4,
+    "epochs": 3,
     "concurrency": 3,
     "budget_usd": 100.0,
 }
@@ -137,7 +141,8 @@ async def rollout_runs(c: Campaigns, records: list[RolloutRecord]) -> dict[str, 
     return runs
 
 
-# About 3 minutes at load 15 on 2 cores (two campaigns, the second mostly in real time).
+# Two campaigns, the second mostly in real time: about 3 minutes at load 15 on 2 cores, 8
+# beside the other campaign tests (-n 2).
 @pytest.mark.timeout(900)
 async def test_a_campaign_continuing_as_new_records_every_rollout_once_as_without_it(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
@@ -170,14 +175,14 @@ async def test_a_campaign_continuing_as_new_records_every_rollout_once_as_withou
     # The same end as without it.
     assert status.phase is CampaignPhase.completed, status
     assert status.counts == plain.counts
-    assert status.counts[Outcome.scored] == 4 and status.counts[Outcome.unscored] == 4
-    assert status.finished == 8 and status.attempts == 8 and status.retried == 0
+    assert status.counts[Outcome.scored] == 3 and status.counts[Outcome.unscored] == 3
+    assert status.finished == 6 and status.attempts == 6 and status.retried == 0
     assert status.in_flight == 0 and status.queued == 0 and status.not_run == 0
     assert status.mean_reward == plain.mean_reward == 0.75
     assert status.spent_usd == plain.spent_usd > 0
     assert status.base_models == plain.base_models
     # Every rollout recorded once, and its record the same as without continue-as-new.
-    assert len(records) == 8 and len({r.key for r in records}) == 8
+    assert len(records) == 6 and len({r.key for r in records}) == 6
     assert by_rollout(records) == by_rollout(plain_records)
     assert summarize(records).counts == status.counts
     assert {r.turns for r in records} == {TASK_INFOS + 4}
@@ -195,7 +200,7 @@ async def test_a_campaign_continuing_as_new_records_every_rollout_once_as_withou
     for record in records:
         jobs = [r for r in requests if r.key.startswith(f"episode-{record.episode_id}/")]
         assert Counter(r.role for r in jobs) == {JobRole.agent: 1, JobRole.grader: 1}
-    assert len(requests) == 16 and len({r.key for r in requests}) == 16
+    assert len(requests) == 12 and len({r.key for r in requests}) == 12
 
     # The counters and the in-flight set carried: each run starts with every report the runs
     # before it received counted once, and the rollouts in flight still in flight.
@@ -211,13 +216,24 @@ async def test_a_campaign_continuing_as_new_records_every_rollout_once_as_withou
         carried_in_flight |= set(s.in_flight)
     assert carried_in_flight, "no run continued with a rollout in flight"
     assert carried_in_flight <= {r.rollout_id for r in records}
-    assert reported + signals_received(campaign_runs[-1]) == 8
+    assert reported + signals_received(campaign_runs[-1]) == 6
 
     # A rollout's runs carry its conversation and its turns: each run goes on from the last.
     assert first_inputs[0].carry is None
     turns = [i.carry.turns for i in first_inputs[1:]]
     assert turns == sorted(turns) and 0 < turns[0] and turns[-1] < first.turns
     assert len({i.carry.episode_id for i in first_inputs[1:]}) == 1
+
+    # Every activity of the rollout but the episode's preparation heartbeats, so a worker killed
+    # mid-activity is noticed within seconds (tests/campaigns/test_rollout_heartbeats.py).
+    scheduled = [
+        e.activity_task_scheduled_event_attributes
+        for run in first_runs
+        for e in events(run, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)
+    ]
+    beating = {a.activity_type.name: a.heartbeat_timeout.ToTimedelta() for a in scheduled}
+    assert set(beating) == {*HEARTBEATING, "prepare_episode"}, beating
+    assert all(timedelta(0) < beating[name] <= TURN_HEARTBEAT for name in HEARTBEATING)
 
 
 @pytest.mark.timeout(600)
