@@ -148,7 +148,12 @@ async def test_a_campaign_continuing_as_new_records_every_rollout_once_as_withou
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     async with running_campaigns(
-        time_skipping_env, tmp_path, SHORT, tasks={"t_a": {}}, watch_interval_s=WATCH_S
+        time_skipping_env,
+        tmp_path,
+        SHORT,
+        tasks={"t_a": {}},
+        deadline=timedelta(seconds=870),
+        watch_interval_s=WATCH_S,
     ) as c:
         # The same campaign without continue-as-new first (time skipping still works).
         plain_id = await c.start(SPEC)
@@ -249,7 +254,12 @@ async def test_a_retry_queued_behind_a_full_window_survives_the_campaign_continu
         "concurrency": 1,
     }
     async with running_campaigns(
-        time_skipping_env, tmp_path, SHORT, tasks={"t_a": {}}, watch_interval_s=WATCH_S
+        time_skipping_env,
+        tmp_path,
+        SHORT,
+        tasks={"t_a": {}},
+        deadline=timedelta(seconds=570),
+        watch_interval_s=WATCH_S,
     ) as c:
         campaign_id = await c.start(spec, continue_as_new_events=RETRY_LIMIT, answer_poll_s=10.0)
         midway = await c.skip_until(
