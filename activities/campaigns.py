@@ -4,12 +4,16 @@ deterministic id, accepted but not awaited; the answer read back through `result
 
 No activity here waits for a tool's answer: a `jobs_wait` or a grading may take many minutes,
 and the rollout waits for it on a signal instead (an activity held open that long would also
-stall the test server's clock).
+stall the test server's clock). The rollout's activities heartbeat while they run, so a worker
+killed mid-call is noticed within the rollout's short heartbeat timeout, not after the call's
+whole start-to-close timeout (a minute, measured: the rollout then stalled for it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -43,6 +47,32 @@ from posttrain_env.contracts.jobs import RepoRef
 from posttrain_env.errors import ToolError, campaign_invalid
 from posttrain_env.models import MICRO, TaskSpec, usd
 from tasks.registry import TaskSpecError, load_task
+
+# How often a rollout's activity tells Temporal it is alive (the rollout's heartbeat timeout,
+# `workflows/rollout.py` CALL_HEARTBEAT, is a few of these).
+HEARTBEAT_S = 2.0
+
+
+@contextlib.asynccontextmanager
+async def heartbeating() -> AsyncIterator[None]:
+    """Heartbeat every HEARTBEAT_S while the block runs (the calls await other services: the
+    episode's update, its queries, the records' lock)."""
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(HEARTBEAT_S)
+
+    if not activity.in_activity():  # called as a plain method
+        yield
+        return
+    beating = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        beating.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beating
 
 
 class CampaignConfig(BaseModel):
@@ -133,12 +163,27 @@ class CampaignActivities(CampaignsApi):
 
     @activity.defn
     async def open_conversation(self, request: OpenConversation) -> str:
-        return await asyncio.to_thread(
-            self._store.start_conversation, request.campaign_id, request.brief
-        )
+        async with heartbeating():
+            return await asyncio.to_thread(
+                self._store.start_conversation, request.campaign_id, request.brief
+            )
 
     @activity.defn
     async def send_call(self, call: CallRef) -> CallState:
+        async with heartbeating():
+            return await self._send(call)
+
+    @activity.defn
+    async def collect_answer(self, call: CallRef) -> CallState:
+        async with heartbeating():
+            return await self._collect(call)
+
+    @activity.defn
+    async def finish_attempt(self, finish: FinishAttempt) -> None:
+        async with heartbeating():
+            await self._finish(finish)
+
+    async def _send(self, call: CallRef) -> CallState:
         agent_call = await self._call(call)
         if agent_call.arguments is None or agent_call.problem is not None:
             # Never reaches the episode (it could not be a tool call): no step is used.
@@ -155,10 +200,9 @@ class CampaignActivities(CampaignsApi):
         )
         if not await self._calls.send(call.episode_id, request):
             return await self._answer(call, agent_call, await self._after_the_end(call))
-        return await self.collect_answer(call)
+        return await self._collect(call)
 
-    @activity.defn
-    async def collect_answer(self, call: CallRef) -> CallState:
+    async def _collect(self, call: CallRef) -> CallState:
         result = await self._calls.result_of(call.episode_id, call.request_id)
         if result is None:
             if await self._calls.is_running(call.episode_id):
@@ -167,8 +211,7 @@ class CampaignActivities(CampaignsApi):
             result = await self._after_the_end(call)
         return await self._answer(call, await self._call(call), result)
 
-    @activity.defn
-    async def finish_attempt(self, finish: FinishAttempt) -> None:
+    async def _finish(self, finish: FinishAttempt) -> None:
         record = finish.record
         if finish.episode_id is not None:
             status = await self._calls.status(finish.episode_id)

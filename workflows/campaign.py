@@ -52,17 +52,21 @@ with workflow.unsafe.imports_passed_through():
         Start,
         final_phase,
         finished,
-        next_retry_due,
+        invalid,
+        next_run,
         next_start,
         nothing_left,
+        rollout_input,
+        seconds_to_next_retry,
         started,
         status,
+        to_cancel,
     )
     from workflows.history import history_is_long
-    from workflows.ids import SIGNAL_ROLLOUT_FINISHED, campaign_workflow_id, rollout_workflow_id
+    from workflows.ids import SIGNAL_ROLLOUT_FINISHED, rollout_workflow_id
     from workflows.policies import READ_RETRY, READ_TIMEOUT
     from workflows.rollout import RolloutWorkflow
-    from workflows.rollout_contract import RolloutInput, RolloutResult
+    from workflows.rollout_contract import RolloutResult
     from workflows.waiting import Alarm
 
 # Building every agent once in the agent worker (each in its own process).
@@ -101,9 +105,7 @@ class CampaignWorkflow:
                     continue
                 if self._history_is_long():
                     await workflow.wait_condition(workflow.all_handlers_finished)
-                    workflow.continue_as_new(
-                        inp.model_copy(update={"carry": s, "reopen": None, "retry": None})
-                    )
+                    workflow.continue_as_new(next_run(inp, s))
                 await self._wait_for_change()
             except asyncio.CancelledError:
                 # Cancelled through Temporal (the UI, `temporal workflow cancel`): as `cancel`.
@@ -165,10 +167,7 @@ class CampaignWorkflow:
                 retry_policy=READ_RETRY,
             )
         except ActivityError as err:
-            cause = err.cause
-            s.error = cause.message if isinstance(cause, FailureError) else str(err)
-            s.phase = CampaignPhase.invalid
-            s.finished_at = workflow.now()
+            invalid(s, _failure_message(err), workflow.now())
             return False
         s.phase = CampaignPhase.running
         return True
@@ -183,10 +182,7 @@ class CampaignWorkflow:
                 retry_policy=READ_RETRY,
             )
         except ActivityError as err:
-            cause = err.cause
-            s.error = cause.message if isinstance(cause, FailureError) else str(err)
-            s.phase = CampaignPhase.invalid
-            s.finished_at = workflow.now()
+            invalid(s, _failure_message(err), workflow.now())
             return False
         reopen_carry(inp, s, reopen, reopened)
         return True
@@ -212,45 +208,27 @@ class CampaignWorkflow:
         inp, s = self._inp, self._s
         if s.cancel_requested:
             s.phase = CampaignPhase.cancelling
-            for rollout_id, flight in list(s.in_flight.items()):
-                if rollout_id not in self._told_to_cancel:
-                    self._told_to_cancel.add(rollout_id)
-                    await self._tell_to_cancel(rollout_workflow_id(rollout_id, flight.attempt))
+            for workflow_id in to_cancel(s, self._told_to_cancel):
+                await self._tell_to_cancel(workflow_id)
             return
         while (start := next_start(inp, s, workflow.now())) is not None:
             await self._start(start)
 
     async def _start(self, start: Start) -> None:
-        inp, s = self._inp, self._s
-        plan = s.plan
-        assert plan is not None
-        rollout_id = start.slot.rollout_id(inp.campaign_id)
-        started(inp, s, start)
+        rollout = rollout_input(self._inp, self._s, start)
+        started(self._inp, self._s, start)
         try:
             await workflow.start_child_workflow(
                 RolloutWorkflow.run,
-                RolloutInput(
-                    campaign_id=inp.campaign_id,
-                    campaign_workflow_id=campaign_workflow_id(inp.campaign_id),
-                    rollout_id=rollout_id,
-                    attempt=start.attempt,
-                    task_id=start.slot.task_id,
-                    epoch=start.slot.epoch,
-                    agent=start.slot.agent,
-                    base_model=plan.tasks[start.slot.task_id].base_model,
-                    reserved_micro_usd=start.reserved_micro_usd,
-                    agent_task_queue=inp.agent_task_queue,
-                    continue_as_new_events=inp.continue_as_new_events,
-                    answer_poll_s=inp.answer_poll_s,
-                ),
-                id=rollout_workflow_id(rollout_id, start.attempt),
+                rollout,
+                id=rollout_workflow_id(rollout.rollout_id, rollout.attempt),
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
                 # An attempt that ran is never run again, whatever happened to this campaign.
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             )
         except WorkflowAlreadyStartedError:
             # Started by an earlier run of this campaign: adopted. Its end comes by signal.
-            workflow.logger.info("rollout %s a%d adopted", rollout_id, start.attempt)
+            workflow.logger.info("rollout %s a%d adopted", rollout.rollout_id, rollout.attempt)
 
     async def _tell_to_cancel(self, workflow_id: str) -> None:
         try:
@@ -259,14 +237,17 @@ class CampaignWorkflow:
             pass  # it has completed: its report is on its way
 
     async def _wait_for_change(self) -> None:
-        s = self._s
-        due = next_retry_due(s)
-        if due is None:
+        seconds = seconds_to_next_retry(self._s, workflow.now())
+        if seconds is None:
             await workflow.wait_condition(lambda: self._changed)
         else:
-            seconds = max((due - workflow.now()).total_seconds(), 1.0)
             await self._alarm.wait(lambda: self._changed, seconds)
         self._changed = False
 
     def _history_is_long(self) -> bool:
         return history_is_long(CONTINUE_AS_NEW_HISTORY_BYTES, self._inp.continue_as_new_events)
+
+
+def _failure_message(err: ActivityError) -> str:
+    cause = err.cause
+    return cause.message if isinstance(cause, FailureError) else str(err)

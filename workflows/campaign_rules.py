@@ -31,7 +31,8 @@ from workflows.campaign_contract import (
     InFlight,
     Retry,
 )
-from workflows.rollout_contract import RolloutResult
+from workflows.ids import campaign_workflow_id, rollout_workflow_id
+from workflows.rollout_contract import RolloutInput, RolloutResult
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,46 @@ def next_start(inp: CampaignInput, s: CampaignCarry, now: datetime) -> Start | N
     return Start(candidate, attempt, worst, replaces)
 
 
+def rollout_input(inp: CampaignInput, s: CampaignCarry, start: Start) -> RolloutInput:
+    """What the attempt's workflow starts with: pinned to its task's base model as planned."""
+    assert s.plan is not None
+    return RolloutInput(
+        campaign_id=inp.campaign_id,
+        campaign_workflow_id=campaign_workflow_id(inp.campaign_id),
+        rollout_id=start.slot.rollout_id(inp.campaign_id),
+        attempt=start.attempt,
+        task_id=start.slot.task_id,
+        epoch=start.slot.epoch,
+        agent=start.slot.agent,
+        base_model=s.plan.tasks[start.slot.task_id].base_model,
+        reserved_micro_usd=start.reserved_micro_usd,
+        agent_task_queue=inp.agent_task_queue,
+        continue_as_new_events=inp.continue_as_new_events,
+        answer_poll_s=inp.answer_poll_s,
+    )
+
+
+def next_run(inp: CampaignInput, s: CampaignCarry) -> CampaignInput:
+    """The input to continue as new with: the carry, and nothing to do once (`reopen`, `retry`:
+    done by the first run)."""
+    return inp.model_copy(update={"carry": s, "reopen": None, "retry": None})
+
+
+def to_cancel(s: CampaignCarry, told: set[str]) -> list[str]:
+    """The workflow ids of the attempts in flight not told to cancel yet (and marks them)."""
+    ids = []
+    for rollout_id, flight in s.in_flight.items():
+        if rollout_id not in told:
+            told.add(rollout_id)
+            ids.append(rollout_workflow_id(rollout_id, flight.attempt))
+    return ids
+
+
+def invalid(s: CampaignCarry, error: str, now: datetime) -> None:
+    """The spec cannot run (planning or reopening refused it): the campaign ends, nothing ran."""
+    s.error, s.phase, s.finished_at = error, CampaignPhase.invalid, now
+
+
 def started(inp: CampaignInput, s: CampaignCarry, start: Start) -> None:
     rollout_id = start.slot.rollout_id(inp.campaign_id)
     s.in_flight[rollout_id] = InFlight(
@@ -157,8 +198,10 @@ def nothing_left(inp: CampaignInput, s: CampaignCarry) -> bool:
     return s.next_index >= inp.spec.rollouts and not s.retries
 
 
-def next_retry_due(s: CampaignCarry) -> datetime | None:
-    return min((r.not_before for r in s.retries), default=None)
+def seconds_to_next_retry(s: CampaignCarry, now: datetime) -> float | None:
+    """How long until the first retry waiting is due (at least a second); None: none waits."""
+    due = min((r.not_before for r in s.retries), default=None)
+    return None if due is None else max((due - now).total_seconds(), 1.0)
 
 
 def final_phase(s: CampaignCarry) -> CampaignPhase:

@@ -62,7 +62,11 @@ CAPACITY_RETRY_S = 30
 CAPACITY_RETRY_MAX_S = 600
 # A turn may run `turn_timeout_s` in its process; this is the slack for starting it.
 TURN_SLACK = timedelta(seconds=120)
-TURN_HEARTBEAT = timedelta(seconds=30)
+# A worker killed mid-activity is noticed when the activity's heartbeats stop, this long after
+# the last one (`activities/agent_turns.py` beats every 5 s, `activities/campaigns.py` every 2),
+# not at its start-to-close timeout: a rollout killed mid-call stalled a minute before.
+TURN_HEARTBEAT = timedelta(seconds=15)
+CALL_HEARTBEAT = timedelta(seconds=10)
 # A worker killed mid-turn: the turn runs again elsewhere (answered from the store if it was
 # done). The agent's own failures are final for the attempt (the campaign may retry it).
 TURN_RETRY = RetryPolicy(
@@ -107,6 +111,7 @@ class RolloutWorkflow:
             CampaignsApi.finish_attempt,
             FinishAttempt(record=record, episode_id=self._s.episode_id),
             start_to_close_timeout=READ_TIMEOUT,
+            heartbeat_timeout=CALL_HEARTBEAT,
             retry_policy=STORE_RETRY,
         )
         result = rollout_result(record, self._s)
@@ -249,7 +254,11 @@ class RolloutWorkflow:
     async def _store_call(self, method, ref: CallRef):  # type: ignore[no-untyped-def]
         try:
             return await workflow.execute_activity_method(
-                method, ref, start_to_close_timeout=READ_TIMEOUT, retry_policy=STORE_RETRY
+                method,
+                ref,
+                start_to_close_timeout=READ_TIMEOUT,
+                heartbeat_timeout=CALL_HEARTBEAT,
+                retry_policy=STORE_RETRY,
             )
         except ActivityError as err:
             raise AttemptFailed(_record_error(err, "tool_call_failed")) from None
@@ -310,6 +319,7 @@ class RolloutWorkflow:
             CampaignsApi.open_conversation,
             OpenConversation(campaign_id=inp.campaign_id, brief=brief),
             start_to_close_timeout=READ_TIMEOUT,
+            heartbeat_timeout=CALL_HEARTBEAT,
             retry_policy=STORE_RETRY,
         )
         return True

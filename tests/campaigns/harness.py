@@ -1,9 +1,16 @@
 """Campaigns through the real workflows on the time-skipping test server: the project's worker
 on the fake backend, and an agent worker (turns in processes of their own) on a queue of its
-own, both in this process."""
+own, both in this process.
+
+A test here ends at its own deadline, before pytest-timeout's: that one is a SIGALRM whose
+exception is raised wherever the main thread happens to be, often inside the workers' own tasks
+(a workflow task then never completes), and the test waits on forever instead of failing
+(measured: a campaign test with a 12 s pytest timeout was still waiting after 150 s). The
+deadline cancels the test at its own await, so it fails and its workers shut down cleanly."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -13,8 +20,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.api.testservice.v1 import SleepRequest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
@@ -32,6 +40,8 @@ from workflows.ids import account_workflow_id, campaign_workflow_id, watcher_wor
 
 REPO = Path(__file__).resolve().parents[2]
 SLEEP_RPC_TIMEOUT = timedelta(minutes=5)
+# Under the suite's pytest timeout (300 s); a test with a longer one passes its own deadline.
+DEADLINE = timedelta(seconds=280)
 QUERY_TRIES = 5
 
 
@@ -49,6 +59,23 @@ def _no_answer(err: RPCError) -> bool:
 def agent_env(**extra: str) -> dict[str, str]:
     """What the agent worker's environment holds in these tests (tests/ importable)."""
     return {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), **extra}
+
+
+async def runs_of(client: Client, workflow_id: str) -> list[WorkflowHistory]:
+    """Every run of a workflow, first to latest, each with its own history: a workflow that
+    continued as new has one per run."""
+    latest = await client.get_workflow_handle(workflow_id).fetch_history()
+    started = latest.events[0].workflow_execution_started_event_attributes
+    run_id: str | None = started.first_execution_run_id
+    runs: list[WorkflowHistory] = []
+    while run_id:
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        runs.append(history)
+        last = history.events[-1]
+        run_id = None
+        if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+            run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+    return runs
 
 
 @dataclass
@@ -157,6 +184,7 @@ async def running_campaigns(
     scenario: FakeScenario | None = None,
     tasks: dict[str, dict[str, Any]] | None = None,
     agent_environ: dict[str, str] | None = None,
+    deadline: timedelta = DEADLINE,
     **settings: Any,
 ) -> AsyncIterator[Campaigns]:
     tasks_dir = tmp_path / "tasks"
@@ -181,6 +209,9 @@ async def running_campaigns(
     harness = Campaigns(env, env.client, task_queue, agent_queue, backend, config)
     async with worker, agents:
         try:
-            yield harness
+            async with asyncio.timeout(deadline.total_seconds()):
+                yield harness
+        except TimeoutError:
+            raise TimeoutError(f"the test ran past its deadline ({deadline})") from None
         finally:
             await harness.terminate_all()
