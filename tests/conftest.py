@@ -21,6 +21,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from posttrain_env.entrypoints.temporal_client import CORE_LOGGER, core_runtime
 from posttrain_env.entrypoints.temporal_setup import add_search_attributes
+from tests.deadline import put_async_tests_under_deadlines
 from tests.payload_limits import payload_limit_violations
 
 
@@ -32,6 +33,10 @@ def pytest_configure(config: pytest.Config) -> None:
     workflow run. Python's default; .gitignore keeps the caches out of the repository."""
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    put_async_tests_under_deadlines(items)
 
 
 def binary(name: str) -> str:
