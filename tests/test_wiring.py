@@ -8,7 +8,11 @@ import pytest
 
 from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
 from posttrain_env.entrypoints.wiring import make_backend
+from posttrain_env.keys import ServerKey
 from posttrain_env.settings import Settings
+
+# The fake backend names no Hugging Face jobs; any deployment key will do.
+KEY = ServerKey(b"k" * 32)
 
 
 def test_the_fake_backend_plays_the_scenario_file_that_posttrain_fake_scenario_names(
@@ -18,7 +22,7 @@ def test_the_fake_backend_plays_the_scenario_file_that_posttrain_fake_scenario_n
     path = tmp_path / "scenario.json"
     path.write_text(scenario.model_dump_json())
     monkeypatch.setenv("POSTTRAIN_FAKE_SCENARIO", str(path))
-    backend = make_backend(Settings(backend="fake", state_dir=tmp_path / "state"))
+    backend = make_backend(Settings(backend="fake", state_dir=tmp_path / "state"), KEY)
     assert isinstance(backend, FakeBackend)
     assert backend.scenario == scenario
 
@@ -27,7 +31,7 @@ def test_without_a_scenario_file_the_fake_backend_plays_the_default_scenario(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("POSTTRAIN_FAKE_SCENARIO", raising=False)
-    backend = make_backend(Settings(backend="fake", state_dir=tmp_path / "state"))
+    backend = make_backend(Settings(backend="fake", state_dir=tmp_path / "state"), KEY)
     assert isinstance(backend, FakeBackend) and backend.scenario == FakeScenario()
     # The backend itself reads no environment: built directly with the variable set, it plays
     # the default scenario too.
@@ -44,4 +48,4 @@ def test_a_scenario_file_that_cannot_be_read_stops_the_server_naming_it(
         path.write_text(content)
     settings = Settings(backend="fake", state_dir=tmp_path / "state", fake_scenario=path)
     with pytest.raises(SystemExit, match=f"POSTTRAIN_FAKE_SCENARIO={path}"):
-        make_backend(settings)
+        make_backend(settings, KEY)

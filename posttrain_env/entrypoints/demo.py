@@ -30,6 +30,8 @@ from posttrain_env.settings import Settings
 from tasks.registry import TASKS_DIR
 
 if TYPE_CHECKING:
+    from temporalio.client import Client
+
     from activities.backend import JobsBackend
 
 TASK_ID = "t0_artifact"
@@ -56,9 +58,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@dataclass
+class Stack:
+    base_url: str  # the gateway's
+    client: Client  # of the embedded Temporal
+
+
+# How long the demo waits, after the reward, for the episode's workflow to close: its last
+# activity (the audit record) runs after the reward is answered: about a second.
+EPISODE_CLOSE_WAIT_S = 60.0
+
+
 @contextlib.asynccontextmanager
-async def running_stack(settings: Settings) -> AsyncIterator[str]:
-    """Embedded Temporal, a local-backend worker and the gateway; yields the gateway's URL."""
+async def running_stack(settings: Settings) -> AsyncIterator[Stack]:
+    """Embedded Temporal, a local-backend worker and the gateway."""
     from posttrain_env.entrypoints.temporal_dev import EmbeddedTemporal, EmbeddedTemporalConfig
 
     temporal = EmbeddedTemporal(
@@ -93,7 +106,7 @@ async def running_stack(settings: Settings) -> AsyncIterator[str]:
                     raise RuntimeError("the gateway stopped while starting")
                 await asyncio.sleep(0.02)
             try:
-                yield f"http://127.0.0.1:{port}"
+                yield Stack(f"http://127.0.0.1:{port}", client)
             finally:
                 server.should_exit = True
                 await serving
@@ -207,12 +220,36 @@ async def demo(settings: Settings, out: TextIO = sys.stdout) -> DemoRun:
     def mark(name: str) -> None:
         marks[name] = time.time()
 
-    async with running_stack(settings) as base_url:
+    async with running_stack(settings) as stack:
         mark("stack_ready")
-        print(f"Temporal, a worker (local backend) and the gateway are up at {base_url}", file=out)
-        run = await play(base_url, out, mark)
+        print(
+            f"Temporal, a worker (local backend) and the gateway are up at {stack.base_url}",
+            file=out,
+        )
+        run = await play(stack.base_url, out, mark)
+        await episode_closed(stack.client, run.episode_id, out)
+        mark("closed")
     run.marks = marks
     return run
+
+
+async def episode_closed(client: Client, episode_id: str, out: TextIO) -> None:
+    """Wait for the episode's workflow to close, so that the worker stops only once the
+    episode's audit record is written (a later run would otherwise finish it)."""
+    if not episode_id:
+        return
+    from workflows.ids import episode_workflow_id
+
+    handle = client.get_workflow_handle(episode_workflow_id(episode_id))
+    try:
+        async with asyncio.timeout(EPISODE_CLOSE_WAIT_S):
+            await handle.result()
+    except TimeoutError:
+        print(
+            f"the episode's workflow was still open after {EPISODE_CLOSE_WAIT_S:.0f} s; "
+            "the next run of the demo finishes it",
+            file=out,
+        )
 
 
 def demo_settings() -> Settings:

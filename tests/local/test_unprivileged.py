@@ -32,6 +32,7 @@ DEPENDENCIES = (
     "annotated_types",
     "typing_inspection",
     "packaging",
+    "zstandard",  # the local backend reads zstd-compressed datasets (activities/dataset_bytes.py)
 )
 
 DRIVER = r"""

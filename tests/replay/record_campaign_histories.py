@@ -100,6 +100,7 @@ async def campaign_stack(env: Any, workdir: Path, fake: Any) -> AsyncIterator[St
     from activities.fake.backend import FakeBackend
     from posttrain_env.entrypoints.agent_worker import build_agent_worker
     from posttrain_env.entrypoints.worker import build_worker
+    from posttrain_env.keys import ServerKey
     from posttrain_env.settings import Settings
     from tests.campaigns.harness import agent_env
     from tests.workflows.harness import write_task
@@ -114,7 +115,10 @@ async def campaign_stack(env: Any, workdir: Path, fake: Any) -> AsyncIterator[St
     )
     backend = FakeBackend(config.state_dir / "fake", fake)
     queue, agent_queue = f"record-{uuid.uuid4().hex[:8]}", f"agents-{uuid.uuid4().hex[:8]}"
-    worker = build_worker(env.client, config, backend, task_queue=queue, tasks_dir=tasks_dir)
+    key = ServerKey.load_or_create(config.server_key_path)
+    worker = build_worker(
+        env.client, config, backend, key=key, task_queue=queue, tasks_dir=tasks_dir
+    )
     agents = build_agent_worker(env.client, config, agent_env(), task_queue=agent_queue)
     async with worker, agents:
         yield Stack(env.client, queue, agent_queue, backend, config.campaign_root)
