@@ -6,7 +6,8 @@ from doing so, and the worker's sandbox passes beartype through in case anything
 The hook loads every module the sandbox imports and imports beartype while doing so; unless
 beartype is passed through, each new workflow instance imported the whole beartype package
 again, from source, on the event loop the gateway shares (issue 18: 0.4-0.6 s per instance,
-multi-second stalls, a burst of 50 resets that never got in). Checked in a fresh interpreter: which files the sandbox reads.
+multi-second stalls, a burst of 50 resets that never got in). Checked in a fresh interpreter:
+which files the sandbox reads.
 """
 
 from __future__ import annotations
