@@ -25,8 +25,7 @@ from pathlib import Path
 import httpx
 
 from activities.fake.backend import FakeScenario
-from posttrain_env.contracts.visibility import dev_server_flags
-from posttrain_env.entrypoints.temporal_dev import sqlite_flags
+from posttrain_env.entrypoints.temporal_dev import start_dev_command
 
 PROBE = Path(__file__).with_name("_probe.py")
 START_TIMEOUT_S = 180.0
@@ -221,22 +220,7 @@ class Topology:
         if self.shape == "split":
             temporal = Proc(
                 "temporal",
-                [
-                    str(Path(sys.executable).with_name("temporal")),
-                    "server",
-                    "start-dev",
-                    "--db-filename",
-                    str(self.state / "temporal.db"),
-                    *sqlite_flags(),
-                    "--ip",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.temporal_port),
-                    "--headless",
-                    "--log-level",
-                    "warn",
-                    *dev_server_flags(),
-                ],
+                start_dev_command(self.state / "temporal.db", self.temporal_port),
                 env,
                 self.state / "temporal.log",
             )

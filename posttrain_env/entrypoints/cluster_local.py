@@ -38,8 +38,7 @@ from typing import Literal, TextIO
 
 import httpx
 
-from posttrain_env.contracts.visibility import dev_server_flags
-from posttrain_env.entrypoints.temporal_dev import port_busy, temporal_binary
+from posttrain_env.entrypoints.temporal_dev import port_busy, start_dev_command
 from posttrain_env.keys import KEY_FILE_SETTING, KEY_HEX_SETTING, ServerKey, ServerKeyError
 
 MemberKind = Literal["temporal", "gateway", "worker"]
@@ -220,26 +219,9 @@ class LocalCluster:
         self.config = config
         logs = config.state_dir / "logs"
         env = self._child_environment()
-        temporal = [
-            temporal_binary(),
-            "server",
-            "start-dev",
-            "--db-filename",
-            str(config.state_dir / "temporal.db"),
-            "--ip",
-            "127.0.0.1",
-            "--port",
-            str(config.temporal_port),
-            "--log-level",
-            "warn",
-            # Registered at every start (idempotent), as the embedded server does: episodes and
-            # jobs upsert them, and the workers refuse to start without them.
-            *dev_server_flags(),
-        ]
-        if config.temporal_ui_port is None:
-            temporal.append("--headless")
-        else:
-            temporal += ["--ui-port", str(config.temporal_ui_port)]
+        temporal = start_dev_command(
+            config.state_dir / "temporal.db", config.temporal_port, config.temporal_ui_port
+        )
         self.temporal = Member(
             "temporal",
             "temporal",

@@ -85,6 +85,37 @@ def port_busy(port: int) -> bool:
     return False
 
 
+def free_ports(count: int, avoid: set[int]) -> list[int]:
+    """`count` ports free now, none of them in `avoid`."""
+    found: list[int] = []
+    while len(found) < count:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in avoid and port not in found:
+            found.append(port)
+    return found
+
+
+def start_dev_command(db_file: Path, port: int, ui_port: int | None = None) -> list[str]:
+    """`temporal server start-dev` as everything here runs it: file-backed (SQLite in WAL mode),
+    on 127.0.0.1, the operator's search attributes registered at every start (idempotent:
+    episodes and jobs upsert them), and no UI unless `ui_port` is given.
+
+    Its HTTP API and metrics ports are chosen here too. Left to itself, the server picks "a
+    random free port" for each before it binds its gRPC port, and once picked the very port it
+    then needed (seen in the suite: "failed listening for HTTP API on 127.0.0.1:<its --port>")."""
+    http_port, metrics_port = free_ports(2, avoid={port, *(() if ui_port is None else (ui_port,))})
+    command = [
+        *(temporal_binary(), "server", "start-dev", "--db-filename", str(db_file)),
+        *sqlite_flags(),
+        *("--ip", "127.0.0.1", "--port", str(port), "--log-level", "warn"),
+        *("--http-port", str(http_port), "--metrics-port", str(metrics_port)),
+        *dev_server_flags(),
+    ]
+    return command + (["--headless"] if ui_port is None else ["--ui-port", str(ui_port)])
+
+
 class EmbeddedTemporal:
     def __init__(self, config: EmbeddedTemporalConfig) -> None:
         self.config = config
@@ -105,23 +136,9 @@ class EmbeddedTemporal:
                     "(POSTTRAIN_TEMPORAL_PORT / POSTTRAIN_TEMPORAL_UI_PORT), or set "
                     "TEMPORAL_ADDRESS to use an existing Temporal server."
                 )
-        command = [
-            temporal_binary(),
-            "server",
-            "start-dev",
-            "--db-filename",
-            str(cfg.state_dir / "temporal.db"),
-            *sqlite_flags(),
-            "--ip",
-            "127.0.0.1",
-            "--port",
-            str(cfg.port),
-            "--log-level",
-            "warn",
-            # Registered at every start (idempotent): episodes and jobs upsert them.
-            *dev_server_flags(),
-        ]
-        command += ["--headless"] if cfg.headless else ["--ui-port", str(cfg.ui_port)]
+        command = start_dev_command(
+            cfg.state_dir / "temporal.db", cfg.port, None if cfg.headless else cfg.ui_port
+        )
         with self.log_file.open("ab") as log:
             self._proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once
                 command,

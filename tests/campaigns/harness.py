@@ -2,11 +2,13 @@
 on the fake backend, and an agent worker (turns in processes of their own) on a queue of its
 own, both in this process.
 
-A test here ends at its own deadline, before pytest-timeout's: that one is a SIGALRM whose
-exception is raised wherever the main thread happens to be, often inside the workers' own tasks
-(a workflow task then never completes), and the test waits on forever instead of failing
+A test here ends at a deadline before pytest-timeout's: that one is a SIGALRM whose exception
+is raised wherever the main thread happens to be, often inside the workers' own tasks (a
+workflow task then never completes), and the test waits on forever instead of failing
 (measured: a campaign test with a 12 s pytest timeout was still waiting after 150 s). The
-deadline cancels the test at its own await, so it fails and its workers shut down cleanly."""
+suite puts every async test under such a deadline (tests/deadline.py); `deadline=` here sets
+a shorter one. Either cancels the test at its own await, so it fails and its workers shut down
+cleanly."""
 
 from __future__ import annotations
 
@@ -40,8 +42,6 @@ from workflows.ids import account_workflow_id, campaign_workflow_id, watcher_wor
 
 REPO = Path(__file__).resolve().parents[2]
 SLEEP_RPC_TIMEOUT = timedelta(minutes=5)
-# Under the suite's pytest timeout (300 s); a test with a longer one passes its own deadline.
-DEADLINE = timedelta(seconds=280)
 QUERY_TRIES = 5
 
 
@@ -184,7 +184,7 @@ async def running_campaigns(
     scenario: FakeScenario | None = None,
     tasks: dict[str, dict[str, Any]] | None = None,
     agent_environ: dict[str, str] | None = None,
-    deadline: timedelta = DEADLINE,
+    deadline: timedelta | None = None,
     **settings: Any,
 ) -> AsyncIterator[Campaigns]:
     tasks_dir = tmp_path / "tasks"
@@ -209,7 +209,7 @@ async def running_campaigns(
     harness = Campaigns(env, env.client, task_queue, agent_queue, backend, config)
     async with worker, agents:
         try:
-            async with asyncio.timeout(deadline.total_seconds()):
+            async with asyncio.timeout(None if deadline is None else deadline.total_seconds()):
                 yield harness
         except TimeoutError:
             raise TimeoutError(f"the test ran past its deadline ({deadline})") from None

@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities.fake.backend import FakeJobScript, FakeScenario
@@ -41,6 +42,8 @@ def scripted(name: str, script: str, **extra: Any) -> dict[str, Any]:
     return {"name": name, "agent": "scripted", "args": {"calls": calls}, **extra}
 
 
+@pytest.mark.slow  # minutes of real turns, jobs or recordings: the slow set
+@pytest.mark.timeout(600)
 async def test_two_tasks_three_agents_three_epochs_count_every_outcome_exactly_once(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
@@ -123,6 +126,8 @@ async def test_two_tasks_three_agents_three_epochs_count_every_outcome_exactly_o
 T4_JOB = {"script": SOLVES, "flavor": "t4-small", "timeout_minutes": 60}
 
 
+@pytest.mark.slow  # minutes of real turns, jobs or recordings: the slow set
+@pytest.mark.timeout(600)
 async def test_the_budget_stops_scheduling_at_exactly_the_rollout_that_would_exceed_it(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:

@@ -93,6 +93,8 @@ def test_the_line_and_the_panel_show_every_figure() -> None:
     assert "4/10 done" in plain.getvalue() and "━" not in plain.getvalue()
 
 
+@pytest.mark.slow  # minutes of real turns, jobs or recordings: the slow set
+@pytest.mark.timeout(600)
 async def test_follow_after_the_following_cli_was_killed_shows_the_querys_numbers(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:

@@ -9,6 +9,7 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities.fake.backend import FakeJobScript, FakeScenario
@@ -156,6 +157,8 @@ async def retry(c: Campaigns, campaign_id: str) -> int:
     return answer.queued
 
 
+@pytest.mark.slow  # minutes of real turns, jobs or recordings: the slow set
+@pytest.mark.timeout(600)
 async def test_retry_of_a_finished_campaign_reruns_only_its_unscored_rollouts_counted_once(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:

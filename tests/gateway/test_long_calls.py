@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import pytest
 from openenv.core.env_server.mcp_types import CallToolAction
 from openenv.core.mcp_client import MCPToolClient
 
@@ -16,6 +17,8 @@ from tests.gateway.server import ServerProcess, wait_until_ended
 SUBMIT = {"script": "print('training')\n", "flavor": "cpu-basic", "timeout_minutes": 5}
 
 
+@pytest.mark.slow  # minutes of real turns, jobs or recordings: the slow set
+@pytest.mark.timeout(600)
 def test_a_40_s_jobs_wait_and_a_60_s_grading_complete_without_any_timeout(
     make_server: Callable[[FakeScenario], ServerProcess],
 ) -> None:

@@ -49,6 +49,8 @@ def test_every_campaign_scenario_and_workflow_type_is_recorded(folder: Path) -> 
     assert "EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW" in rollouts
 
 
+@pytest.mark.slow  # minutes of real turns, jobs or recordings: the slow set
+@pytest.mark.timeout(600)
 def test_the_campaign_recorder_records_histories_that_replay(tmp_path: Path) -> None:
     done = subprocess.run(
         [

@@ -109,6 +109,8 @@ async def test_a_recorded_history_replays_without_nondeterminism(path: Path) -> 
     assert result.replay_failure is None, f"{path.name}: {result.replay_failure!r}"
 
 
+@pytest.mark.slow  # minutes of real turns, jobs or recordings: the slow set
+@pytest.mark.timeout(600)
 def test_the_recorder_records_histories_that_replay(tmp_path: Path) -> None:
     """The README's recording command, on two of its scenarios."""
     done = subprocess.run(

@@ -25,9 +25,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
 from posttrain_env.contracts.jobs import JobRole
-from posttrain_env.contracts.visibility import dev_server_flags
+from posttrain_env.entrypoints.temporal_dev import start_dev_command
 from posttrain_env.keys import write_new_key
-from tests.conftest import binary
 from tests.payload_limits import assert_no_violation_in
 from tests.workflows.harness import Answer, write_task
 from workflows.episode import EpisodeWorkflow
@@ -69,23 +68,7 @@ def stop(proc: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGTERM) ->
 def spawn_dev_server(db_file: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(
-            [
-                binary("temporal"),
-                "server",
-                "start-dev",
-                "--db-filename",
-                str(db_file),
-                "--ip",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--ui-port",
-                str(free_port()),
-                "--headless",
-                "--log-level",
-                "warn",
-                *dev_server_flags(),
-            ],
+            start_dev_command(db_file, port),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
