@@ -1,14 +1,16 @@
 """Many live episodes on the split shape: latency, CPU, memory and history per live episode.
 
     uv run python bench/scale.py [--live 100,300,1000] [--workers 2] [--interval 5]
-        [--duration 60] [--quiet 20] [--sample 10] [--admit-timeout 600] [--keep]
+        [--duration 60] [--quiet 20] [--settle 10] [--sample 10] [--admit-timeout 600] [--keep]
 
 The split production shape (`bench/_topology.py`): a file-backed Temporal dev server,
 `posttrain-env server --no-worker` and `--workers` `posttrain-env worker` processes, on the fake
 jobs backend. The levels grow one set of episodes: each episode is reset and submits one job
 that runs for a day, then (`bench/gateway_latency.py`'s live mode) calls `jobs_status` every
 `--interval` s (jittered), rotating over OpenEnv `/ws`, `POST /mcp` and the bare Temporal update
-the gateway makes, for `--duration` s; then `--quiet` s with no calls at all. Per level:
+the gateway makes, for `--duration` s; then `--quiet` s with no calls at all. The idle
+topology (before any episode, `--settle` s after start-up, over `--quiet` s) is the baseline
+of the CPU and memory figures. Per level:
 
 - latency: p50/p99 of each path and the gateway paths' ratios to the bare update, the offered
   and achieved call rates (achieved short of offered: something saturated), client errors
@@ -45,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
-from _diagnose import cpu_now, snapshot  # noqa: E402 - bench/ is sys.path[0]
+from _diagnose import cpu_now, machine_busy_s, snapshot, worker_latency  # noqa: E402 - bench/ is sys.path[0]
 from _topology import Topology  # noqa: E402
 from gateway_latency import (  # noqa: E402
     PATHS,
@@ -77,7 +79,6 @@ from workflows.ids import (  # noqa: E402
 GROUPS = ("temporal", "workers", "gateway", "bench")
 PYTHON_CORE = 0.85  # a Python process this busy is at its one core (the GIL)
 TARGET = 10_000
-SETTLE_S = 10.0
 
 
 def group_of(label: str) -> str:
@@ -156,6 +157,7 @@ class Window:
     wall_s: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)  # CPU-s by process label
     sample_events: int = 0  # over the sampled episodes' workflows
+    machine_s: float = 0.0  # CPU-s the whole machine was busy (other work included)
 
 
 @dataclass
@@ -172,6 +174,7 @@ class Level:
     watcher_looks: int
     observe_bytes_per_job: float  # the watcher's last look's activity result, per job
     idle_cores: dict[str, float]  # by group, of the topology before any episode
+    wft_wait_ms: tuple[float | None, float | None]  # workflow task schedule-to-start p50, p99
 
     def per_ep_min(self, window: Window) -> dict[str, float]:
         """CPU-seconds per episode per minute, over the idle topology's."""
@@ -186,6 +189,19 @@ class Level:
 
     def events_per_ep_h(self, window: Window) -> float:
         return window.sample_events / max(1, self.sampled) / window.wall_s * 3600
+
+    def ms_per_call(self) -> dict[str, float]:
+        """CPU milliseconds per achieved call while calling, over the idle topology's (the
+        episodes' standing cost included: next to the calls' it is small)."""
+        cpu, rate = by_group(self.calling.cpu), self.measured.rate()
+        return {
+            g: (cpu[g] / self.calling.wall_s - self.idle_cores.get(g, 0.0)) / rate * 1000
+            for g in GROUPS
+        }
+
+    @property
+    def saturated(self) -> bool:
+        return self.measured.rate() < 0.9 * (self.measured.offered_per_s or 0)
 
     @property
     def watcher_wall_s(self) -> float:
@@ -235,17 +251,26 @@ async def measure_level(
     watcher = watcher_workflow_id(client.namespace, Settings().task_queue)
     watcher_then = await lengths(client, [watcher])
     before, events0 = snapshot(topology), await lengths(client, ids)
+    machine0 = machine_busy_s()
     got = Measured()
     lag.lags = []
     await paced(chosen, args.interval, args.duration, got)
-    cpu1, events1 = cpu_now(topology), await lengths(client, ids)
-    calling = Window(got.wall_s, delta(cpu1, before.cpu), grown(events0, events1))
+    cpu1, machine1, events1 = cpu_now(topology), machine_busy_s(), await lengths(client, ids)
+    calling = Window(
+        got.wall_s, delta(cpu1, before.cpu), grown(events0, events1), machine1 - machine0
+    )
+    wait = worker_latency(topology, before, "temporal_workflow_task_schedule_to_start_latency")
     report.level(f"live{len(chosen)}", got, before, lag.lags)
     quiet_from = time.time()
-    cpu2 = cpu_now(topology)
+    cpu2, machine2 = cpu_now(topology), machine_busy_s()
     await asyncio.sleep(args.quiet)
     cpu3, events2 = cpu_now(topology), await lengths(client, ids)
-    quiet = Window(time.time() - quiet_from, delta(cpu3, cpu2), grown(events1, events2))
+    quiet = Window(
+        time.time() - quiet_from,
+        delta(cpu3, cpu2),
+        grown(events1, events2),
+        machine_busy_s() - machine2,
+    )
     looks, per_job = await watcher_window(client, watcher, got.started, time.time())
     return Level(
         name=f"live{len(chosen)}",
@@ -260,6 +285,10 @@ async def measure_level(
         watcher_looks=looks,
         observe_bytes_per_job=per_job,
         idle_cores=idle_cores,
+        wft_wait_ms=(
+            None if wait[0] is None else wait[0] * 1000,
+            None if wait[1] is None else wait[1] * 1000,
+        ),
     )
 
 
@@ -344,45 +373,74 @@ def print_tables(levels: list[Level], args: argparse.Namespace) -> None:
 
 
 def bottleneck(levels: list[Level], wanted: list[int]) -> None:
+    """Per level, the cores each process used while calling, beside the whole machine's
+    (other work on it included), and the first level where something saturated."""
     cores = os.cpu_count() or 1
     found = None
     for level in levels:
         used = level.cores(level.calling)
         busiest = max((n for n in used if n != "bench"), key=lambda n: used[n])
-        total = sum(used.values())
-        short = level.measured.rate() < 0.9 * (level.measured.offered_per_s or 0)
+        ours = sum(used.values())
+        machine = level.calling.machine_s / level.calling.wall_s
+        short = level.saturated
         python = [n for n in used if n not in ("temporal", "bench") and used[n] >= PYTHON_CORE]
+        wait50, wait99 = level.wft_wait_ms
+        waiting = wait50 is not None and wait50 > 100
         shares = ", ".join(f"{n} {c:.2f}" for n, c in sorted(used.items(), key=lambda x: -x[1]))
-        print(f"{level.name}: cores {shares}; {total:.2f} of {cores} in all")
-        if found is None and (python or total >= 0.9 * cores or short):
+        print(
+            f"{level.name}: cores {shares}; {ours:.2f} ours, machine {machine:.2f} of {cores} "
+            f"({max(0.0, machine - ours):.2f} other work); workflow task schedule-to-start "
+            f"p50 <= {wait50 or 0:.0f} ms, p99 <= {wait99 or 0:.0f} ms; CPU ms per call: "
+            + ", ".join(f"{g} {ms:.1f}" for g, ms in level.ms_per_call().items())
+        )
+        # Saturated: the calls fell behind, or workflow tasks queued, or a Python process or
+        # our processes together used up the cores; a machine busy with other work is the
+        # context, not by itself a bottleneck of ours.
+        if found is None and (python or ours >= 0.9 * cores or short or waiting):
             why = []
             if python:
                 why.append(f"{', '.join(python)} at its one core")
-            if total >= 0.9 * cores:
-                why.append(f"the machine at {total:.2f} of {cores} cores")
+            if machine >= 0.9 * cores:
+                why.append(
+                    f"the machine at {machine:.2f} of {cores} cores ({ours:.2f} of them ours)"
+                )
+            if waiting:
+                why.append(f"workflow tasks waited p50 {wait50:.0f} ms from scheduled to started")
             if short:
-                why.append("achieved calls short of offered")
+                why.append(
+                    f"{level.measured.rate():.0f} calls/s of {level.measured.offered_per_s:.0f} "
+                    "offered"
+                )
             found = f"{level.name}: {'; '.join(why)} (busiest server process: {busiest})"
     print(f"first bottleneck: {found or f'none up to {levels[-1].name}' if levels else 'none'}")
     if len(levels) < len(wanted) or (levels and levels[-1].live < wanted[-1]):
         print(f"not reached: asked for {wanted}, measured {[level.live for level in levels]}")
 
 
-def extrapolate(levels: list[Level]) -> None:
+def extrapolate(levels: list[Level], interval_s: float) -> None:
+    """10,000 episodes: the idle topology, plus the calls' CPU (per call, from the largest
+    level that kept up with its offered calls) at 10,000 / interval calls/s, plus each
+    episode's standing CPU while quiet and its memory (from the largest level)."""
     if not levels:
         return
     top = levels[-1]
-    calling = top.per_ep_min(top.calling)
-    quiet = top.per_ep_min(top.quiet)
+    kept_up = [level for level in levels if not level.saturated]
+    calls_from = kept_up[-1] if kept_up else top
+    per_call, quiet = calls_from.ms_per_call(), top.per_ep_min(top.quiet)
+    rate = TARGET / interval_s
     print(
-        f"\n== {TARGET:,} live episodes, the idle topology plus {TARGET:,} times {top.name}'s "
-        "figures per episode"
+        f"\n== {TARGET:,} live episodes calling every {interval_s:g} s ({rate:.0f} calls/s): "
+        f"CPU per call from {calls_from.name}"
+        + ("" if kept_up else " (it did not keep up: a floor)")
+        + f", standing CPU and memory per episode from {top.name}"
     )
     for group in GROUPS[:3]:
         base = top.idle_cores.get(group, 0.0)
-        busy, idle = base + calling[group] * TARGET / 60, base + quiet[group] * TARGET / 60
+        standing = max(0.0, quiet[group]) * TARGET / 60
+        busy = base + standing + per_call[group] / 1000 * rate
         print(
-            f"{group}: {busy:.1f} cores calling, {idle:.1f} quiet; "
+            f"{group}: {busy:.1f} cores calling ({standing:.1f} of them standing), "
+            f"{base + standing:.1f} quiet; "
             f"+{top.rss_mib[group] / top.live * TARGET / 1024:.1f} GiB resident"
         )
     observe = top.observe_bytes_per_job * TARGET
@@ -395,10 +453,10 @@ def extrapolate(levels: list[Level]) -> None:
 
 async def scale(topology: Topology, args: argparse.Namespace) -> None:
     client = await Client.connect(topology.temporal_address, data_converter=pydantic_data_converter)
-    await asyncio.sleep(SETTLE_S)  # past the processes' start-up work
+    await asyncio.sleep(args.settle)  # past the processes' start-up work
     idle_rss = rss_now(topology)
     cpu0, idle_from = cpu_now(topology), time.time()
-    await asyncio.sleep(max(5.0, args.quiet))
+    await asyncio.sleep(max(2.0, args.quiet))
     cpu1 = cpu_now(topology)
     idle_cores = {g: s / (time.time() - idle_from) for g, s in by_group(delta(cpu1, cpu0)).items()}
     print(
@@ -451,7 +509,7 @@ async def scale(topology: Topology, args: argparse.Namespace) -> None:
     print_tables(levels, args)
     print()
     bottleneck(levels, args.live)
-    extrapolate(levels)
+    extrapolate(levels, args.interval)
 
 
 def main() -> None:
@@ -461,6 +519,9 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=5.0, help="s between a live call")
     parser.add_argument("--duration", type=float, default=60.0, help="s of calls per level")
     parser.add_argument("--quiet", type=float, default=20.0, help="s without calls per level")
+    parser.add_argument(
+        "--settle", type=float, default=10.0, help="s after start-up before the idle figures"
+    )
     parser.add_argument("--sample", type=int, default=10, help="episodes whose history is read")
     parser.add_argument("--open-at-once", type=int, default=10, help="sessions opened at once")
     parser.add_argument(

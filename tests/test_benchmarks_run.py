@@ -102,7 +102,8 @@ def test_the_campaign_scale_benchmark_runs_and_prints_its_figures() -> None:
 def test_the_scale_benchmark_runs_and_prints_its_tables() -> None:
     out = run(
         "bench/scale.py",
-        *("--live", "5", "--workers", "1", "--interval", "1", "--duration", "5", "--quiet", "2"),
+        *("--live", "5", "--workers", "1", "--interval", "1", "--duration", "5"),
+        *("--quiet", "2", "--settle", "1"),
     )
     lines = out.splitlines()
     headers = [i for i, line in enumerate(lines) if line.strip().startswith("level ")]
