@@ -13,6 +13,7 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from _topology import (
     Histogram,
@@ -66,6 +67,27 @@ def workers(topology: Topology) -> list[Proc]:
     return [p for p in topology.procs if p.name.startswith("worker")] or [topology.gateway]
 
 
+def worker_latency(
+    topology: Topology, before: Snapshot, name: str
+) -> tuple[float | None, float | None]:
+    """p50 and p99 (s, bucket upper bounds) of a latency histogram of the workers since
+    `before`, all workers merged (None without samples)."""
+    merged: dict[float, float] = {}
+    for proc in workers(topology):
+        delta = histogram_delta(before.metrics.get(proc.name, {}), scrape(proc), name)
+        for bound, count in delta.items():
+            merged[bound] = merged.get(bound, 0.0) + count
+    return quantile(merged, 0.5), quantile(merged, 0.99)
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (every core; /proc/stat, idle and iowait
+    left out): beside `cpu_now`, what other work on a shared machine took."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def diagnostics(topology: Topology, before: Snapshot, *, stacks: bool = False) -> list[str]:
     until = time.time()
     wall = until - before.at
@@ -102,12 +124,7 @@ def diagnostics(topology: Topology, before: Snapshot, *, stacks: bool = False) -
             for stack, count in found.most_common(5):
                 lines.append(f"{proc.name} stalled {count}x in: {stack}")
     for name, label in LATENCIES:
-        merged: dict[float, float] = {}
-        for proc in workers(topology):
-            delta = histogram_delta(before.metrics.get(proc.name, {}), scrape(proc), name)
-            for bound, count in delta.items():
-                merged[bound] = merged.get(bound, 0.0) + count
-        q50, q99 = quantile(merged, 0.5), quantile(merged, 0.99)
+        q50, q99 = worker_latency(topology, before, name)
         if q50 is not None and q99 is not None:
             lines.append(f"{label}: p50 <= {q50 * 1000:.0f} ms, p99 <= {q99 * 1000:.0f} ms")
     misses = failed = 0.0

@@ -45,15 +45,17 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -222,7 +224,8 @@ async def paced(
             await timed(session, order[turn % len(order)], into)
             turn += 1
             pause = interval_s * random.uniform(0.8, 1.2) - (loop.time() - started)
-            await asyncio.sleep(max(0.0, pause))
+            # Not past the end: a last pause would stretch the window the rate is taken over.
+            await asyncio.sleep(max(0.0, min(pause, stop_at - loop.time())))
 
     into.started = time.time()
     await asyncio.gather(*(run(s) for s in sessions))
@@ -316,14 +319,33 @@ class Report:
 
 
 async def open_sessions(
-    sessions: list[Session], count: int, at_once: int, factory: Callable[[], Session]
+    sessions: list[Session],
+    count: int,
+    at_once: int,
+    factory: Callable[[], Session],
+    *,
+    refused: Counter[str] | None = None,
+    deadline: float | None = None,
 ) -> float:
-    """Grow `sessions` to `count` (reset and a running job each); seconds it took."""
+    """Grow `sessions` to `count` (reset and a running job each); seconds it took. With
+    `refused`, a session that fails to open is counted there (by error) instead of raising,
+    and growing stops at a batch of which none opened; with `deadline` (`time.monotonic()`),
+    it stops then."""
     started = time.perf_counter()
-    while len(sessions) < count:
+    while len(sessions) < count and (deadline is None or time.monotonic() < deadline):
         batch = [factory() for _ in range(min(at_once, count - len(sessions)))]
-        await asyncio.gather(*(s.open() for s in batch))
-        sessions.extend(batch)
+        if refused is None:
+            await asyncio.gather(*(s.open() for s in batch))
+            sessions.extend(batch)
+            continue
+        opened = await asyncio.gather(*(s.open() for s in batch), return_exceptions=True)
+        for session, outcome in zip(batch, opened, strict=True):
+            if isinstance(outcome, BaseException):
+                refused[f"{type(outcome).__name__}: {str(outcome)[:160]}"] += 1
+            else:
+                sessions.append(session)
+        if all(isinstance(outcome, BaseException) for outcome in opened):
+            break
     return time.perf_counter() - started
 
 
@@ -378,7 +400,7 @@ def settings_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--shape", choices=("allinone", "split"), default="allinone")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (split)")
     parser.add_argument("--calls", type=int, default=600, help="calls per path per level")
@@ -408,24 +430,41 @@ def main() -> None:
     args.levels = [int(x) for x in args.levels.split(",") if x]
     args.live = [int(x) for x in args.live.split(",") if x]
     state = Path(tempfile.mkdtemp(prefix="gateway-latency-"))
-    tasks = state / "tasks"
-    (tasks / TASK_ID).mkdir(parents=True)
-    (tasks / TASK_ID / "task.toml").write_text(TASK)
-    topology = Topology(
-        args.shape,
-        state / "server",
-        FakeScenario(jobs=[FakeJobScript(queue_s=0, run_s=86400)]),
-        tasks,
-        workers=args.workers,
-        extra_env=settings_env(args),
-    )
+    topology = bench_topology(state, args.shape, args.workers, settings_env(args))
     shape = args.shape if args.shape == "allinone" else f"split, {args.workers} workers"
     print(f"shape: {shape}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     if settings_env(args):
         print(f"settings: {settings_env(args)}")
+    serve(topology, state, lambda: bench(topology, args), keep=args.keep)
+
+
+def bench_topology(state: Path, shape: str, workers: int, extra_env: dict[str, str]) -> Topology:
+    """The server processes over `state`, with the benchmark task; every job runs a day."""
+    tasks = state / "tasks"
+    (tasks / TASK_ID).mkdir(parents=True)
+    (tasks / TASK_ID / "task.toml").write_text(TASK)
+    return Topology(
+        shape,
+        state / "server",
+        FakeScenario(jobs=[FakeJobScript(queue_s=0, run_s=86400)]),
+        tasks,
+        workers=workers,
+        extra_env=extra_env,
+    )
+
+
+def serve(
+    topology: Topology,
+    state: Path,
+    measure: Callable[[], Coroutine[Any, Any, None]],
+    *,
+    keep: bool = False,
+) -> None:
+    """Start the topology, run `measure()`, stop it (printing each process's stop time and, on
+    a failure, the logs); remove `state` unless `keep`."""
     try:
         topology.start()
-        asyncio.run(bench(topology, args))
+        asyncio.run(measure())
     except BaseException:
         print(topology.logs(), file=sys.stderr)
         raise
@@ -434,11 +473,9 @@ def main() -> None:
         print(
             "stopped (SIGTERM to exit): " + ", ".join(f"{n} {s:.1f} s" for n, s in stopped.items())
         )
-        if args.keep:
+        if keep:
             print(f"state kept in {state}")
         else:
-            import shutil
-
             shutil.rmtree(state, ignore_errors=True)
 
 

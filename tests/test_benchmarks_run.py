@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PATHS = ("bare", "ws", "mcp")
 
 
 def run(*args: str, timeout: float = 240) -> str:
@@ -44,13 +45,14 @@ def test_the_gateway_latency_benchmark_runs_and_prints_its_table() -> None:
         *("--shape", "split", "--workers", "1", "--calls", "6", "--levels", "1,2"),
         *("--live", "2", "--interval", "1", "--duration", "3"),
     )
+    # A level's rows, not its `2 calls/s (offered 2)` line below them.
     rows = [
         row
         for row in (line.split() for line in out.splitlines())
-        if len(row) > 1 and row[0] in ("1", "2", "live2") and row[1] in ("bare", "ws", "mcp")
+        if len(row) > 1 and row[0] in ("1", "2", "live2") and row[1] in PATHS
     ]
     assert [(r[0], r[1]) for r in rows] == [
-        (level, path) for level in ("1", "2", "live2") for path in ("bare", "ws", "mcp")
+        (level, path) for level in ("1", "2", "live2") for path in PATHS
     ], out
     assert all(r[-2].endswith("x") and r[-1].endswith("x") for r in rows), out  # p50, p99 ratios
     assert "target" in out and "offered" in out, out
@@ -95,3 +97,24 @@ def test_the_campaign_scale_benchmark_runs_and_prints_its_figures() -> None:
     out = run("bench/campaign_scale.py", "--rollouts", "3", "--concurrency", "2")
     assert "phase: completed" in out and "rollouts_per_minute" in out, out
     assert "rollout_events_median" in out and "worker_peak_rss_mib" in out, out
+
+
+def test_the_scale_benchmark_runs_and_prints_its_tables() -> None:
+    out = run(
+        "bench/scale.py",
+        *("--live", "5", "--workers", "1", "--interval", "1", "--duration", "5"),
+        *("--quiet", "2", "--settle", "1"),
+    )
+    lines = out.splitlines()
+    headers = [i for i, line in enumerate(lines) if line.strip().startswith("level ")]
+    # The live level's latency rows (one per path), then the three summary tables.
+    assert [lines[i].split()[:2] for i in headers] == [["level", "path"]] + [
+        ["level", first] for first in ("offered/s", "temporal", "calling")
+    ], out
+    # One row per level under each header: its name, then every column (the CPU table's three
+    # parts split by `|`).
+    for i, cells in zip(headers[1:], (15, 15, 7), strict=True):
+        row = lines[i + 1].split()
+        assert row[0] == "live5" and len(row) == cells, out
+    assert "ws x50" in out and "mcp x99" in out and "hub calls/s" in out, out
+    assert "first bottleneck" in out and "10,000 live episodes" in out, out
