@@ -174,7 +174,9 @@ async def test_a_campaign_continuing_as_new_records_every_rollout_once_as_withou
 
     # It did continue as new, several times, the campaign and every rollout.
     assert len(plain_runs) == 1
-    assert len(campaign_runs) >= 3, [len(r.events) for r in campaign_runs]
+    # (How many campaign runs depends on how the rollouts' reports batch into workflow tasks:
+    # 2 or 3 were seen for the same campaign; each later run starts from a carried input.)
+    assert len(campaign_runs) >= 2, [len(r.events) for r in campaign_runs]
     assert min(per_rollout.values()) >= 2 and max(per_rollout.values()) >= 3, per_rollout
 
     # The same end as without it.
