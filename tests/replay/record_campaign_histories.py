@@ -22,19 +22,16 @@ Scenarios:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import datetime
-import sys
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).parent
-DEFAULT_OUT = HERE / "histories"
+from tests.replay.record_histories import recorder_cli
+
 # In every folder this module records, and in no other (test_replay.py tells them apart).
 FOLDER_TAG = "-campaigns-"
 LIMIT = 40  # history events: the campaign and its longer rollouts continue as new
@@ -245,27 +242,5 @@ SCENARIOS = {
 }
 
 
-def main(out: Path, only: list[str]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"recording into {out}", file=sys.stderr)
-    for name, record in SCENARIOS.items():
-        if only and name not in only:
-            continue
-        for old in out.glob(f"{name}--*.json"):
-            old.unlink()
-        with tempfile.TemporaryDirectory(prefix=f"record-{name}-") as tmp:
-            written = asyncio.run(record(out, Path(tmp)))
-        print(f"{name}: {len(written)} histories", file=sys.stderr)
-
-
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--label", required=True, help="what the recorded code is, e.g. a change")
-    parser.add_argument(
-        "--out", type=Path, help="another folder (default: histories/<date>-campaigns-<label>)"
-    )
-    parser.add_argument("scenarios", nargs="*", help=f"some of {', '.join(SCENARIOS)}")
-    args = parser.parse_args()
-    label = "-".join(args.label.lower().split())
-    day = datetime.date.today().isoformat()
-    main(args.out or DEFAULT_OUT / f"{day}{FOLDER_TAG}{label}", args.scenarios)
+    recorder_cli((__doc__ or "").splitlines()[0], SCENARIOS, FOLDER_TAG)

@@ -36,7 +36,7 @@ import socket
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -388,10 +388,15 @@ async def started(server: Any) -> None:
     raise RuntimeError("the gateway did not start")
 
 
-def main(out: Path, only: list[str]) -> None:
+Recorder = Callable[[Path, Path], Coroutine[Any, Any, list[Path]]]
+
+
+def record_into(out: Path, scenarios: Mapping[str, Recorder], only: Sequence[str]) -> None:
+    """Run each scenario (or those `only` names) in a temporary folder of its own, replacing
+    its earlier histories in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     print(f"recording into {out}", file=sys.stderr)
-    for name, record in SCENARIOS.items():
+    for name, record in scenarios.items():
         if only and name not in only:
             continue
         for old in out.glob(f"{name}--*.json"):
@@ -401,13 +406,19 @@ def main(out: Path, only: list[str]) -> None:
         print(f"{name}: {len(written)} histories", file=sys.stderr)
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def recorder_cli(description: str, scenarios: Mapping[str, Recorder], tag: str = "-") -> None:
+    """`--label L [--out DIR] [scenarios...]`: into DIR, or histories/<date><tag><label>."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--label", required=True, help="what the recorded code is, e.g. a change")
     parser.add_argument(
-        "--out", type=Path, help="another folder (default: histories/<date>-<label>)"
+        "--out", type=Path, help=f"another folder (default: histories/<date>{tag}<label>)"
     )
-    parser.add_argument("scenarios", nargs="*", help=f"some of {', '.join(SCENARIOS)}")
+    parser.add_argument("scenarios", nargs="*", help=f"some of {', '.join(scenarios)}")
     args = parser.parse_args()
     label = "-".join(args.label.lower().split())
-    main(args.out or DEFAULT_OUT / f"{datetime.date.today().isoformat()}-{label}", args.scenarios)
+    day = datetime.date.today().isoformat()
+    record_into(args.out or DEFAULT_OUT / f"{day}{tag}{label}", scenarios, args.scenarios)
+
+
+if __name__ == "__main__":
+    recorder_cli((__doc__ or "").splitlines()[0], SCENARIOS)
