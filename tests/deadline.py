@@ -25,7 +25,7 @@ import pytest
 MARGIN_S = 20.0
 
 
-def test_timeout_s(item: pytest.Item) -> float | None:
+def timeout_of(item: pytest.Item) -> float | None:
     """pytest-timeout's limit for this test (its marker, else the ini setting); None: none."""
     marker = item.get_closest_marker("timeout")
     if marker is not None and marker.args:
@@ -69,6 +69,6 @@ def put_async_tests_under_deadlines(items: list[pytest.Item]) -> None:
         test = getattr(item, "obj", None)
         if not inspect.iscoroutinefunction(test) or getattr(test, "is_hypothesis_test", False):
             continue
-        timeout_s = test_timeout_s(item)
+        timeout_s = timeout_of(item)
         if timeout_s:
             item.obj = under_deadline(test, deadline_s(timeout_s))  # type: ignore[attr-defined]
