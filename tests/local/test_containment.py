@@ -235,7 +235,15 @@ deadline = time.time() + 600
 while time.time() < deadline:
     pass
 """
-PAIRS = 5  # alone/busy pairs; the promise is on the median of their ratios
+PAIRS = 7  # alone/busy pairs; the promise is on the median of their ratios
+# Dev evaluations per measurement. One of t0_artifact lasts about 0.2 s, as short as a burst of
+# another test's work on this shared machine: in CI, 3 of 5 single-evaluation pairs once landed
+# on such bursts (3.1x to 3.9x, the other two 1.5x), so each measurement is the sum of three.
+EVALUATIONS = 3
+# After SIGCONT the hog's processes run with the scheduler's credit for having slept and its
+# groups' load averages still decayed; a steady hog, which is what the promise is about, is
+# measured once that has passed (a few of the load average's 32 ms half-lives).
+SETTLE_S = 0.2
 SERVER_WORK_S = 0.3  # the server-work probe's length alone (see `server_work`)
 
 
@@ -288,9 +296,11 @@ def test_a_cpu_hog_leaves_another_episodes_dev_evaluation_within_3x_its_time_alo
     seconds, so a baseline taken before the hog started compares two different machines. Each
     pair measures alone (the hog's processes stopped with SIGSTOP) and beside the hog (SIGCONT)
     back to back, in ABBA order across pairs (alone-busy, busy-alone, ...) so that a load that
-    drifts in one direction cancels out; the median of the per-pair ratios must be <= 3, and
-    every pair is printed with the load average.
-    """
+    drifts in one direction cancels out; each measurement is EVALUATIONS evaluations in a row,
+    the median of the per-pair ratios must be <= 3, and every pair is printed with the load
+    average. Measured beside a whole second test suite on 2 cores (load 7 to 10): medians
+    1.9x to 2.55x over 8 runs; single-evaluation pairs gave 2.25x to 2.8x there, and 3.14x once
+    in CI."""
     task = load_task("t0_artifact")
     assert task.base_model.local is not None
     revision = asyncio.run(jobs.backend.resolve_model(task.base_model.local, "main"))
@@ -301,9 +311,13 @@ def test_a_cpu_hog_leaves_another_episodes_dev_evaluation_within_3x_its_time_alo
     evaluator = evaluator_script(task)
 
     def dev_evaluate() -> float:
+        """EVALUATIONS dev evaluations one after another, as an agent's calls come: their time."""
         started = time.monotonic()
-        job = jobs.run(evaluator, role="dev", artifact_ref=agent.ref, base_model=model, timeout=120)
-        assert job.state.value == "succeeded", jobs.logs(job.ref)
+        for _ in range(EVALUATIONS):
+            job = jobs.run(
+                evaluator, role="dev", artifact_ref=agent.ref, base_model=model, timeout=120
+            )
+            assert job.state.value == "succeeded", jobs.logs(job.ref)
         return time.monotonic() - started
 
     def server_work(additions: int) -> float:
@@ -332,6 +346,7 @@ def test_a_cpu_hog_leaves_another_episodes_dev_evaluation_within_3x_its_time_alo
             for busy in (False, True) if index % 2 == 0 else (True, False):
                 if busy and not hog_running:
                     paused.resume()
+                    time.sleep(SETTLE_S)
                 elif hog_running and not busy:
                     paused.pause()
                     load = load_average()  # the outside load, without the hog's 16 runnable
@@ -347,7 +362,8 @@ def test_a_cpu_hog_leaves_another_episodes_dev_evaluation_within_3x_its_time_alo
     eval_ratio = statistics.median(beside / alone for _, alone, beside, _, _ in pairs)
     server_ratio = statistics.median(busy / alone for _, _, _, alone, busy in pairs)
     figures = "\n".join(
-        f"pair {n} ({load}): dev_evaluate alone {alone:.2f} s, beside the hog {beside:.2f} s "
+        f"pair {n} ({load}): {EVALUATIONS} dev_evaluate alone {alone:.2f} s, beside the hog "
+        f"{beside:.2f} s "
         f"({beside / alone:.2f}x); server work alone {s_alone:.3f} s, beside the hog "
         f"{s_busy:.3f} s ({s_busy / s_alone:.2f}x)"
         for n, (load, alone, beside, s_alone, s_busy) in enumerate(pairs, 1)
