@@ -13,12 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer
 
-from posttrain_env.entrypoints.worker import WORKFLOWS
 from tests.replay.record_campaign_histories import FOLDER_TAG, SCENARIOS
+from tests.replay.replaying import load, replayer_of_the_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS = sorted(p for p in (Path(__file__).parent / "histories").glob(f"*{FOLDER_TAG}*"))
@@ -72,8 +69,8 @@ def test_the_campaign_recorder_records_histories_that_replay(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr[-3000:]
     paths = sorted(tmp_path.glob("*.json"))
     assert {"CampaignWorkflow", "RolloutWorkflow"} <= {p.name.split("--")[1] for p in paths}
-    replayer = Replayer(workflows=list(WORKFLOWS), data_converter=pydantic_data_converter)
+    replayer = replayer_of_the_worker()
     for path in paths:
-        history = WorkflowHistory.from_json(path.stem, json.loads(path.read_text()))
+        history = load(path)
         result = asyncio.run(replayer.replay_workflow(history, raise_on_replay_failure=False))
         assert result.replay_failure is None, path.name
