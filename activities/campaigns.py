@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -23,6 +22,7 @@ from temporalio.exceptions import ApplicationError
 from activities.backend import JobsBackend
 from activities.campaign_store import CampaignStore
 from activities.episodes import pinned_base_model
+from activities.heartbeat import heartbeating as beating_every
 from activities.ports import EpisodeCalls
 from posttrain_env.agents.conversation import AgentCall, Message
 from posttrain_env.agents.prompts import error_data
@@ -53,26 +53,10 @@ from tasks.registry import TaskSpecError, load_task
 HEARTBEAT_S = 2.0
 
 
-@contextlib.asynccontextmanager
-async def heartbeating() -> AsyncIterator[None]:
+def heartbeating() -> contextlib.AbstractAsyncContextManager[None]:
     """Heartbeat every HEARTBEAT_S while the block runs (the calls await other services: the
     episode's update, its queries, the records' lock)."""
-
-    async def beat() -> None:
-        while True:
-            activity.heartbeat()
-            await asyncio.sleep(HEARTBEAT_S)
-
-    if not activity.in_activity():  # called as a plain method
-        yield
-        return
-    beating = asyncio.create_task(beat())
-    try:
-        yield
-    finally:
-        beating.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await beating
+    return beating_every(HEARTBEAT_S)
 
 
 class CampaignConfig(BaseModel):

@@ -14,6 +14,7 @@ from pathlib import Path
 from temporalio import activity
 
 from activities.backend import ArtifactRejected, JobRequest, JobsBackend, TransientBackendError
+from activities.heartbeat import heartbeating
 from activities.launcher_report import read_launcher_lines
 from activities.ports import JobToWatch, JobWatch
 from job_launcher.syntax import check_syntax
@@ -44,6 +45,9 @@ HIDDEN_SEED_SECRET = "POSTTRAIN_HIDDEN_SPLIT_SEED"
 # exit line is last.
 # An evaluation's task parameters (`[evaluation]` of task.toml), as JSON.
 TASK_PARAMS_ENV = "POSTTRAIN_TASK_PARAMS"
+# A submit that lasts longer than this (a slow or retried create on the Hub) heartbeats this
+# often; the job workflow's SUBMIT_HEARTBEAT timeout is several of these.
+SUBMIT_BEAT_S = 5.0
 
 
 class JobsActivities(JobsApi):
@@ -59,22 +63,23 @@ class JobsActivities(JobsApi):
     @agent_errors
     async def submit_job(self, job: SubmitJob) -> BackendJob:
         """Start the job unless one with its key exists (a retried submit), then watch it."""
-        found = await self._backend.find_by_key(job.key, job.now)
-        try:
-            started = found or await self._backend.submit(self._request(job))
-        except ArtifactRejected as err:
-            raise artifact_rejected(str(err)) from None
-        if not started.state.terminal:
-            await self._watch.watch(
-                JobToWatch(
-                    ref=started.ref,
-                    job_workflow_id=job.key,
-                    state=started.state.value,
-                    job_id=job.job_id,
-                    episode_id=job.episode_id,
+        async with heartbeating(SUBMIT_BEAT_S, first_after_s=SUBMIT_BEAT_S):
+            found = await self._backend.find_by_key(job.key, job.now)
+            try:
+                started = found or await self._backend.submit(self._request(job))
+            except ArtifactRejected as err:
+                raise artifact_rejected(str(err)) from None
+            if not started.state.terminal:
+                await self._watch.watch(
+                    JobToWatch(
+                        ref=started.ref,
+                        job_workflow_id=job.key,
+                        state=started.state.value,
+                        job_id=job.job_id,
+                        episode_id=job.episode_id,
+                    )
                 )
-            )
-        return started
+            return started
 
     @activity.defn
     async def observe_jobs(self, observe: ObserveJobs) -> dict[str, BackendJob]:

@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         PERSISTENT_RETRY,
         READ_RETRY,
         READ_TIMEOUT,
+        SUBMIT_HEARTBEAT,
         SUBMIT_RETRY,
         SUBMIT_TIMEOUT,
     )
@@ -45,6 +46,8 @@ GUARD_GRACE_S = 600
 # end too, so the watcher never signals a completed workflow (which also stalls the test
 # server's clock).
 WATCHER_SETTLE_S = 120
+# Taking the watcher's report of a job's end when it came before the submit's answer was taken.
+WATCHER_REPORT_FIRST_PATCH = "pt-watcher-report-first-1"
 # A cancellation not yet confirmed is asked for again after this long, doubling up to the cap.
 CANCEL_REISSUE_S = 15
 CANCEL_REISSUE_MAX_S = 600
@@ -108,6 +111,7 @@ class JobWorkflow:
                 JobsApi.submit_job,
                 self._submit_request(),
                 start_to_close_timeout=SUBMIT_TIMEOUT,
+                heartbeat_timeout=SUBMIT_HEARTBEAT,
                 retry_policy=SUBMIT_RETRY,
             )
         except ActivityError as err:
@@ -137,9 +141,19 @@ class JobWorkflow:
                     final=True,
                 )
             )
-        await self._apply(started, report=True)  # the episode waits for this first report
         # submit_job registered the job with the watcher unless it had already ended.
-        self._watcher_has_it = not started.state.terminal
+        held = not started.state.terminal
+        if workflow.patched(WATCHER_REPORT_FIRST_PATCH):
+            # The watcher's report of the end can come before the submit's answer was taken (a
+            # retried submit: the first attempt's registration was seen to its end) or while the
+            # report below is awaited; either way the watcher has dropped the job. Set after the
+            # await, as before this patch, the flag undid that release and the job waited
+            # WATCHER_SETTLE_S for a report that never came (issue 18's fault matrix, (h)).
+            self._watcher_has_it = held and not any(j.state.terminal for j in self._inbox)
+            await self._apply(started, report=True)  # the episode waits for this first report
+        else:
+            await self._apply(started, report=True)
+            self._watcher_has_it = held
         await self._follow_until_terminal()
         await self._let_the_watcher_see_the_end()
         score = await self._score() if self._state is JobState.succeeded else None

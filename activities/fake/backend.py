@@ -12,6 +12,7 @@ script wins. The wiring passes the scenario in (for a server or worker, read fro
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import hashlib
 import os
@@ -62,6 +63,10 @@ class FakeJobScript(BaseModel):
     transient_errors: dict[str, int] = Field(default_factory=dict)
     # The first submit creates the job and then fails as if the connection dropped.
     fail_after_create: bool = False
+    # The first submit creates the job and then hangs this many seconds (real time) before it
+    # answers, as a create call whose answer is slow to come: a worker killed meanwhile leaves
+    # its activity unanswered, and the retry must find the job.
+    submit_hang_s: float = 0.0
     logs: list[str] = Field(default_factory=list)
     # Payloads of the launcher's trusted lines, printed with the job's own nonce once the job
     # ended (e.g. {"stage": "install", "error": "..."} for a job whose install failed).
@@ -145,7 +150,10 @@ class FakeBackend:
             state.jobs[ref] = job
             if rule.fail_after_create and self._serve_once(state, request.key, "after_create"):
                 raise TransientBackendError("connection dropped after the job was created")
-            return _view(job, request.now)
+            hang = rule.submit_hang_s > 0 and self._serve_once(state, request.key, "hang")
+        if hang:  # outside the state's lock: other calls go on meanwhile
+            await asyncio.sleep(rule.submit_hang_s)
+        return _view(job, request.now)
 
     async def find_by_key(self, key: str, now: datetime) -> BackendJob | None:
         with self._state() as state:

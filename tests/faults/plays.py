@@ -1,4 +1,4 @@
-"""The seven kill points of the fault matrix, each an episode played through two gateways that
+"""The eight kill points of the fault matrix, each an episode played through two gateways that
 reaches a known end, with the moment at which the cell's target is killed:
 
 (a) `jobs_submit` in flight: the backend has created the job, and its answer was lost (the fake
@@ -6,11 +6,18 @@ reaches a known end, with the moment at which the cell's target is killed:
 (b) a job running, between two calls;
 (c) `jobs_wait` in flight on a running job;
 (d) `dev_evaluate` in flight, its evaluation job started (its submit answered: a kill inside
-    the submit activity is (a)'s kind of point);
+    the submit activity is (h));
 (e) `submit` grading, the grader started (likewise);
 (f) `jobs_cancel` in flight, the cancellation asked for and not confirmed (the fake confirms
     it after 6 s);
-(g) `reset` in flight while the episode before it ends (its job's cancellation unconfirmed).
+(g) `reset` in flight while the episode before it ends (its job's cancellation unconfirmed);
+(h) `submit`'s start of the grader in flight: the backend created the grader and its answer is
+    slow to come (the fake holds it SUBMIT_HANG_S), and the worker running that submit
+    activity is killed. Its retry must come at the activity's heartbeat timeout, not at its
+    start-to-close timeout (an evaluation killed so waited 120 s before), and find the grader
+    it started: the answer must come within PROMPT_RECOVERY_S of the kill. Only the targets
+    that kill that worker play it (POINT_TARGETS): under any other the answer just waits out
+    the hold.
 
 A play returns what the episode(s) must have reached and how many jobs of each role it started;
 `checks.py` holds the invariants every cell is checked against.
@@ -31,6 +38,7 @@ from posttrain_env.entrypoints.cluster_local import Member
 from posttrain_env.models import EndReason, JobState
 from tests.faults.player import Answer, Player
 from tests.faults.topology import SETTLE_TIMEOUT_S, Target, Topology, eventually
+from workflows.policies import SUBMIT_HEARTBEAT
 
 TASK = "t0_artifact"
 FLAVOR = "cpu-basic"  # every job of a play, evaluations included (the task's eval_flavor)
@@ -42,7 +50,14 @@ POINTS = {
     "e": "submit grading",
     "f": "cancel unconfirmed",
     "g": "reset, episode ending",
+    "h": "grader start in flight",
 }
+# The points that only some targets play (see (h)); every other point plays every target.
+POINT_TARGETS: dict[str, tuple[Target, ...]] = {"h": ("worker", "everything")}
+# (h): how long the fake holds the grader's create answer, and how soon after the kill the
+# answer must come: the heartbeat timeout, then the grading (5 s), the restart and backoff.
+SUBMIT_HANG_S = 100.0
+PROMPT_RECOVERY_S = SUBMIT_HEARTBEAT.total_seconds() + 45.0
 # What the local backend can play: its jobs' timing is real, so only the points that wait on a
 # job it runs (an agent job, a dev evaluation, a grading).
 LOCAL_POINTS = ("b", "d", "e")
@@ -65,6 +80,14 @@ FAKE_SCENARIO = FakeScenario(
             script_contains="SLOW_CANCEL", queue_s=0.5, run_s=600, cancel_confirm_after_s=6
         ),
         FakeJobScript(script_contains="RUN_LONG", queue_s=0.5, run_s=8),
+        FakeJobScript(
+            role=JobRole.grader,
+            evaluated_script_contains="HANG_GRADER_START",
+            queue_s=0.5,
+            run_s=5,
+            score=FAKE_GRADER_SCORE,
+            submit_hang_s=SUBMIT_HANG_S,
+        ),
         FakeJobScript(role=JobRole.dev, queue_s=0.5, run_s=5, score=FAKE_DEV_SCORE),
         FakeJobScript(role=JobRole.grader, queue_s=0.5, run_s=5, score=FAKE_GRADER_SCORE),
         FakeJobScript(queue_s=0.5, run_s=3),
@@ -81,6 +104,7 @@ class Scripts:
     long_run: str  # a job that runs long enough to be killed around (several seconds)
     slow_submit: str
     slow_cancel: str
+    hang_grader_start: str  # an agent job whose grader's create answers slowly (h)
     dev_score: float
     grader_score: float
 
@@ -90,6 +114,7 @@ FAKE_SCRIPTS = Scripts(
     long_run="print('training')  # RUN_LONG\n",
     slow_submit="print('training')  # SLOW_SUBMIT\n",
     slow_cancel="print('training')  # SLOW_CANCEL\n",
+    hang_grader_start="print('training')  # HANG_GRADER_START\n",
     dev_score=FAKE_DEV_SCORE,
     grader_score=FAKE_GRADER_SCORE,
 )
@@ -99,6 +124,7 @@ LOCAL_SCRIPTS = Scripts(
     long_run="import time\ntime.sleep(6)\n" + REFERENCE,
     slow_submit="",
     slow_cancel="",
+    hang_grader_start="",
     dev_score=1.0,
     grader_score=1.0,
 )
@@ -130,13 +156,18 @@ class Fault:
         self.struck_at: float | None = None
         self.killed: list[Member] = []
         self.job_states: str = ""  # what the backend's jobs were doing at the kill
+        # The job workflow whose pending activity the kill aims at: a `worker` kill then takes
+        # the worker running that activity (h), not the one that last ran the episode.
+        self.activity_of: str | None = None
         self._restart: Awaitable[None] | None = None
 
     async def strike(self, gateway: int) -> None:
         assert self.struck_at is None, "one kill per cell"
         jobs = self.topology.jobs_of(self.episode_id)
         self.job_states = ", ".join(f"{j.role.value} {j.state.value}" for j in jobs) or "no job"
-        self.killed = await self.topology.members_for(self.target, gateway, self.episode_id)
+        self.killed = await self.topology.members_for(
+            self.target, gateway, self.episode_id, self.activity_of
+        )
         self.struck_at = time.monotonic()
         self.topology.cluster.kill(*self.killed)
         self._restart = asyncio.ensure_future(self.topology.cluster.restart(*self.killed))
@@ -177,10 +208,10 @@ class Context:
         """The episode's evaluation of `role` has started and its job workflow follows it: it
         has armed its guard timer (`JobWorkflow._follow_until_terminal`), which it does once it
         has taken the submit's answer and reported it to the episode. Not earlier: a kill
-        inside the submit activity, or before the job workflow has taken its answer, is another
-        point, where the evaluation waits 120 s (SUBMIT_TIMEOUT, or WATCHER_SETTLE_S when the
-        watcher's report of its end comes first). On the fake backend it also runs (for 5 s);
-        a local evaluation may end before the harness looks."""
+        inside the submit activity is (h); one before the job workflow has taken the submit's
+        answer is another point, where the evaluation may wait WATCHER_SETTLE_S (120 s) when
+        the watcher's report of its end comes first. On the fake backend it also runs (for
+        5 s); a local evaluation may end before the harness looks."""
         states = (JobState.running,) if self.topology.backend == "fake" else ()
 
         async def check() -> bool:
@@ -194,6 +225,19 @@ class Context:
                 async for event in handle.fetch_history_events():
                     if event.HasField("timer_started_event_attributes"):
                         return True
+            return False
+
+        return check
+
+    def grader_start_held(self) -> Callable[[], Awaitable[bool]]:
+        """The backend has created the episode's grader and holds the answer (h); the kill
+        then aims at the worker running that submit activity."""
+
+        async def check() -> bool:
+            for job in self.topology.jobs_of(self.fault.episode_id):
+                if job.role is JobRole.grader:
+                    self.fault.activity_of = job.key  # the backend's key: the job's workflow
+                    return True
             return False
 
         return check
@@ -345,6 +389,15 @@ async def play_g(ctx: Context) -> Expected:
     )
 
 
+async def play_h(ctx: Context) -> Expected:
+    episode = await ctx.reset()
+    job_id = await ctx.trained(ctx.scripts.hang_grader_start)
+    await ctx.submitted(job_id, **ctx.strike_args(ctx.grader_start_held()))
+    return Expected(
+        {episode: End(EndReason.submitted, ctx.scripts.grader_score)}, {episode: one_each()}
+    )
+
+
 PLAYS: dict[str, Callable[[Context], Awaitable[Expected]]] = {
     "a": play_a,
     "b": play_b,
@@ -353,4 +406,5 @@ PLAYS: dict[str, Callable[[Context], Awaitable[Expected]]] = {
     "e": play_e,
     "f": play_f,
     "g": play_g,
+    "h": play_h,
 }

@@ -32,6 +32,7 @@ FAKE_ROTATION: list[tuple[str, Target]] = [
     ("e", "everything"),
     ("f", "worker"),
     ("g", "gateway"),
+    ("h", "worker"),
 ]
 LOCAL_ROTATION: list[tuple[str, Target]] = [("b", "everything"), ("d", "worker"), ("e", "temporal")]
 

@@ -15,7 +15,7 @@ from tests.faults.topology import KILL_TARGETS
 
 def test_the_readme_command_lines_choose_their_cells() -> None:
     whole = parse([])
-    assert (whole.backend, whole.points) == ("fake", list("abcdefg"))
+    assert (whole.backend, whole.points) == ("fake", list("abcdefgh"))
     assert whole.targets == ["none", "gateway", "worker", "temporal", "everything"]
     local = parse(["--backend", "local"])
     assert local.points == ["b", "d", "e"] and len(local.targets) == 5

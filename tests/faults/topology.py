@@ -102,9 +102,12 @@ class Topology:
 
     # -- faults ------------------------------------------------------------------------------
 
-    async def members_for(self, target: Target, gateway: int, episode_id: str) -> list[Member]:
+    async def members_for(
+        self, target: Target, gateway: int, episode_id: str, activity_of: str | None = None
+    ) -> list[Member]:
         """What a kill of `target` takes down: the gateway `gateway` (the one the call in flight
-        went to), the worker that last completed a workflow task of the episode (its sticky
+        went to), the worker running the pending activity of workflow `activity_of` when one is
+        named, else the worker that last completed a workflow task of the episode (its sticky
         queue holds the episode), Temporal, or every process."""
         cluster = self.cluster
         match target:
@@ -113,11 +116,26 @@ class Topology:
             case "gateway":
                 return [cluster.gateways[gateway]]
             case "worker":
-                return [await self.busy_worker(episode_id)]
+                running = await self.activity_worker(activity_of) if activity_of else None
+                return [running or await self.busy_worker(episode_id)]
             case "temporal":
                 return [cluster.temporal]
             case "everything":
                 return cluster.members
+
+    async def activity_worker(self, workflow_id: str) -> Member | None:
+        """The worker running `workflow_id`'s pending activity, if one of ours does."""
+        described = await self.client.get_workflow_handle(workflow_id).describe()
+        for pending in described.raw_description.pending_activities:
+            worker = self._worker_of(pending.last_worker_identity)
+            if worker is not None:
+                return worker
+        return None
+
+    def _worker_of(self, identity: str) -> Member | None:
+        """The worker whose Temporal identity (the SDK's default, `pid@host`) this is."""
+        pid = identity.split("@", 1)[0]
+        return next((w for w in self.cluster.workers if str(w.pid) == pid), None)
 
     async def busy_worker(self, episode_id: str) -> Member:
         handle = self.client.get_workflow_handle(episode_workflow_id(episode_id))
@@ -125,11 +143,7 @@ class Topology:
         async for event in handle.fetch_history_events():
             if event.HasField("workflow_task_completed_event_attributes"):
                 identity = event.workflow_task_completed_event_attributes.identity
-        pid = identity.split("@", 1)[0]
-        for worker in self.cluster.workers:
-            if str(worker.pid) == pid:
-                return worker
-        return self.cluster.workers[0]
+        return self._worker_of(identity) or self.cluster.workers[0]
 
     async def make_whole(self) -> list[str]:
         """Start again every member that is not running (none should be, between cells); the

@@ -77,9 +77,19 @@ async def save_all(client: Client, scenario: str, out: Path) -> list[Path]:
         history = await handle.fetch_history()
         n = seen[execution.workflow_type] = seen.get(execution.workflow_type, 0) + 1
         path = out / f"{scenario}--{execution.workflow_type}--{n}.json"
-        path.write_text(json.dumps(json.loads(history.to_json()), indent=None) + "\n")
+        path.write_text(json.dumps(without_stack_traces(json.loads(history.to_json()))) + "\n")
         written.append(path)
     return written
+
+
+def without_stack_traces(value: Any) -> Any:
+    """The history with every failure's stack trace emptied: they name this machine's folders,
+    and replay never reads them (it compares commands, not failures' texts)."""
+    if isinstance(value, dict):
+        return {k: "" if k == "stackTrace" else without_stack_traces(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_stack_traces(v) for v in value]
+    return value
 
 
 @contextlib.asynccontextmanager

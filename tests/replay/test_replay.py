@@ -14,11 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer
 
-from posttrain_env.entrypoints.worker import WORKFLOWS
+from tests.replay.replaying import load, replayer_of_the_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*/*.json"))
@@ -97,14 +94,10 @@ def test_every_patched_branch_of_the_workflow_code_is_replayed() -> None:
     assert in_code - taken == set(), "record new histories (tests/replay/record_histories.py)"
 
 
-def load(path: Path) -> WorkflowHistory:
-    return WorkflowHistory.from_json(path.stem, json.loads(path.read_text()))
-
-
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: f"{p.parent.name}/{p.stem}")
 async def test_a_recorded_history_replays_without_nondeterminism(path: Path) -> None:
     history = load(path)
-    replayer = Replayer(workflows=list(WORKFLOWS), data_converter=pydantic_data_converter)
+    replayer = replayer_of_the_worker()
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, f"{path.name}: {result.replay_failure!r}"
 
@@ -112,7 +105,7 @@ async def test_a_recorded_history_replays_without_nondeterminism(path: Path) -> 
 @pytest.mark.slow  # minutes of real turns, jobs or recordings: the slow set
 @pytest.mark.timeout(600)
 def test_the_recorder_records_histories_that_replay(tmp_path: Path) -> None:
-    """The README's recording command, on two of its scenarios."""
+    """The README's recording command, on three of its scenarios."""
     done = subprocess.run(
         [
             sys.executable,
@@ -124,6 +117,7 @@ def test_the_recorder_records_histories_that_replay(tmp_path: Path) -> None:
             str(tmp_path),
             "reset",
             "continue_as_new",
+            "cancel_pending",  # its session's history holds a failure, with a stack trace
         ],
         capture_output=True,
         text=True,
@@ -133,9 +127,11 @@ def test_the_recorder_records_histories_that_replay(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     recorded = sorted(tmp_path.glob("*.json"))
+    # Failures' stack traces would carry this machine's folders into the repository.
+    assert not [p.name for p in recorded if str(ROOT) in p.read_text()]
     names = {p.name.split("--")[1] for p in recorded}
     assert {"SessionWorkflow", "EpisodeWorkflow", "JobWorkflow", "AccountWorkflow"} <= names
-    replayer = Replayer(workflows=list(WORKFLOWS), data_converter=pydantic_data_converter)
+    replayer = replayer_of_the_worker()
     for path in recorded:
         result = asyncio.run(replayer.replay_workflow(load(path), raise_on_replay_failure=False))
         assert result.replay_failure is None, path.name
