@@ -1,4 +1,8 @@
-"""The README's benchmark commands run (tiny sizes). They measure; this only checks they work."""
+"""The README's benchmark commands run (tiny sizes). They measure; this only checks they work.
+
+The ones that start a whole deployment (a Temporal server, a gateway, workers) and play
+episodes through it take 15-30 s each on 2 cores: they run with the slow set (`-m slow`), which
+CI runs too, so that the default set stays a few minutes."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PATHS = ("bare", "ws", "mcp")
+# A benchmark that starts its own deployment and plays through it.
+DEPLOYMENT = pytest.mark.slow
 
 
 def run(*args: str, timeout: float = 240) -> str:
@@ -37,6 +43,7 @@ def test_the_launcher_overhead_benchmark_runs_and_prints_its_figures() -> None:
     assert "median" in out and "target" in out, out
 
 
+@DEPLOYMENT
 def test_the_gateway_latency_benchmark_runs_and_prints_its_table() -> None:
     # The split shape (its own Temporal, a gateway, a worker) with both kinds of level; the
     # all-in-one server is the burst benchmark's (below).
@@ -59,12 +66,14 @@ def test_the_gateway_latency_benchmark_runs_and_prints_its_table() -> None:
     assert "wft execution" in out and "worker0 loop" in out and "gateway loop" in out, out
 
 
+@DEPLOYMENT
 def test_the_burst_benchmark_runs_and_prints_what_the_clients_saw() -> None:
     out = run("bench/burst.py", "--clients", "2")
     assert "burst of 2: 2 admitted, 0 client errors" in out, out
     assert "PostTrainEnv re-sends" in out and "wft sched-to-start" in out, out
 
 
+@DEPLOYMENT
 def test_the_episode_wall_benchmark_runs_and_prints_its_phases() -> None:
     out = run("bench/episode_wall.py", "--runs", "1")
     assert "training script (run phase)" in out and "machinery" in out and "target" in out, out
@@ -93,12 +102,14 @@ def test_the_arithmetic_benchmark_runs_and_prints_its_figures() -> None:
     assert "generated tokens/s" in out and "one grading" in out, out
 
 
+@DEPLOYMENT
 def test_the_campaign_scale_benchmark_runs_and_prints_its_figures() -> None:
     out = run("bench/campaign_scale.py", "--rollouts", "3", "--concurrency", "2")
     assert "phase: completed" in out and "rollouts_per_minute" in out, out
     assert "rollout_events_median" in out and "worker_peak_rss_mib" in out, out
 
 
+@DEPLOYMENT
 def test_the_scale_benchmark_runs_and_prints_its_tables() -> None:
     out = run(
         "bench/scale.py",

@@ -143,6 +143,7 @@ async def rollout_runs(c: Campaigns, records: list[RolloutRecord]) -> dict[str, 
 
 # Two campaigns, the second mostly in real time: about 3 minutes at load 15 on 2 cores, 8
 # beside the other campaign tests (-n 2).
+@pytest.mark.slow  # real seconds per timer after the first continue-as-new (above)
 @pytest.mark.timeout(900)
 async def test_a_campaign_continuing_as_new_records_every_rollout_once_as_without_it(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
@@ -243,6 +244,7 @@ async def test_a_campaign_continuing_as_new_records_every_rollout_once_as_withou
     assert all(timedelta(0) < beating[name] <= TURN_HEARTBEAT for name in HEARTBEATING)
 
 
+@pytest.mark.slow  # real seconds per timer after the first continue-as-new (above)
 @pytest.mark.timeout(600)
 async def test_a_retry_queued_behind_a_full_window_survives_the_campaign_continuing_as_new(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path

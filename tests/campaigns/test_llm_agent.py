@@ -79,6 +79,7 @@ def logged(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixtur
     yield caplog
 
 
+@pytest.mark.slow  # a whole campaign through an agent worker and turn processes: 45-50 s
 async def test_an_llm_agent_plays_a_campaign_rollout_and_its_key_stays_with_its_llm(
     time_skipping_env: WorkflowEnvironment,
     tmp_path: Path,
