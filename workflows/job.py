@@ -98,6 +98,7 @@ class JobWorkflow:
         self._cancel_requested = False
         self._message = ""
         self._watcher_has_it = False
+        self._end_reported = False  # the watcher has reported the job's end
         self._cancel_requested_at: datetime | None = None
         self._visibility = Visibility()
 
@@ -143,17 +144,15 @@ class JobWorkflow:
             )
         # submit_job registered the job with the watcher unless it had already ended.
         held = not started.state.terminal
-        if workflow.patched(WATCHER_REPORT_FIRST_PATCH):
-            # The watcher's report of the end can come before the submit's answer was taken (a
-            # retried submit: the first attempt's registration was seen to its end) or while the
-            # report below is awaited; either way the watcher has dropped the job. Set after the
-            # await, as before this patch, the flag undid that release and the job waited
-            # WATCHER_SETTLE_S for a report that never came (issue 18's fault matrix, (h)).
-            self._watcher_has_it = held and not any(j.state.terminal for j in self._inbox)
-            await self._apply(started, report=True)  # the episode waits for this first report
-        else:
-            await self._apply(started, report=True)
-            self._watcher_has_it = held
+        await self._apply(started, report=True)  # the episode waits for this first report
+        if held and self._end_reported and workflow.patched(WATCHER_REPORT_FIRST_PATCH):
+            # The watcher reported the end before the submit's answer was taken (a retried
+            # submit: the first attempt's registration was seen to its end) or while the report
+            # above was awaited, and has dropped the job. Before this patch the flag undid that
+            # release and the job waited WATCHER_SETTLE_S for a report that never came (issue
+            # 18's fault matrix, (h)). Asked only then, so other jobs' histories hold no marker.
+            held = False
+        self._watcher_has_it = held
         await self._follow_until_terminal()
         await self._let_the_watcher_see_the_end()
         score = await self._score() if self._state is JobState.succeeded else None
@@ -165,6 +164,7 @@ class JobWorkflow:
         self._inbox.append(job)
         if job.state.terminal:
             self._watcher_has_it = False  # the watcher drops a job once it saw it end
+            self._end_reported = True
 
     @workflow.signal
     def cancel(self) -> None:
