@@ -189,6 +189,7 @@ def one_look() -> Script:
     yield calls(("list_hardware", {}))
 
 
+@pytest.mark.slow  # a second server of its own, with API keys: 20-30 s
 def test_a_server_with_api_keys_gets_the_env_key_and_the_llm_never_sees_it(
     tmp_path: Path,
 ) -> None:

@@ -21,6 +21,10 @@ from posttrain_env.contracts.jobs import JobRole
 from posttrain_env.keys import ServerKey
 from tests.gateway.server import ServerProcess
 
+# Each test runs Inspect itself (an `inspect eval` process) through whole episodes: 15-35 s each
+# on 2 cores. With the other third-party clients, in the slow set (README).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_SOLUTION = Path(tasks.__file__).parent / "t0_artifact" / "reference_solution.py"
 API_KEY = "k-inspect-" + "5eC7e7" * 6

@@ -111,6 +111,11 @@ class Jobs:
         return self.backend.jobs_dir / ref
 
 
+def logged(jobs: Jobs, ref: str, text: str) -> bool:
+    """The job's log (its last 2,000 lines) holds `text`."""
+    return any(text in line for line in jobs.logs(ref, 2000))
+
+
 def write_model(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text('{"model_type": "test"}')
