@@ -15,6 +15,7 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError, RPCStatusCode
 
 from tests.gateway.server import ServerProcess, command
 from tests.payload_limits import assert_no_violation_in
@@ -115,6 +116,17 @@ def campaign_status(workers: Workers, campaign_id: str) -> CampaignStatus:
     done = cli(workers, "status", campaign_id, "--json")
     assert done.returncode == 0, done
     return CampaignStatus.model_validate_json(done.stdout)
+
+
+def started_rollout_status(workers: Workers, rollout_id: str) -> RolloutStatus | None:
+    """As `rollout_status`, or None while the rollout's workflow does not exist yet: the
+    campaign counts a rollout in flight from the moment it starts starting it."""
+    try:
+        return rollout_status(workers, rollout_id)
+    except RPCError as err:
+        if err.status is RPCStatusCode.NOT_FOUND:
+            return None
+        raise
 
 
 def rollout_status(workers: Workers, rollout_id: str) -> RolloutStatus:

@@ -28,6 +28,7 @@ from tests.campaigns.dev_stack import (
     campaign_status,
     cli,
     rollout_status,
+    started_rollout_status,
 )
 from tests.gateway.server import command
 from workflows.campaign_contract import CampaignPhase, CampaignStatus
@@ -72,11 +73,11 @@ def test_campaign_cli_survives_sigkilled_workers_and_runs_every_rollout_once(
     while True:
         status = status_of(stack)
         playing = [
-            (rid, rollout_status(stack, rid))
+            (rid, started_rollout_status(stack, rid))
             for rid in status.in_flight_ids
             if "/reference/" in rid
         ]
-        playing = [(rid, s) for rid, s in playing if s.turns >= 2 and s.play_end is None]
+        playing = [(rid, s) for rid, s in playing if s and s.turns >= 2 and s.play_end is None]
         if playing:
             break
         assert time.monotonic() < deadline, status

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.local import jobfiles as jf
 from activities.local.store import REF, JobStore
@@ -121,7 +122,12 @@ async def playing_with_a_running_job(
                 rollout = client.get_workflow_handle_for(
                     RolloutWorkflow.run, rollout_workflow_id(rollout_id, 1)
                 )
-                now = await rollout.query(RolloutWorkflow.status)
+                try:
+                    now = await rollout.query(RolloutWorkflow.status)
+                except RPCError as err:  # in flight from the moment the campaign starts it
+                    if err.status is RPCStatusCode.NOT_FOUND:
+                        continue
+                    raise
                 if now.turns >= 2 and now.play_end is None and now.episode_id in running:
                     ref = running[now.episode_id]
                     checked_at = time.time()
