@@ -12,7 +12,6 @@ whole start-to-close timeout (a minute, measured: the rollout then stalled for i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -22,7 +21,7 @@ from temporalio.exceptions import ApplicationError
 from activities.backend import JobsBackend
 from activities.campaign_store import CampaignStore
 from activities.episodes import pinned_base_model
-from activities.heartbeat import heartbeating as beating_every
+from activities.heartbeat import heartbeating
 from activities.ports import EpisodeCalls
 from posttrain_env.agents.conversation import AgentCall, Message
 from posttrain_env.agents.prompts import error_data
@@ -51,12 +50,6 @@ from tasks.registry import TaskSpecError, load_task
 # How often a rollout's activity tells Temporal it is alive (the rollout's heartbeat timeout,
 # `workflows/rollout.py` CALL_HEARTBEAT, is a few of these).
 HEARTBEAT_S = 2.0
-
-
-def heartbeating() -> contextlib.AbstractAsyncContextManager[None]:
-    """Heartbeat every HEARTBEAT_S while the block runs (the calls await other services: the
-    episode's update, its queries, the records' lock)."""
-    return beating_every(HEARTBEAT_S)
 
 
 class CampaignConfig(BaseModel):
@@ -147,24 +140,24 @@ class CampaignActivities(CampaignsApi):
 
     @activity.defn
     async def open_conversation(self, request: OpenConversation) -> str:
-        async with heartbeating():
+        async with heartbeating(HEARTBEAT_S):
             return await asyncio.to_thread(
                 self._store.start_conversation, request.campaign_id, request.brief
             )
 
     @activity.defn
     async def send_call(self, call: CallRef) -> CallState:
-        async with heartbeating():
+        async with heartbeating(HEARTBEAT_S):
             return await self._send(call)
 
     @activity.defn
     async def collect_answer(self, call: CallRef) -> CallState:
-        async with heartbeating():
+        async with heartbeating(HEARTBEAT_S):
             return await self._collect(call)
 
     @activity.defn
     async def finish_attempt(self, finish: FinishAttempt) -> None:
-        async with heartbeating():
+        async with heartbeating(HEARTBEAT_S):
             await self._finish(finish)
 
     async def _send(self, call: CallRef) -> CallState:

@@ -98,7 +98,6 @@ class JobWorkflow:
         self._cancel_requested = False
         self._message = ""
         self._watcher_has_it = False
-        self._end_reported = False  # the watcher has reported the job's end
         self._cancel_requested_at: datetime | None = None
         self._visibility = Visibility()
 
@@ -145,7 +144,8 @@ class JobWorkflow:
         # submit_job registered the job with the watcher unless it had already ended.
         held = not started.state.terminal
         await self._apply(started, report=True)  # the episode waits for this first report
-        if held and self._end_reported and workflow.patched(WATCHER_REPORT_FIRST_PATCH):
+        reported_end = any(job.state.terminal for job in self._inbox)  # not drained yet
+        if held and reported_end and workflow.patched(WATCHER_REPORT_FIRST_PATCH):
             # The watcher reported the end before the submit's answer was taken (a retried
             # submit: the first attempt's registration was seen to its end) or while the report
             # above was awaited, and has dropped the job. Before this patch the flag undid that
@@ -164,7 +164,6 @@ class JobWorkflow:
         self._inbox.append(job)
         if job.state.terminal:
             self._watcher_has_it = False  # the watcher drops a job once it saw it end
-            self._end_reported = True
 
     @workflow.signal
     def cancel(self) -> None:

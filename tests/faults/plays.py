@@ -58,6 +58,8 @@ POINT_TARGETS: dict[str, tuple[Target, ...]] = {"h": ("worker", "everything")}
 # answer must come: the heartbeat timeout, then the grading (5 s), the restart and backoff.
 SUBMIT_HANG_S = 100.0
 PROMPT_RECOVERY_S = SUBMIT_HEARTBEAT.total_seconds() + 45.0
+# The points whose answer must come within a bound of the kill, besides every invariant.
+RECOVERY_BOUNDS_S: dict[str, float] = {"h": PROMPT_RECOVERY_S}
 # What the local backend can play: its jobs' timing is real, so only the points that wait on a
 # job it runs (an agent job, a dev evaluation, a grading).
 LOCAL_POINTS = ("b", "d", "e")
@@ -208,10 +210,8 @@ class Context:
         """The episode's evaluation of `role` has started and its job workflow follows it: it
         has armed its guard timer (`JobWorkflow._follow_until_terminal`), which it does once it
         has taken the submit's answer and reported it to the episode. Not earlier: a kill
-        inside the submit activity is (h); one before the job workflow has taken the submit's
-        answer is another point, where the evaluation may wait WATCHER_SETTLE_S (120 s) when
-        the watcher's report of its end comes first. On the fake backend it also runs (for
-        5 s); a local evaluation may end before the harness looks."""
+        inside the submit activity is (h). On the fake backend it also runs (for 5 s); a local
+        evaluation may end before the harness looks."""
         states = (JobState.running,) if self.topology.backend == "fake" else ()
 
         async def check() -> bool:

@@ -20,6 +20,7 @@ from activities.backend import JobRequest
 from activities.local.backend import LocalBackend, LocalLimits
 from job_launcher.trusted_lines import NONCE_ENV
 from posttrain_env.contracts.jobs import BackendJob, JobRole, RepoRef
+from tasks.registry import TASKS_DIR, evaluator_script, load_task
 
 JOB_PYTHON = "/usr/bin/python3"
 # Another bwrap to run these tests with (e.g. Debian's 0.8.0); unset: the backend's own choice.
@@ -167,3 +168,17 @@ def leftovers(jobs: Jobs, ref: str) -> list[str]:
         except OSError:
             continue
     return found
+
+
+def trained_t0_artifact(jobs: Jobs) -> tuple[RepoRef, BackendJob, str]:
+    """t0_artifact's base model in the local hub, its reference solution run to success as an
+    agent job on it, and the task's evaluator script: what a dev evaluation or a grading of
+    that job needs."""
+    task = load_task("t0_artifact")
+    assert task.base_model.local is not None
+    revision = asyncio.run(jobs.backend.resolve_model(task.base_model.local, "main"))
+    model = RepoRef(repo_id=task.base_model.local, revision=revision)
+    solution = (TASKS_DIR / "t0_artifact" / "reference_solution.py").read_text()
+    agent = jobs.run(solution, base_model=model, timeout_s=120, timeout=60)
+    assert agent.state.value == "succeeded", jobs.logs(agent.ref)
+    return model, agent, evaluator_script(task)

@@ -15,9 +15,7 @@ import time
 from pathlib import Path
 
 from activities.local.cgroups import JobGroups
-from posttrain_env.contracts.jobs import RepoRef
-from tasks.registry import TASKS_DIR, evaluator_script, load_task
-from tests.local.conftest import Jobs, logged, now, wait_for
+from tests.local.conftest import Jobs, logged, now, trained_t0_artifact, wait_for
 
 HOG = """
 import os, time
@@ -97,14 +95,7 @@ def test_a_cpu_hog_leaves_another_episodes_dev_evaluation_within_3x_its_time_alo
     average. Measured beside a whole second test suite on 2 cores (load 7 to 10): medians
     1.9x to 2.55x over 8 runs; single-evaluation pairs gave 2.25x to 2.8x there, and 3.14x once
     in CI."""
-    task = load_task("t0_artifact")
-    assert task.base_model.local is not None
-    revision = asyncio.run(jobs.backend.resolve_model(task.base_model.local, "main"))
-    model = RepoRef(repo_id=task.base_model.local, revision=revision)
-    solution = (TASKS_DIR / "t0_artifact" / "reference_solution.py").read_text()
-    agent = jobs.run(solution, base_model=model, timeout_s=120, timeout=60)
-    assert agent.state.value == "succeeded", jobs.logs(agent.ref)
-    evaluator = evaluator_script(task)
+    model, agent, evaluator = trained_t0_artifact(jobs)
 
     def dev_evaluate() -> float:
         """EVALUATIONS dev evaluations one after another, as an agent's calls come: their time."""

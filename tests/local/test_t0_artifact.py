@@ -7,21 +7,14 @@ import asyncio
 
 from job_launcher.trusted_lines import read_score
 from posttrain_env.contracts.jobs import RepoRef
-from tasks.registry import TASKS_DIR, evaluator_script, load_task
-from tests.local.conftest import Jobs
+from tasks.registry import evaluator_script, load_task
+from tests.local.conftest import Jobs, trained_t0_artifact
 
 SEED = "POSTTRAIN_HIDDEN_SPLIT_SEED"
 
 
 def test_the_reference_solution_scores_full_marks_on_both_splits(jobs: Jobs) -> None:
-    task = load_task("t0_artifact")
-    assert task.base_model.local is not None
-    revision = asyncio.run(jobs.backend.resolve_model(task.base_model.local, "main"))
-    model = RepoRef(repo_id=task.base_model.local, revision=revision)
-    solution = (TASKS_DIR / "t0_artifact" / "reference_solution.py").read_text()
-    agent = jobs.run(solution, base_model=model, timeout_s=120, timeout=60)
-    assert agent.state.value == "succeeded", jobs.logs(agent.ref)
-    evaluator = evaluator_script(task)
+    model, agent, evaluator = trained_t0_artifact(jobs)
     scores = {}
     for role, secrets in (("dev", {}), ("grader", {SEED: "a-hidden-seed"})):
         job = jobs.run(
