@@ -23,6 +23,6 @@ hf/                   Hugging Face Jobs (paid), and the orphan reaper's activiti
 ports.py              what an activity asks of other workflows, implemented by the worker's wiring
 
 No module here imports `workflows/` (tests/test_layers.py checks it): a call to another workflow
-goes through `ports.py`, and every such call is listed in `posttrain_env/entrypoints/wiring.py`.
+goes through `ports.py`, and every such call is listed in `posttrain_server/wiring.py`.
 A backend takes plain configuration; building it from settings is the wiring's.
 """

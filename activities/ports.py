@@ -3,7 +3,7 @@
 Activities touch the world and nothing else: where one must reach another workflow (register a
 job with the watcher, ask the account to admit an episode or accept more spend, ask whether an
 episode still runs, carry a rollout's tool call to its episode), it calls one of these.
-`posttrain_env/entrypoints/wiring.py` implements them with a Temporal client, so every
+`posttrain_server/wiring.py` implements them with a Temporal client, so every
 workflow-to-workflow call an activity makes is listed there.
 """
 
@@ -13,9 +13,9 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from posttrain_env.contracts.audit import AuditRecord
-from posttrain_env.contracts.episode_calls import EpisodeStatus, ToolCall, ToolResult
-from posttrain_env.contracts.episodes import Caps, ServerSpend
+from posttrain_common.contracts.audit import AuditRecord
+from posttrain_common.contracts.episode_calls import EpisodeStatus, ToolCall, ToolResult
+from posttrain_common.contracts.episodes import Caps, ServerSpend
 
 
 class JobToWatch(BaseModel):

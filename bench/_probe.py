@@ -163,7 +163,7 @@ def instrument_runtime() -> None:
         TelemetryFilter,
     )
 
-    from posttrain_env.entrypoints import temporal_client
+    from posttrain_server.temporal import client as temporal_client
 
     runtime = Runtime(
         telemetry=TelemetryConfig(
@@ -213,7 +213,7 @@ def with_lag_watch(entry: Callable[..., Awaitable[Any]]) -> Callable[..., Awaita
 def main() -> None:
     instrument_runtime()
     time_gc()
-    from posttrain_env.entrypoints import cli, server, worker
+    from posttrain_server import cli, server, worker
 
     server.serve = with_lag_watch(server.serve)  # type: ignore[assignment]
     worker.run_worker = with_lag_watch(worker.run_worker)  # type: ignore[assignment]

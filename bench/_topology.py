@@ -24,8 +24,8 @@ from pathlib import Path
 
 import httpx
 
-from activities.fake.backend import FakeScenario
-from posttrain_env.entrypoints.temporal_dev import start_dev_command
+from activities.backends.fake.backend import FakeScenario
+from posttrain_server.temporal.dev_server import start_dev_command
 
 PROBE = Path(__file__).with_name("_probe.py")
 START_TIMEOUT_S = 180.0

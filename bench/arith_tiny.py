@@ -51,8 +51,8 @@ sys.path.insert(0, str(ROOT))
 
 from job_launcher.requirements import script_dependencies  # noqa: E402
 from job_launcher.trusted_lines import read_score  # noqa: E402
+from posttrain_common.pip_config import pip_find_links  # noqa: E402
 from posttrain_env.models import TaskSpec  # noqa: E402
-from posttrain_env.pip_config import pip_find_links  # noqa: E402
 from tasks.registry import TASKS_DIR, evaluator_script, load_task  # noqa: E402
 from tasks.tiny_arith_model import write_tiny_arith_model  # noqa: E402
 

@@ -41,7 +41,7 @@ from _topology import Topology  # noqa: E402
 from openenv.core.env_server.mcp_types import CallToolAction  # noqa: E402
 from tool_latency import TASK, TASK_ID  # noqa: E402
 
-from activities.fake.backend import FakeJobScript, FakeScenario  # noqa: E402
+from activities.backends.fake.backend import FakeJobScript, FakeScenario  # noqa: E402
 from posttrain_env import PostTrainEnv  # noqa: E402
 
 SUBMIT = {"script": "RUN_LONG = 1\n", "flavor": "cpu-basic", "timeout_minutes": 60}

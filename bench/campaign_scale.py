@@ -33,17 +33,17 @@ from temporalio.testing import WorkflowEnvironment
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario  # noqa: E402
-from posttrain_env.campaigns.spec import parse_spec  # noqa: E402
-from posttrain_env.contracts.jobs import JobRole  # noqa: E402
-from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES  # noqa: E402
-from posttrain_env.entrypoints.agent_worker import build_agent_worker  # noqa: E402
-from posttrain_env.entrypoints.worker import build_worker  # noqa: E402
-from posttrain_env.keys import ServerKey  # noqa: E402
-from posttrain_env.settings import Settings  # noqa: E402
-from workflows.campaign import CampaignWorkflow  # noqa: E402
-from workflows.campaign_contract import CampaignInput, CampaignStatus  # noqa: E402
+from activities.backends.fake.backend import FakeBackend, FakeJobScript, FakeScenario  # noqa: E402
+from posttrain_common.campaigns.spec import parse_spec  # noqa: E402
+from posttrain_common.contracts.jobs import JobRole  # noqa: E402
+from posttrain_common.keys import ServerKey  # noqa: E402
+from posttrain_common.settings import Settings  # noqa: E402
+from posttrain_server.agent_worker import build_agent_worker  # noqa: E402
+from posttrain_server.worker import build_worker  # noqa: E402
+from workflows.campaign.contract import CampaignInput, CampaignStatus  # noqa: E402
+from workflows.campaign.workflow import CampaignWorkflow  # noqa: E402
 from workflows.ids import campaign_workflow_id, rollout_workflow_id  # noqa: E402
+from workflows.operations.search_attributes import SEARCH_ATTRIBUTES  # noqa: E402
 
 SCENARIO = FakeScenario(
     jobs=[

@@ -59,7 +59,7 @@ UV = Path(sys.executable).with_name("uv")  # the project's own uv (a dependency)
 UV_DEMO = [str(UV) if UV.exists() else "uv", "run", "posttrain-env", "demo"]
 IMPORTS = (
     "import time; t = time.perf_counter(); "
-    "from posttrain_env.entrypoints.demo import load_modules; load_modules(); "
+    "from posttrain_server.demo import load_modules; load_modules(); "
     "print(time.perf_counter() - t)"
 )
 

@@ -68,10 +68,10 @@ from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from tool_latency import TASK, TASK_ID  # noqa: E402
 from websockets.asyncio.client import ClientConnection, connect  # noqa: E402
 
-from activities.fake.backend import FakeJobScript, FakeScenario  # noqa: E402
+from activities.backends.fake.backend import FakeJobScript, FakeScenario  # noqa: E402
 from mcp_gateway.episode_calls import update_id  # noqa: E402
-from workflows.episode import EpisodeWorkflow  # noqa: E402
-from workflows.episode_contract import ToolCall  # noqa: E402
+from posttrain_common.contracts.episode_calls import ToolCall  # noqa: E402
+from workflows.episode.workflow import EpisodeWorkflow  # noqa: E402
 from workflows.ids import episode_workflow_id  # noqa: E402
 
 PATHS = ("bare", "ws", "mcp")

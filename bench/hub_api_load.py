@@ -36,17 +36,17 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.hf.backend import HfBackend, HfBackendConfig
-from activities.hf.labels import LABEL_JOB, LABEL_KEY
-from posttrain_env.entrypoints.temporal_setup import add_search_attributes
-from posttrain_env.entrypoints.worker import build_worker
-from posttrain_env.keys import ServerKey
-from posttrain_env.settings import Settings
+from activities.backends.hf.backend import HfBackend, HfBackendConfig
+from activities.backends.hf.labels import LABEL_JOB, LABEL_KEY
+from posttrain_common.contracts.episode_calls import ToolCall
+from posttrain_common.keys import ServerKey
+from posttrain_common.settings import Settings
+from posttrain_server.temporal.setup import add_search_attributes
+from posttrain_server.worker import build_worker
 from tests.hf.fake_hub import FakeHub, JobPlan, model_json
-from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import ToolCall
+from workflows.episode.session import ResetRequest, SessionState, SessionWorkflow
+from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import watcher_workflow_id
-from workflows.session import ResetRequest, SessionState, SessionWorkflow
 
 RUN_LIMIT_S = 900
 TASK_ID = "t_hub_load"

@@ -42,11 +42,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-import activities.local.backend as local_backend
-from activities.backend import JobRequest
-from activities.local.backend import LocalBackend
+import activities.backends.local.backend as local_backend
+from activities.backends.interface import JobRequest
+from activities.backends.local.backend import LocalBackend
 from job_launcher.trusted_lines import NONCE_ENV
-from posttrain_env.contracts.jobs import BackendJob, JobRole, RepoRef
+from posttrain_common.contracts.jobs import BackendJob, JobRole, RepoRef
 from tasks.registry import TASKS_DIR, evaluator_script, load_task
 
 HOG = """

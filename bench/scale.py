@@ -66,9 +66,11 @@ from temporalio.client import Client  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.service import RPCError  # noqa: E402
 
-from posttrain_env.entrypoints.worker import DEFAULT_WATCH_INTERVAL_S  # noqa: E402
+from activities.backends.registry import backend_info  # noqa: E402
+from posttrain_common.settings import Settings  # noqa: E402
 from posttrain_env.limits import TEMPORAL_PAYLOAD_LIMIT_BYTES  # noqa: E402
-from posttrain_env.settings import Settings  # noqa: E402
+
+HF_WATCH_INTERVAL_S = backend_info("hf").capabilities.watch_interval_s
 from workflows.ids import (  # noqa: E402
     episode_workflow_id,
     job_workflow_id,
@@ -359,8 +361,8 @@ def print_tables(levels: list[Level], args: argparse.Namespace) -> None:
             f"{level.observe_bytes_per_job:13.0f}"
         )
     print(
-        f"hub calls/s on the hf backend = namespaces x ceil(N / P) / {DEFAULT_WATCH_INTERVAL_S:g} s"
-        " (one list_jobs per namespace per look, every DEFAULT_WATCH_INTERVAL_S, of ceil(N/P) "
+        f"hub calls/s on the hf backend = namespaces x ceil(N / P) / {HF_WATCH_INTERVAL_S:g} s"
+        " (one list_jobs per namespace per look, every HF_WATCH_INTERVAL_S, of ceil(N/P) "
         "pages of P jobs, the Hub's page size) + one inspect_job per job that ends: for N running "
         "jobs in one namespace, the looks/s above (per page), whatever N"
     )

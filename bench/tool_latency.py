@@ -36,14 +36,14 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
-from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
-from posttrain_env.entrypoints.worker import build_worker
-from posttrain_env.keys import ServerKey
-from posttrain_env.settings import Settings
-from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import ToolCall, ToolResult
-from workflows.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+from activities.backends.fake.backend import FakeBackend, FakeJobScript, FakeScenario
+from posttrain_common.contracts.episode_calls import ToolCall, ToolResult
+from posttrain_common.keys import ServerKey
+from posttrain_common.settings import Settings
+from posttrain_server.worker import build_worker
+from workflows.episode.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+from workflows.episode.workflow import EpisodeWorkflow
+from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
 LEVELS = (1, 10, 50)
 WARMUP_CALLS = 20

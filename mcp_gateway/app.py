@@ -37,11 +37,12 @@ from mcp_gateway.wire import (
     SchemaResponse,
     State,
 )
-from posttrain_env.errors import GatewayCode, SessionError, temporal_failure
-from posttrain_env.keys import ServerKey
+from posttrain_common.failures import temporal_failure
+from posttrain_common.keys import ServerKey
+from posttrain_common.settings import Settings
+from posttrain_common.version import installed_version
+from posttrain_env.errors import GatewayCode, SessionError
 from posttrain_env.limits import MAX_BODY_BYTES
-from posttrain_env.settings import Settings
-from posttrain_env.version import installed_version
 
 log = logging.getLogger(__name__)
 # At shutdown, requests in flight get this long to finish; then uvicorn cancels them. Without
@@ -76,7 +77,7 @@ def uvicorn_config(app: FastAPI, host: str, port: int) -> uvicorn.Config:
 
 def create_app(settings: Settings, client: Client, key: ServerKey) -> FastAPI:
     """The gateway, on a connected Temporal client and the deployment's server key (the entry
-    point connects the one and resolves the other: posttrain_env/entrypoints/deployment_key.py)."""
+    point connects the one and resolves the other: posttrain_server/deployment_key.py)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcp_gateway.refusals import refuse
-from posttrain_env.keys import ServerKey
+from posttrain_common.keys import ServerKey
 
 EPISODE_ID = re.compile(r"ep-[0-9a-f]{16}")
 OPEN_PATHS = frozenset({"/health", "/metadata", "/schema", "/openapi.json"})
@@ -86,8 +86,11 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve to anything
 
 
-def start_refusal(host: str, backend: str, api_keys: list[str]) -> str | None:
-    """Why the server must not start with these settings, or None (DESIGN §6 item 6)."""
+def start_refusal(
+    host: str, api_keys: list[str], *, backend: str, spends_money: bool
+) -> str | None:
+    """Why the server must not start with these settings, or None (DESIGN §6 item 6).
+    `spends_money`: what the backend called `backend` declares (its `Capabilities`)."""
     if api_keys:
         return None
     if not is_loopback(host):
@@ -96,9 +99,9 @@ def start_refusal(host: str, backend: str, api_keys: list[str]) -> str | None:
             "Set POSTTRAIN_API_KEYS (comma-separated random strings, e.g. from "
             "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`) or bind 127.0.0.1."
         )
-    if backend == "hf":
+    if spends_money:
         return (
-            "refusing to start the hf backend without API keys: it spends money. "
+            f"refusing to start the {backend} backend without API keys: it spends money. "
             "Set POSTTRAIN_API_KEYS (comma-separated random strings)."
         )
     return None

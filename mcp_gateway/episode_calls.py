@@ -21,19 +21,19 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError
 
-from posttrain_env.errors import (
-    ErrorType,
-    GatewayCode,
-    SessionError,
-    ToolError,
-    workflow_is_gone,
+from posttrain_common.contracts.episode_calls import (
+    EpisodeStatus,
+    ToolCall,
+    ToolResult,
+    episode_over,
 )
-from posttrain_env.limits import MAX_UPDATE_BYTES
-from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import EpisodeStatus, ToolCall, ToolResult, episode_over
 
 # Built in the ground (a rollout's activity builds its calls the same way); the edge's name.
-from workflows.episode_contract import tool_call as tool_call
+from posttrain_common.contracts.episode_calls import tool_call as tool_call
+from posttrain_common.failures import workflow_is_gone
+from posttrain_env.errors import ErrorType, GatewayCode, SessionError, ToolError
+from posttrain_env.limits import MAX_UPDATE_BYTES
+from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 
 log = logging.getLogger(__name__)

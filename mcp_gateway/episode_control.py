@@ -16,10 +16,10 @@ from typing import Any, Literal
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from posttrain_env.errors import workflow_is_gone
+from posttrain_common.contracts.episode_calls import EndRequest, EpisodeStatus
+from posttrain_common.failures import workflow_is_gone
 from posttrain_env.models import EndReason
-from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import EndRequest, EpisodeStatus
+from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 
 # How long DELETE waits for the jobs' cancellations to be confirmed before it answers

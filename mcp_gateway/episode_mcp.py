@@ -47,12 +47,13 @@ from mcp_gateway.bounds import MalformedJson, parse_json, read_bounded_body
 from mcp_gateway.episode_calls import UnknownEpisode, call_tool, tool_call
 from mcp_gateway.refusals import refuse
 from mcp_gateway.sessions import request_id_of
-from posttrain_env.errors import ErrorType, SessionError, ToolError, is_error, temporal_failure
-from posttrain_env.keys import ServerKey
+from posttrain_common.contracts.episode_calls import ToolResult
+from posttrain_common.failures import temporal_failure
+from posttrain_common.keys import ServerKey
+from posttrain_common.version import installed_version
+from posttrain_env.errors import ErrorType, SessionError, ToolError, is_error
 from posttrain_env.limits import MAX_BODY_BYTES
 from posttrain_env.tools import tool_catalog
-from posttrain_env.version import installed_version
-from workflows.episode_contract import ToolResult
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 5.0  # the contract is "at least every 10 s"

@@ -21,7 +21,7 @@ from mcp_gateway.bounds import JSON_OBJECT_BODY, read_json_object
 from mcp_gateway.episode_control import EpisodeControl, EpisodeNotFound, episode_body, state_of
 from mcp_gateway.protocol import OpenEnvProtocol
 from mcp_gateway.refusals import refusal_body
-from posttrain_env.keys import ServerKey
+from posttrain_common.keys import ServerKey
 
 router = APIRouter()
 ANSWERED = ("episode_id", "mcp_url", "episode_token", "prompt", "task")

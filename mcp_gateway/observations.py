@@ -12,11 +12,11 @@ import json
 from typing import Any
 
 from mcp_gateway.wire import CallToolObservation, ListToolsObservation, Observation, Tool
+from posttrain_common.contracts.episode_calls import EpisodeStatus, ToolResult
 from posttrain_env.errors import is_error
 from posttrain_env.models import ServiceSpend
 from posttrain_env.tools import tool_catalog
-from workflows.episode_contract import EpisodeStatus, ToolResult
-from workflows.session import ResetResult
+from workflows.episode.session import ResetResult
 
 
 def tool_result_body(result: ToolResult) -> dict[str, Any]:

@@ -21,7 +21,8 @@ from mcp_gateway import jsonrpc
 from mcp_gateway.bounds import MalformedJson, parse_json
 from mcp_gateway.protocol import OpenEnvProtocol
 from mcp_gateway.wire import JsonRpcRequest, WSErrorCode
-from posttrain_env.errors import GatewayCode, SessionError, temporal_failure
+from posttrain_common.failures import temporal_failure
+from posttrain_env.errors import GatewayCode, SessionError
 
 log = logging.getLogger(__name__)
 # Sent for failures a retry with the same request id may fix (Temporal restarting, say).

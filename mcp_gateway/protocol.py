@@ -19,9 +19,9 @@ from mcp_gateway.observations import (
     tools_observation,
 )
 from mcp_gateway.sessions import SessionIds, Sessions, request_id_of
-from posttrain_env.contracts.episode_calls import ToolPath
+from posttrain_common.keys import ServerKey
 from posttrain_env.errors import GatewayCode, SessionError
-from posttrain_env.keys import ServerKey
+from posttrain_env.models import ToolPath
 from posttrain_env.tools import tool_catalog
 
 

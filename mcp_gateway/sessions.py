@@ -28,20 +28,14 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from mcp_gateway.episode_calls import UnknownEpisode, call_tool, wait_out_slow_polls
-from posttrain_env.errors import (
-    ErrorType,
-    GatewayCode,
-    SessionError,
-    ToolError,
-    is_error,
-    workflow_is_gone,
-)
-from posttrain_env.keys import ServerKey
+from posttrain_common.contracts.episode_calls import EpisodeStatus, ToolCall, ToolResult
+from posttrain_common.failures import workflow_is_gone
+from posttrain_common.keys import ServerKey
+from posttrain_env.errors import ErrorType, GatewayCode, SessionError, ToolError, is_error
 from posttrain_env.limits import MAX_REQUEST_ID_CHARS
-from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import EpisodeStatus, ToolCall, ToolResult
+from workflows.episode.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import episode_workflow_id, session_workflow_id
-from workflows.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
 
 _SESSION_ID = re.compile(r"[0-9a-f]{64}")
 _REQUEST_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_REQUEST_ID_CHARS}}}")

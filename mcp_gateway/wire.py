@@ -1,13 +1,13 @@
 """OpenEnv's wire types, the only openenv the gateway imports (without its web UI).
 
 Every gateway module takes openenv's models from here, so that the process's first import of
-openenv goes through `posttrain_env.openenv_slim.load()` and Gradio is never loaded
+openenv goes through `mcp_gateway.openenv_slim.load()` and Gradio is never loaded
 (`import mcp_gateway.app` took ~6 s longer with it).
 """
 
 from __future__ import annotations
 
-from posttrain_env import openenv_slim
+from mcp_gateway import openenv_slim
 
 openenv_slim.load()
 

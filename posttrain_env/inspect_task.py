@@ -7,7 +7,7 @@ evaluation through the episode's MCP tools (`pip install 'posttrain-env[inspect]
 (or `inspect eval posttrain_env/inspect_task.py@posttrain` from a checkout). Per sample:
 
 - setup: `POST /episodes` starts an episode; the model gets the task's prompt and limits, and
-  the episode's nine tools over its MCP endpoint;
+  the episode's tools over its MCP endpoint;
 - the agent: the model calls tools until the episode is over (its `submit`, `max_steps` or the
   time limit), with a nudge when it answers without a tool call (`max_nudges` in a row end it);
 - the scorer reads `GET /episodes/<id>`: the reward as the score (in [0, 1]), unscored when the

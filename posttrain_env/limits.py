@@ -100,7 +100,8 @@ CONTINUE_AS_NEW_HISTORY_BYTES = 8 * MIB
 # characters, oldest job first, and their evaluator details replaced by a note.
 COMPACT_JOB_TEXT_CHARS = 120
 
-# -- the contamination check (activities/contamination.py; README "Contamination check") ---------
+# -- the contamination check (activities/contamination/activities.py; README "Contamination check")
+# ---------
 # Bytes of one mounted dataset the check reads (its files in path order, the last one cut):
 # what a grader-side scan of sixteen datasets can afford in minutes of one CPU.
 CONTAMINATION_DATASET_BYTES = 32 * MIB
@@ -136,8 +137,10 @@ MAX_STATUS_ROLLOUTS_LISTED = 100
 # second `retry` takes the rest.
 MAX_RETRIES_PER_REQUEST = 5_000
 
-# -- the Hugging Face Hub (activities/hf) --------------------------------------------------------
-# Every Hub request (activities/hf/http.py), in seconds. Each is shorter than the shortest activity
+# -- the Hugging Face Hub (activities/backends/hf)
+# --------------------------------------------------------
+# Every Hub request (activities/backends/hf/http.py), in seconds. Each is shorter than the shortest
+# activity
 # that calls the Hub (observe_jobs and cancel_job: 15 s), so one stalled request can fail its
 # activity attempt but never outlast it.
 HUB_CONNECT_TIMEOUT_S = 5.0

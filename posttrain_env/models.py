@@ -367,3 +367,39 @@ class TaskSpec(BaseModel):
             "score_timeout_s": self.score_timeout_s,
             "flavors": [prices[f].view() for f in self.flavors if f in prices],
         }
+
+
+# Where a call came from. The episode answers every path alike; the path is kept as data (for
+# the audit record) and the edge shapes the answer for its transport: the metadata it carries
+# (`StepMetadata.view`) and what to do after the end (`worded_for`).
+ToolPath = Literal["step", "mcp", "openenv_mcp", "rollout"]
+
+
+class StepMetadata(BaseModel):
+    """Everything an episode reports with an answer. Only the OpenEnv `step` path carries
+    `service_spend` and `episode_end` (DESIGN §9); the edge leaves them out elsewhere."""
+
+    episode_id: str
+    steps_used: int
+    steps_left: int
+    time_left_s: float
+    prices_simulated: bool = False
+    service_spend: ServiceSpend = Field(default_factory=ServiceSpend)
+    episode_end: EpisodeEnd | None = None
+
+    def view(self, path: ToolPath) -> dict[str, Any]:
+        """What `path` carries: every path the steps and the time left; only `step` the spend
+        and the end."""
+        view: dict[str, Any] = {
+            "episode_id": self.episode_id,
+            "steps_used": self.steps_used,
+            "steps_left": self.steps_left,
+            "time_left_s": self.time_left_s,
+        }
+        if self.prices_simulated:
+            view["prices_simulated"] = True
+        if path == "step":
+            view["service_spend"] = self.service_spend.model_dump(mode="json")
+            if self.episode_end is not None:
+                view["episode_end"] = self.episode_end.view()
+        return view

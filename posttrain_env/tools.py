@@ -1,8 +1,8 @@
-"""The nine tools: the one registry of what an agent can call (name, arguments, description).
+"""The tools: the one registry of what an agent can call (name, arguments, description).
 
 Every path (OpenEnv `step`, OpenEnv `/mcp`, the standard MCP endpoint) lists and validates tools
 from here, so what an agent reads never drifts apart; the episode binds a handler to each entry
-(`workflows/episode_tools.py`, checked by a test). The descriptions are written for the agent.
+(`workflows/episode/tools.py`, checked by a test). The descriptions are written for the agent.
 """
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from huggingface_hub import JobInfo
 
-    from activities.hf.backend import HfBackend
-    from workflows.episode_contract import ToolResult
+    from activities.backends.hf.backend import HfBackend
+    from posttrain_common.contracts.episode_calls import ToolResult
 
 TASK_ID = "t0_artifact"
 FLAVOR = "cpu-basic"
@@ -70,15 +70,15 @@ async def episode(
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
-    from activities.hf.backend import HfBackend
-    from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
-    from posttrain_env.entrypoints.wiring import hf_backend
-    from posttrain_env.entrypoints.worker import build_worker
-    from posttrain_env.keys import ServerKey
-    from posttrain_env.settings import Settings
-    from workflows.episode import EpisodeWorkflow
-    from workflows.episode_contract import ToolCall
-    from workflows.session import ResetRequest, SessionState, SessionWorkflow
+    from activities.backends.hf.backend import HfBackend
+    from activities.backends.hf.factory import build as hf_backend
+    from posttrain_common.contracts.episode_calls import ToolCall
+    from posttrain_common.keys import ServerKey
+    from posttrain_common.settings import Settings
+    from posttrain_server.worker import build_worker
+    from workflows.episode.session import ResetRequest, SessionState, SessionWorkflow
+    from workflows.episode.workflow import EpisodeWorkflow
+    from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
     settings = Settings(backend="hf", state_dir=workdir / "state", namespace=namespace)
     key = ServerKey.load_or_create(settings.server_key_path)
@@ -180,8 +180,8 @@ async def _hub_record(backend: HfBackend, episode_id: str) -> JobInfo:
 def billing_report(view: dict[str, Any], info: JobInfo, price: int) -> list[str]:
     """The Hub's record of the billing-check job beside what the episode settled for it, and
     what that tells about the Hub's timeout and billing."""
-    from activities.hf.stages import running_seconds
-    from workflows.ledger import billed_minutes
+    from activities.backends.hf.stages import running_seconds
+    from workflows.episode.ledger import billed_minutes
 
     d = info.durations
     scheduling = d.scheduling_secs if d else None
@@ -203,8 +203,8 @@ def billing_report(view: dict[str, Any], info: JobInfo, price: int) -> list[str]
     ]
     if view.get("state") != "timed_out":
         lines.append(
-            "  !! the job was not recognised as timed out: activities/hf/stages.py must learn "
-            "how the Hub reports a timeout (the stage and message above)"
+            "  !! the job was not recognised as timed out: activities/backends/hf/stages.py "
+            "must learn how the Hub reports a timeout (the stage and message above)"
         )
     if running is not None and total is not None:
         if abs(running - timeout_s) <= abs(total - timeout_s):
@@ -224,8 +224,8 @@ def billing_report(view: dict[str, Any], info: JobInfo, price: int) -> list[str]
 
 async def _hub_durations(backend: HfBackend, episode_id: str) -> None:
     """Every job of the episode as the Hub itself reports it, with what it should cost."""
-    from activities.hf.stages import running_seconds
-    from workflows.ledger import billed_minutes
+    from activities.backends.hf.stages import running_seconds
+    from workflows.episode.ledger import billed_minutes
 
     prices = {p.name: p.micro_usd_per_minute for p in await backend.hardware()}
     jobs = await backend.episode_jobs(episode_id)

@@ -19,8 +19,8 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from posttrain_env.entrypoints.temporal_client import CORE_LOGGER, core_runtime
-from posttrain_env.entrypoints.temporal_setup import add_search_attributes
+from posttrain_server.temporal.client import CORE_LOGGER, core_runtime
+from posttrain_server.temporal.setup import add_search_attributes
 from tests.deadline import put_async_tests_under_deadlines
 from tests.payload_limits import payload_limit_violations
 

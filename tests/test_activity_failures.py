@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.backend import ArtifactRejected, JobRequest
-from activities.campaign_store import CampaignStore
-from activities.campaigns import CampaignActivities, CampaignConfig
-from activities.fake.backend import FakeBackend
-from activities.jobs import JobsActivities
+from activities.backends.fake.backend import FakeBackend
+from activities.backends.interface import ArtifactRejected, JobRequest
+from activities.campaigns.activities import CampaignActivities, CampaignConfig
+from activities.campaigns.store import CampaignStore
+from activities.jobs.activities import JobsActivities
 from activities.ports import JobToWatch
-from posttrain_env.campaigns.spec import parse_spec
-from posttrain_env.contracts.campaigns import PlanCampaign, ReopenCampaign
-from posttrain_env.contracts.jobs import BackendJob, JobRole, RepoRef, SubmitJob
-from posttrain_env.errors import (
+from posttrain_common.campaigns.spec import parse_spec
+from posttrain_common.contracts.campaigns import PlanCampaign, ReopenCampaign
+from posttrain_common.contracts.jobs import BackendJob, JobRole, RepoRef, SubmitJob
+from posttrain_common.failures import (
     AGENT_FAILED,
     AGENT_INVALID,
     ARTIFACT_REJECTED,
@@ -30,7 +30,7 @@ from posttrain_env.errors import (
     artifact_rejection,
     campaign_invalid,
 )
-from posttrain_env.keys import ServerKey
+from posttrain_common.keys import ServerKey
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -10,7 +10,7 @@ import sys
 def test_the_worker_refuses_a_bad_setting_with_a_clear_message_and_status() -> None:
     env = {**os.environ, "POSTTRAIN_BACKEND": "bogus"}
     done = subprocess.run(
-        [sys.executable, "-m", "posttrain_env.entrypoints.cli", "worker"],
+        [sys.executable, "-m", "posttrain_server.cli", "worker"],
         env=env,
         capture_output=True,
         text=True,
@@ -24,7 +24,7 @@ def test_the_worker_refuses_a_bad_setting_with_a_clear_message_and_status() -> N
     env["POSTTRAIN_BACKEND"] = "hf"
     env.pop("HF_TOKEN", None)
     done = subprocess.run(
-        [sys.executable, "-m", "posttrain_env.entrypoints.cli", "worker"],
+        [sys.executable, "-m", "posttrain_server.cli", "worker"],
         env=env,
         capture_output=True,
         text=True,
@@ -43,7 +43,7 @@ def test_the_worker_refuses_a_submitted_retention_shorter_than_the_job_retention
         "POSTTRAIN_SUBMITTED_RETENTION_DAYS": "7",
     }
     done = subprocess.run(
-        [sys.executable, "-m", "posttrain_env.entrypoints.cli", "worker"],
+        [sys.executable, "-m", "posttrain_server.cli", "worker"],
         env=env,
         capture_output=True,
         text=True,

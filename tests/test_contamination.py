@@ -18,18 +18,22 @@ import pytest
 import zstandard
 from pydantic import ValidationError
 
-from activities.contamination import ContaminationActivities, ItemsFileError, load_test_items
-from activities.contamination_scan import CHUNK_BYTES, ItemText, Scan, cap_matches, words
-from activities.dataset_bytes import (
+from activities.backends.fake.backend import FakeBackend, FakeDataset, FakeScenario
+from activities.contamination.activities import (
+    ContaminationActivities,
+    ItemsFileError,
+    load_test_items,
+)
+from activities.contamination.dataset_bytes import (
     MAX_DATASET_FILES,
     as_text,
     opaque_format,
     read_folder,
     read_until,
 )
-from activities.fake.backend import FakeBackend, FakeDataset, FakeScenario
-from posttrain_env.contracts.audit import AuditJob, AuditRecord
-from posttrain_env.contracts.contamination import (
+from activities.contamination.scan import CHUNK_BYTES, ItemText, Scan, cap_matches, words
+from posttrain_common.contracts.audit import AuditJob, AuditRecord
+from posttrain_common.contracts.contamination import (
     MAX_LISTED_SOURCES,
     CheckContamination,
     ContaminationEvidence,

@@ -5,15 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from posttrain_env.contracts.episode_calls import (
-    StepMetadata,
-    ToolPath,
-    ToolResult,
-    episode_over,
-    next_step,
-)
+from posttrain_common.contracts.episode_calls import ToolResult, episode_over, next_step
 from posttrain_env.errors import ErrorType, ToolError
-from posttrain_env.models import EndReason, EpisodeEnd
+from posttrain_env.models import EndReason, EpisodeEnd, StepMetadata, ToolPath
 
 END = EpisodeEnd(reason=EndReason.submitted, reward=0.5)
 META = StepMetadata(episode_id="ep-1", steps_used=3, steps_left=0, time_left_s=0.0, episode_end=END)

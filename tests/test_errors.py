@@ -19,16 +19,14 @@ from temporalio.exceptions import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from posttrain_env.errors import (
+from posttrain_common.failures import (
     UPDATE_ON_COMPLETED_WORKFLOW,
-    ErrorType,
-    GatewayCode,
-    ToolError,
     temporal_failure,
     tool_error_of,
     update_failure,
     workflow_is_gone,
 )
+from posttrain_env.errors import ErrorType, GatewayCode, ToolError
 from posttrain_env.limits import MAX_ERROR_DETAIL_CHARS, MAX_MESSAGE_CHARS
 
 

@@ -9,7 +9,7 @@ from temporalio import activity
 from temporalio.testing import ActivityEnvironment
 
 from activities.heartbeat import heartbeating
-from activities.jobs import SUBMIT_BEAT_S
+from activities.jobs.activities import SUBMIT_BEAT_S
 from workflows.policies import SUBMIT_HEARTBEAT, SUBMIT_TIMEOUT
 
 

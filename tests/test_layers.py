@@ -15,17 +15,18 @@ from pathlib import Path
 from temporalio import activity
 
 import activities
-from activities.agent_turns import AgentTurnActivities
-from activities.audit import AuditActivities
-from activities.campaigns import CampaignActivities
-from activities.contamination import ContaminationActivities
-from activities.episodes import EpisodeActivities
-from activities.hf.reaper import ReaperActivities
-from activities.jobs import JobsActivities
-from activities.local import plan
-from activities.retention import RetentionActivities
+from activities.backends.local import plan
+from activities.backends.registry import BACKENDS
+from activities.campaigns.activities import CampaignActivities
+from activities.campaigns.agent_turns import AgentTurnActivities
+from activities.contamination.activities import ContaminationActivities
+from activities.episodes.activities import EpisodeActivities
+from activities.jobs.activities import JobsActivities
+from activities.jobs.reaper import ReaperActivities
+from activities.records.audit import AuditActivities
+from activities.records.retention import RetentionActivities
 from job_launcher import launcher
-from posttrain_env.contracts.activities import (
+from posttrain_common.contracts.activities import (
     AgentsApi,
     AuditApi,
     CampaignsApi,
@@ -37,19 +38,31 @@ from posttrain_env.contracts.activities import (
 )
 from posttrain_env.errors import GatewayCode
 from posttrain_env.tools import TOOLS
-from workflows.episode_tools import HANDLED_TOOLS
+from workflows.episode.tools import HANDLED_TOOLS
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("posttrain_env", "job_launcher", "tasks", "activities", "workflows", "mcp_gateway")
-# Who may import whom: a module imports only from its own layer or below.
+# Who may import whom: a module imports only from its own layer or below (README, "How it is
+# built"). The client is a distribution of its own and imports nothing of the server.
 LAYERS = {
-    "posttrain_env": 0,
-    "job_launcher": 1,
-    "tasks": 1,
-    "activities": 2,
-    "workflows": 3,
-    "mcp_gateway": 4,
-    "posttrain_env.entrypoints": 5,  # the roof: the only place that imports every layer
+    "posttrain_env": 0,  # the client: what an agent or a trainer installs
+    "posttrain_common": 1,  # the server's ground: contracts between layers, key, settings
+    "job_launcher": 2,
+    "tasks": 2,
+    "activities": 3,
+    "workflows": 4,
+    "mcp_gateway": 5,
+    "posttrain_server": 6,  # the roof: the only place that imports every layer
+}
+PACKAGES = tuple(LAYERS)
+# One folder per feature in each layer that has features; shared modules sit at the layer's
+# root and belong to no feature.
+FEATURE_FOLDERS = {
+    "workflows": {"episode", "job", "campaign", "operations"},
+    "activities": {"backends", "jobs", "episodes", "campaigns", "contamination", "records"},
+}
+SHARED_MODULES = {
+    "workflows": {"__init__", "ids", "policies", "waiting", "history"},
+    "activities": {"__init__", "heartbeat", "ports"},
 }
 
 
@@ -110,8 +123,6 @@ def literal_import(call: ast.Call, package: str) -> list[str]:
 
 
 def layer(module: str) -> int:
-    if module.startswith("posttrain_env.entrypoints"):
-        return LAYERS["posttrain_env.entrypoints"]
     return LAYERS[module.split(".")[0]]
 
 
@@ -206,11 +217,12 @@ def free_port() -> int:
 
 
 def test_the_gateway_without_a_worker_loads_no_activity_or_backend_code(tmp_path: Path) -> None:
-    """`server --no-worker` serves (its /health answers 200: the probe fails otherwise), and no
-    module of `activities/` (the backends among them) is in the process."""
+    """`server --no-worker` serves (its /health answers 200: the probe fails otherwise), and of
+    `activities/` it loads only the backends' declarations (the registry, to read whether the
+    chosen backend spends money): no activity, no backend's code."""
     probe = (
         "import asyncio, os, sys, httpx\n"
-        "from posttrain_env.entrypoints.server import serve\n"
+        "from posttrain_server.server import serve\n"
         "async def main():\n"
         "    server = asyncio.create_task(serve('127.0.0.1', PORT, with_worker=False))\n"
         "    healthy = False\n"
@@ -254,7 +266,18 @@ def test_the_gateway_without_a_worker_loads_no_activity_or_backend_code(tmp_path
         start_new_session=True,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "[]"
+    declarations = {
+        "activities",
+        "activities.backends",
+        "activities.backends.interface",
+        "activities.backends.registry",
+        "activities.backends.storage",  # the interface names what a backend's storage is
+        *(f"activities.backends.{name}" for name in BACKENDS),
+        *(f"activities.backends.{name}.info" for name in BACKENDS),
+    }
+    loaded = set(ast.literal_eval(done.stdout.strip().splitlines()[-1]))
+    assert "activities.backends.registry" in loaded
+    assert loaded <= declarations, sorted(loaded - declarations)
 
 
 def test_every_activity_interface_method_is_implemented_as_an_activity() -> None:
@@ -281,8 +304,7 @@ def test_every_activity_interface_method_is_implemented_as_an_activity() -> None
 
 
 def test_every_tool_of_the_registry_has_one_handler() -> None:
-    assert set(TOOLS) == HANDLED_TOOLS
-    assert len(TOOLS) == 9
+    assert TOOLS and set(TOOLS) == HANDLED_TOOLS
 
 
 def test_the_local_install_phase_passes_exactly_what_the_launcher_keeps() -> None:

@@ -12,7 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.models import FlavorPrice, ServiceSpend
-from workflows.ledger import Ledger, Reservation, Settlement
+from workflows.episode.ledger import Ledger, Reservation, Settlement
 
 CPU = FlavorPrice(name="cpu-basic", micro_usd_per_minute=167)
 T4 = FlavorPrice(name="t4-small", micro_usd_per_minute=6_667, accelerators=1, accelerator="T4")

@@ -8,18 +8,19 @@ from datetime import UTC, datetime
 import pydantic_core
 import pytest
 
-from activities.launcher_report import read_launcher_lines
+from activities.jobs.launcher_report import read_launcher_lines
 from job_launcher import trusted_lines
 from job_launcher.requirements import merged_dependencies, validate_script
 from job_launcher.trusted_lines import LAUNCHER_TAG, format_trusted_line
 from mcp_gateway.bounds import MalformedJson, parse_json
 from mcp_gateway.episode_calls import tool_call
 from mcp_gateway.sessions import SessionIds, request_id_of
-from posttrain_env.contracts.episodes import Caps, EpisodeSetup
-from posttrain_env.contracts.jobs import BackendJob, RepoRef, ScoreResult
-from posttrain_env.contracts.retention import cut as retention_cut
+from posttrain_common.contracts.episode_calls import ToolResult
+from posttrain_common.contracts.episodes import Caps, EpisodeSetup
+from posttrain_common.contracts.jobs import BackendJob, RepoRef, ScoreResult
+from posttrain_common.contracts.retention import cut as retention_cut
+from posttrain_common.keys import ServerKey
 from posttrain_env.errors import ErrorType, SessionError, ToolError
-from posttrain_env.keys import ServerKey
 from posttrain_env.limits import (
     KIB,
     MAX_ANSWER_BYTES,
@@ -51,15 +52,15 @@ from posttrain_env.models import (
     EpisodeEnd,
     FlavorPrice,
     JobState,
+    StepMetadata,
     TaskSpec,
 )
 from posttrain_env.tools import oversized_error, parse_tool_args
 from tasks.registry import load_task
-from workflows.episode_contract import StepMetadata, ToolResult
-from workflows.episode_state import EpisodeCarry, JobRecord
-from workflows.ledger import Ledger, Reservation, Settlement
-from workflows.payload_guard import bounded_answer, carry_bytes, fit_carry
-from workflows.recent import recent_bytes, remember, request_hash, was_dropped
+from workflows.episode.ledger import Ledger, Reservation, Settlement
+from workflows.episode.payload_guard import bounded_answer, carry_bytes, fit_carry
+from workflows.episode.recent import recent_bytes, remember, request_hash, was_dropped
+from workflows.episode.state import EpisodeCarry, JobRecord
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 

@@ -18,14 +18,14 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from posttrain_env.entrypoints.temporal_client import core_runtime
+from posttrain_common.contracts.episode_calls import ToolCall
 from posttrain_env.limits import TEMPORAL_PAYLOAD_LIMIT_BYTES
+from posttrain_server.temporal.client import core_runtime
 from tests.conftest import binary
 from tests.gateway.mcp_helpers import create_episode
 from tests.gateway.server import ServerProcess
 from tests.payload_limits import payload_limit_violations, violations_in
-from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import ToolCall
+from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 
 

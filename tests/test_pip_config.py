@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from posttrain_env import pip_config
-from posttrain_env.pip_config import pip_find_links
-from posttrain_env.settings import Settings
+from posttrain_common import pip_config
+from posttrain_common.pip_config import pip_find_links
+from posttrain_common.settings import Settings
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ from pydantic import ValidationError
 from temporalio.client import Client
 from temporalio.service import TLSConfig
 
-from posttrain_env.entrypoints import temporal_client
-from posttrain_env.entrypoints.temporal_client import connect
-from posttrain_env.settings import Settings
+from posttrain_common.settings import Settings
+from posttrain_server.temporal import client as temporal_client
+from posttrain_server.temporal.client import connect
 from tests.gateway.production import run_to_exit
 from tests.workflows.test_worker_restart import dev_server
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
-from posttrain_env.entrypoints.wiring import make_backend
-from posttrain_env.keys import ServerKey
-from posttrain_env.settings import Settings
+from activities.backends.fake.backend import FakeBackend, FakeJobScript, FakeScenario
+from posttrain_common.keys import ServerKey
+from posttrain_common.settings import Settings
+from posttrain_server.wiring import make_backend
 
 # The fake backend names no Hugging Face jobs; any deployment key will do.
 KEY = ServerKey(b"k" * 32)

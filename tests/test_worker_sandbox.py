@@ -1,7 +1,7 @@
 """The worker's workflow sandbox loads no third-party import hook's package again per workflow.
 
 Whatever in the process imports fastmcp installs beartype's import hook (py-key-value, via
-fastmcp, turns it on for itself at import); `posttrain_env/openenv_slim.py` keeps openenv's load
+fastmcp, turns it on for itself at import); `mcp_gateway/openenv_slim.py` keeps openenv's load
 from doing so, and the worker's sandbox passes beartype through in case anything else does.
 The hook loads every module the sandbox imports and imports beartype while doing so; unless
 beartype is passed through, each new workflow instance imported the whole beartype package
@@ -26,7 +26,7 @@ PROBE = textwrap.dedent(
     import temporalio.workflow
     import mcp_gateway.app  # what the all-in-one server imports beside its worker
     import fastmcp.server, key_value.aio  # what installs the hook when anything imports them
-    from posttrain_env.entrypoints.worker import WORKFLOWS, workflow_runner
+    from posttrain_server.worker import WORKFLOWS, workflow_runner
 
     assert "beartype.claw" in sys.modules and len(sys.path_hooks) > 2, sys.path_hooks
     read = []

@@ -32,7 +32,7 @@ Shared
 history.py, visibility.py  when to continue as new; the search attributes operators filter on
 ids.py, policies.py, waiting.py   workflow ids and signal names, timeouts and retries, waiting
 
-Workflows call activities through their interfaces (`posttrain_env.contracts.activities`), never
+Workflows call activities through their interfaces (`posttrain_common.contracts.activities`), never
 their code, and import only the ground (`posttrain_env`, `job_launcher`) and each other
 (tests/test_layers.py checks it). A module marked pure calls no Temporal API: it is tested
 without a server.

@@ -13,7 +13,7 @@ NON_RETRYABLE = [t.value for t in ErrorType]
 
 # Starting a job: a few attempts with backoff (429/503), then hf_error to the agent.
 SUBMIT_TIMEOUT = timedelta(seconds=120)
-# The submit activity heartbeats (activities/jobs.py SUBMIT_BEAT_S), so an attempt whose
+# The submit activity heartbeats (activities/jobs/activities.py SUBMIT_BEAT_S), so an attempt whose
 # worker was killed is retried after this, not after SUBMIT_TIMEOUT: an evaluation killed
 # inside its submit waited 120 s before (issue 18's fault matrix). Long enough that a worker's
 # event loop stalled by load does not lose a live attempt to a second one.

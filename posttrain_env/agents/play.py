@@ -5,7 +5,8 @@
 
 The agent reads the same conversation as in a campaign: the brief from the reset observation
 (never its `episode_token` or `mcp_url`), its own turns, and one `tool` message per call built
-as `activities/campaigns.py` builds it. A call that could not be a tool call (`problem`, or no
+as `activities/campaigns/activities.py` builds it. A call that could not be a tool call (`problem`,
+or no
 arguments) is answered here as `invalid_argument` and never reaches the episode (no step used).
 What happens is reported through `on_event`; nothing here prints.
 """
@@ -31,8 +32,7 @@ from posttrain_env.agents.conversation import (
 )
 from posttrain_env.agents.prompts import error_data
 from posttrain_env.client import PostTrainEnv, RequestTooLarge
-from posttrain_env.contracts.episode_calls import StepMetadata
-from posttrain_env.models import EpisodeEnd, ServiceSpend
+from posttrain_env.models import EpisodeEnd, ServiceSpend, StepMetadata
 
 
 class PlayError(RuntimeError):
@@ -175,7 +175,8 @@ async def _run_call(
     if not isinstance(data, dict):
         raise PlayError(f"the answer to {call.tool} carries no data")
     meta = _step_metadata(observation.metadata)
-    # As `activities/campaigns.py::_answer` builds it: an agent reads one conversation shape.
+    # As `activities/campaigns/activities.py::_answer` builds it: an agent reads one conversation
+    # shape.
     answer = Message(
         role="tool",
         call_id=call.id,

@@ -19,10 +19,10 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from tests.gateway.server import ServerProcess, command
 from tests.payload_limits import assert_no_violation_in
-from workflows.campaign_contract import CampaignStatus
+from workflows.campaign.contract import CampaignStatus
+from workflows.campaign.rollout import RolloutWorkflow
+from workflows.campaign.rollout_contract import RolloutStatus
 from workflows.ids import rollout_workflow_id
-from workflows.rollout import RolloutWorkflow
-from workflows.rollout_contract import RolloutStatus
 
 REPO = Path(__file__).resolve().parents[2]
 

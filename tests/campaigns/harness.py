@@ -28,16 +28,16 @@ from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake.backend import FakeBackend, FakeScenario
-from posttrain_env.campaigns.records import RolloutRecord, read_records
-from posttrain_env.campaigns.spec import CampaignSpec, parse_spec
-from posttrain_env.entrypoints.agent_worker import build_agent_worker
-from posttrain_env.entrypoints.worker import build_worker
-from posttrain_env.keys import ServerKey
-from posttrain_env.settings import Settings
+from activities.backends.fake.backend import FakeBackend, FakeScenario
+from posttrain_common.campaigns.records import RolloutRecord, read_records
+from posttrain_common.campaigns.spec import CampaignSpec, parse_spec
+from posttrain_common.keys import ServerKey
+from posttrain_common.settings import Settings
+from posttrain_server.agent_worker import build_agent_worker
+from posttrain_server.worker import build_worker
 from tests.workflows.harness import SKIP_STEP, write_task
-from workflows.campaign import CampaignWorkflow
-from workflows.campaign_contract import CampaignInput, CampaignStatus
+from workflows.campaign.contract import CampaignInput, CampaignStatus
+from workflows.campaign.workflow import CampaignWorkflow
 from workflows.ids import account_workflow_id, campaign_workflow_id, watcher_workflow_id
 
 REPO = Path(__file__).resolve().parents[2]

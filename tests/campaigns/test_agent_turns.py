@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.agent_turns import AgentTurnActivities
-from activities.campaign_store import CampaignStore
+from activities.campaigns.agent_turns import AgentTurnActivities
+from activities.campaigns.store import CampaignStore
+from posttrain_common.campaigns.spec import AgentSpec
+from posttrain_common.contracts.campaigns import AgentTurn
 from posttrain_env.agents.conversation import BaseModelRef, Message, TaskBrief
 from posttrain_env.agents.prompts import tool_content
-from posttrain_env.campaigns.spec import AgentSpec
-from posttrain_env.contracts.campaigns import AgentTurn
 from posttrain_env.limits import (
     MAX_AGENT_CALLS_PER_TURN,
     MAX_AGENT_TURN_BYTES,

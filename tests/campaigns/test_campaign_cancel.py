@@ -7,12 +7,12 @@ from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake.backend import FakeJobScript, FakeScenario
-from posttrain_env.campaigns.records import Outcome
-from posttrain_env.contracts.jobs import JobRole, JobState
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from posttrain_common.campaigns.records import Outcome
+from posttrain_common.contracts.jobs import JobRole, JobState
 from tests.campaigns.harness import running_campaigns
-from workflows.campaign import CampaignWorkflow
-from workflows.campaign_contract import CampaignPhase
+from workflows.campaign.contract import CampaignPhase
+from workflows.campaign.workflow import CampaignWorkflow
 
 LONG = "print('LONG')\n"  # runs for 50 minutes unless cancelled
 

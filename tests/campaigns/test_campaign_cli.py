@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
-from posttrain_env.campaigns.records import Outcome, read_records
-from posttrain_env.contracts.jobs import JobRole
-from posttrain_env.entrypoints.campaign_cli import describe
+from activities.backends.fake.backend import FakeBackend, FakeJobScript, FakeScenario
+from posttrain_common.campaigns.records import Outcome, read_records
+from posttrain_common.contracts.jobs import JobRole
+from posttrain_server.commands.campaign import describe
 from tests.campaigns.dev_stack import (
     REPO,
     Workers,
@@ -31,7 +31,7 @@ from tests.campaigns.dev_stack import (
     started_rollout_status,
 )
 from tests.gateway.server import command
-from workflows.campaign_contract import CampaignPhase, CampaignStatus
+from workflows.campaign.contract import CampaignPhase, CampaignStatus
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

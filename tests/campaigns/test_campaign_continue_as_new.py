@@ -34,16 +34,16 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake.backend import FakeJobScript, FakeScenario
-from posttrain_env.campaigns.records import Outcome, RolloutRecord, summarize
-from posttrain_env.contracts.jobs import JobRole
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from posttrain_common.campaigns.records import Outcome, RolloutRecord, summarize
+from posttrain_common.contracts.jobs import JobRole
 from tests.campaigns.harness import Campaigns, running_campaigns, runs_of
 from tests.campaigns.test_campaign_flow import GRADER_FAILS, SOLVES
-from workflows.campaign import CampaignWorkflow
-from workflows.campaign_contract import CampaignInput, CampaignPhase, RetryRequest
+from workflows.campaign.contract import CampaignInput, CampaignPhase, RetryRequest
+from workflows.campaign.rollout import TURN_HEARTBEAT
+from workflows.campaign.rollout_contract import RolloutInput
+from workflows.campaign.workflow import CampaignWorkflow
 from workflows.ids import SIGNAL_ROLLOUT_FINISHED, campaign_workflow_id, rollout_workflow_id
-from workflows.rollout import TURN_HEARTBEAT
-from workflows.rollout_contract import RolloutInput
 
 LIMIT = 30
 RETRY_LIMIT = 12  # a fresh run past it right after the update: it continues with the retry queued

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake.backend import FakeJobScript, FakeScenario
-from posttrain_env.campaigns.records import Outcome, summarize
-from posttrain_env.contracts.jobs import JobRole
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from posttrain_common.campaigns.records import Outcome, summarize
+from posttrain_common.contracts.jobs import JobRole
 from tests.campaigns.harness import running_campaigns
-from workflows.campaign_contract import CampaignPhase
+from workflows.campaign.contract import CampaignPhase
 
 SOLVES = "print('SOLVES')\n"
 CRASHES = "raise SystemExit('CRASHES')\n"

@@ -7,7 +7,8 @@ has one job folder, the rollout in flight went on with its conversation, and no 
 running.
 
 Each episode of the reference agent has three jobs, each with its own folder under
-`<state>/local/jobs/` (one per idempotency key, `activities/local/store.py`) and each named in
+`<state>/local/jobs/` (one per idempotency key, `activities/backends/local/store.py`) and each
+named in
 the rollout's record (`job_ids`, from the episode's status): the agent's job, its dev evaluation
 and the grader of its submission."""
 
@@ -26,16 +27,16 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.local import jobfiles as jf
-from activities.local.store import REF, JobStore
-from posttrain_env.campaigns.records import Outcome, read_records
+from activities.backends.local import jobfiles as jf
+from activities.backends.local.store import REF, JobStore
+from posttrain_common.campaigns.records import Outcome, read_records
 from tests.campaigns.dev_stack import Workers, campaign_stack, campaign_status, cli, rollout_status
 from tests.processes import live_pids_of_uid
-from workflows.campaign import CampaignWorkflow
-from workflows.campaign_contract import CampaignPhase
+from workflows.campaign.contract import CampaignPhase
+from workflows.campaign.rollout import RolloutWorkflow
+from workflows.campaign.rollout_contract import RolloutStatus
+from workflows.campaign.workflow import CampaignWorkflow
 from workflows.ids import campaign_workflow_id, rollout_workflow_id
-from workflows.rollout import RolloutWorkflow
-from workflows.rollout_contract import RolloutStatus
 
 # Three rollouts of real (small) local jobs, two at a time, on a loaded 2-core machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]

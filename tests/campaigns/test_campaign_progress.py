@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from posttrain_env.campaigns.records import Outcome
-from posttrain_env.entrypoints.campaign_cli import follow
-from posttrain_env.entrypoints.campaign_progress import display_for, figures, outlook
+from posttrain_common.campaigns.records import Outcome
+from posttrain_server.commands.campaign import follow
+from posttrain_server.commands.campaign_progress import display_for, figures, outlook
 from tests.campaigns.harness import running_campaigns
 from tests.campaigns.test_campaign_flow import CRASHES, GRADER_FAILS, SCENARIO, SOLVES, scripted
-from workflows.campaign_contract import CampaignPhase, CampaignStatus
+from workflows.campaign.contract import CampaignPhase, CampaignStatus
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -12,25 +12,25 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake.backend import FakeJobScript, FakeScenario
-from posttrain_env.campaigns.records import AgentView, Outcome, RolloutRecord
-from posttrain_env.campaigns.report import build_report
-from posttrain_env.campaigns.retry import pick_retries, rebuild, slot_index
-from posttrain_env.campaigns.spec import parse_spec
-from posttrain_env.contracts.campaigns import CampaignPlan
-from posttrain_env.contracts.jobs import JobRole
-from posttrain_env.entrypoints.campaign_retry import retry_campaign
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from posttrain_common.campaigns.records import AgentView, Outcome, RolloutRecord
+from posttrain_common.campaigns.retry import pick_retries, rebuild, slot_index
+from posttrain_common.campaigns.spec import parse_spec
+from posttrain_common.contracts.campaigns import CampaignPlan
+from posttrain_common.contracts.jobs import JobRole
+from posttrain_server.campaigns.report import build_report
+from posttrain_server.commands.campaign_retry import retry_campaign
 from tests.campaigns.harness import Campaigns, running_campaigns
 from tests.campaigns.test_campaign_flow import GRADER_FAILS, SOLVES, scripted
-from workflows.campaign_contract import (
+from workflows.campaign.contract import (
     BudgetStop,
     CampaignCarry,
     CampaignInput,
     CampaignPhase,
     RetryRequest,
 )
-from workflows.campaign_retries import queue_retries
-from workflows.campaign_rules import next_start, nothing_left, slot, started, status
+from workflows.campaign.retries import queue_retries
+from workflows.campaign.rules import next_start, nothing_left, slot, started, status
 
 SPEC = parse_spec(
     {

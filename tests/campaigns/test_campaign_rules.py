@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from posttrain_env.campaigns.records import Outcome
-from posttrain_env.campaigns.spec import parse_spec
-from posttrain_env.contracts.campaigns import CampaignPlan, TaskPlan
-from posttrain_env.contracts.jobs import RepoRef
+from posttrain_common.campaigns.records import Outcome
+from posttrain_common.campaigns.spec import parse_spec
+from posttrain_common.contracts.campaigns import CampaignPlan, TaskPlan
+from posttrain_common.contracts.jobs import RepoRef
 from tests.campaigns.test_campaign_flow import SOLVES, scripted
-from workflows.campaign_contract import (
+from workflows.campaign.contract import (
     CampaignCarry,
     CampaignInput,
     CampaignPhase,
@@ -18,7 +18,7 @@ from workflows.campaign_contract import (
     Retry,
     RetryRequest,
 )
-from workflows.campaign_rules import (
+from workflows.campaign.rules import (
     invalid,
     next_run,
     next_start,

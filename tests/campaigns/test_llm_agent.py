@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from posttrain_env.campaigns.records import Outcome
-from posttrain_env.entrypoints.agent_worker import refusal
-from posttrain_env.settings import Settings
+from posttrain_common.campaigns.records import Outcome
+from posttrain_common.settings import Settings
+from posttrain_server.agent_worker import refusal
 from tests.campaigns.harness import agent_env, running_campaigns
 from tests.examples.scripted_llm import Reply, Script, ScriptedLLM, calls, failure, tool_results
 from workflows.ids import (
@@ -159,7 +159,7 @@ def test_the_agent_worker_refuses_to_start_with_the_brokers_token_set(tmp_path: 
         "HF_TOKEN": "hf_" + "x" * 30,
     }
     done = subprocess.run(
-        [sys.executable, "-m", "posttrain_env.entrypoints.cli", "agent-worker"],
+        [sys.executable, "-m", "posttrain_server.cli", "agent-worker"],
         env=env,
         capture_output=True,
         text=True,

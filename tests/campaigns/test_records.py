@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from activities.campaign_store import CampaignStore
-from posttrain_env.campaigns.records import (
+from activities.campaigns.store import CampaignStore
+from posttrain_common.campaigns.records import (
     RECORDS_FILE,
     AgentView,
     Outcome,

@@ -18,14 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from posttrain_env.campaigns.plots import (
-    REWARD_LABEL,
-    SPEND_LABEL,
-    distribution_figure,
-    pareto_figure,
-    reward_vs_usd_figure,
-)
-from posttrain_env.campaigns.records import (
+from posttrain_common.campaigns.records import (
     RECORDS_FILE,
     AgentView,
     LlmSpend,
@@ -33,14 +26,21 @@ from posttrain_env.campaigns.records import (
     RolloutRecord,
     record_line,
 )
-from posttrain_env.campaigns.report import build_report, compare, pareto_front
-from posttrain_env.campaigns.report_files import (
+from posttrain_env.models import ServiceSpend, SettledSpend
+from posttrain_server.campaigns.plots import (
+    REWARD_LABEL,
+    SPEND_LABEL,
+    distribution_figure,
+    pareto_figure,
+    reward_vs_usd_figure,
+)
+from posttrain_server.campaigns.report import build_report, compare, pareto_front
+from posttrain_server.campaigns.report_files import (
     ATTEMPTS_CSV,
     CELLS_CSV,
     SUMMARY_MD,
     write_report,
 )
-from posttrain_env.models import ServiceSpend, SettledSpend
 
 REPO = Path(__file__).resolve().parents[2]
 REWARD = {Outcome.scored: None, Outcome.limit: 0.0}
@@ -258,7 +258,7 @@ def cli(root: Path, command: str) -> subprocess.CompletedProcess[str]:
     args = command.split()
     assert args[:3] == ["uv", "run", "posttrain-env"], command
     return subprocess.run(
-        [sys.executable, "-m", "posttrain_env.entrypoints.cli", *args[3:]],
+        [sys.executable, "-m", "posttrain_server.cli", *args[3:]],
         cwd=REPO,
         env={**os.environ, "POSTTRAIN_CAMPAIGNS_DIR": str(root)},
         capture_output=True,

@@ -12,16 +12,16 @@ from typing import Any, cast
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-import activities.campaigns as campaigns
-from activities.agent_turns import HEARTBEAT_S as TURN_BEAT_S
-from activities.backend import JobsBackend
-from activities.campaign_store import CampaignStore, StoredTurn
-from activities.campaigns import CampaignActivities, CampaignConfig
+import activities.campaigns.activities as campaigns
+from activities.backends.interface import JobsBackend
+from activities.campaigns.activities import CampaignActivities, CampaignConfig
+from activities.campaigns.agent_turns import HEARTBEAT_S as TURN_BEAT_S
+from activities.campaigns.store import CampaignStore, StoredTurn
+from posttrain_common.contracts.campaigns import CallRef, CallState
+from posttrain_common.contracts.episode_calls import EpisodeStatus, ToolCall, ToolResult
 from posttrain_env.agents.conversation import Turn
-from posttrain_env.contracts.campaigns import CallRef, CallState
-from posttrain_env.contracts.episode_calls import EpisodeStatus, ToolCall, ToolResult
 from tests.campaigns.test_agent_turns import BRIEF
-from workflows.rollout import CALL_HEARTBEAT, TURN_HEARTBEAT
+from workflows.campaign.rollout import CALL_HEARTBEAT, TURN_HEARTBEAT
 
 BEATS = 3
 WAIT_S = 30.0  # for the beats: generous on a loaded machine (they come every few ms here)

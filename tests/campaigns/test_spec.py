@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from posttrain_env.campaigns.spec import SpecError, load_spec, parse_spec
-from posttrain_env.entrypoints.campaign_cli import add_campaign_commands, run_campaign_command
+from posttrain_common.campaigns.spec import SpecError, load_spec, parse_spec
 from posttrain_env.limits import (
     MAX_AGENT_ARGS_BYTES,
     MAX_AGENT_TURNS,
@@ -23,6 +22,7 @@ from posttrain_env.limits import (
     MAX_CAMPAIGN_TASKS,
     MAX_CONCURRENCY,
 )
+from posttrain_server.commands.campaign import add_campaign_commands, run_campaign_command
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = {"name": "ref", "agent": "reference"}
@@ -121,7 +121,7 @@ def test_a_bad_spec_is_refused_with_exit_2_before_anything_starts(
 
 
 def test_the_readme_example_spec_passes_every_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    from activities.campaigns import check_tasks
+    from activities.campaigns.activities import check_tasks
     from tasks.registry import TASKS_DIR
 
     loaded = load_spec(REPO / "examples" / "campaign.toml")

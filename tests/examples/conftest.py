@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from activities.fake.backend import FakeJobScript, FakeScenario
-from posttrain_env.contracts.jobs import JobRole
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from posttrain_common.contracts.jobs import JobRole
 from tests.gateway.server import ServerProcess
 
 # Jobs of a few seconds, so a whole episode played by the example takes seconds of real time.

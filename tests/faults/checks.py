@@ -15,13 +15,13 @@ Each failed invariant is one sentence in the cell's result (the matrix prints th
 
 from __future__ import annotations
 
-from posttrain_env.contracts.jobs import JobRole
+from posttrain_common.contracts.jobs import JobRole
 from tests.faults.player import Answer, Player
 from tests.faults.plays import FLAVOR, Expected
 from tests.faults.topology import Topology
-from workflows.ledger import billed_minutes
+from workflows.episode.ledger import billed_minutes
 
-CHARGED = (JobRole.agent, JobRole.dev)  # graders are free (workflows/ledger.py)
+CHARGED = (JobRole.agent, JobRole.dev)  # graders are free (workflows/episode/ledger.py)
 
 
 async def check(

@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from activities.fake.backend import FakeJobScript, FakeScenario
-from posttrain_env.contracts.jobs import JobRole
-from posttrain_env.entrypoints.cluster_local import Member
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.models import EndReason, JobState
+from posttrain_server.cluster_local import Member
 from tests.faults.player import Answer, Player
 from tests.faults.topology import SETTLE_TIMEOUT_S, Target, Topology, eventually
 from workflows.policies import SUBMIT_HEARTBEAT

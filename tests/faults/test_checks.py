@@ -12,13 +12,13 @@ import pytest
 from openenv.core.client_types import StepResult
 from openenv.core.env_server.mcp_types import CallToolObservation
 
-from posttrain_env.contracts.jobs import JobRole
+from posttrain_common.contracts.episode_calls import EpisodeStatus
+from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.models import EndReason, EpisodeEnd, JobState, ServiceSpend, SettledSpend
 from tests.faults.checks import check
 from tests.faults.player import Answer
 from tests.faults.plays import End, Expected, one_each
 from tests.faults.topology import BackendRecord
-from workflows.episode_contract import EpisodeStatus
 
 EPISODE = "ep-0123456789abcdef"
 KEY = f"episode-{EPISODE}/job/"

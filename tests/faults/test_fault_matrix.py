@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from activities.fake.backend import FakeScenario
+from activities.backends.fake.backend import FakeScenario
 from tests.faults.matrix import run_cell
 from tests.faults.plays import FAKE_SCENARIO
 from tests.faults.topology import Target, Topology

@@ -19,20 +19,20 @@ from typing import Literal
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.fake.backend import FakeBackend, FakeScenario
-from activities.local.backend import LOCAL_PRICES
-from activities.local.store import JobStore
-from posttrain_env.contracts.jobs import JobRole
-from posttrain_env.entrypoints.cluster_local import LocalCluster, Member
+from activities.backends.fake.backend import FakeBackend, FakeScenario
+from activities.backends.local.backend import LOCAL_PRICES
+from activities.backends.local.store import JobStore
+from posttrain_common.contracts.episode_calls import EpisodeStatus
+from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.models import JobState
+from posttrain_server.cluster_local import LocalCluster, Member
 from tests.gateway.production import (
     check_cluster_logs,
     cluster_config,
     cluster_environment,
     start_cluster,
 )
-from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import EpisodeStatus
+from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 
 BackendName = Literal["fake", "local"]

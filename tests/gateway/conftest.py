@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from activities.fake.backend import FakeJobScript, FakeScenario
-from posttrain_env.contracts.jobs import JobRole
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from posttrain_common.contracts.jobs import JobRole
 from tests.gateway.server import ServerProcess
 
 # Quick jobs so that whole episodes take seconds of real time on the dev server.

@@ -26,22 +26,22 @@ from mcp.client.streamable_http import streamable_http_client
 from temporalio.client import Client, WorkflowUpdateStage
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.fake.backend import FakeScenario
-from posttrain_env.entrypoints.cluster_local import (
+from activities.backends.fake.backend import FakeScenario
+from posttrain_common.contracts.episode_calls import EpisodeStatus, ToolCall
+from posttrain_common.keys import write_new_key
+from posttrain_env.limits import TEMPORAL_PAYLOAD_LIMIT_BYTES
+from posttrain_server.cluster_local import (
     ClusterConfig,
     ClusterError,
     LocalCluster,
     our_command,
     spawn,
 )
-from posttrain_env.entrypoints.cluster_local import kill_group as kill_group
-from posttrain_env.keys import write_new_key
-from posttrain_env.limits import TEMPORAL_PAYLOAD_LIMIT_BYTES
+from posttrain_server.cluster_local import kill_group as kill_group
 from tests.gateway.mcp_helpers import SUBMIT, create_episode, data
 from tests.gateway.server import ServerProcess, frame, free_port, ws_url
 from tests.payload_limits import payload_limit_violations
-from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import EpisodeStatus, ToolCall
+from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 
 # README "Running the server": every process stops within this long of SIGTERM.

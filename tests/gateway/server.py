@@ -23,12 +23,12 @@ from openenv.core.env_server.mcp_types import CallToolAction
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.backend import JobRequest
-from activities.fake.backend import FakeBackend, FakeScenario
-from posttrain_env.contracts.jobs import JobRole
+from activities.backends.fake.backend import FakeBackend, FakeScenario
+from activities.backends.interface import JobRequest
+from posttrain_common.contracts.episode_calls import EpisodeStatus
+from posttrain_common.contracts.jobs import JobRole
 from tests.payload_limits import assert_no_violation_in
-from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import EpisodeStatus
+from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 
 START_TIMEOUT_S = 120.0  # a cold start on a loaded 2-core machine (4 test workers) takes ~30 s

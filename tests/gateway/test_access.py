@@ -18,6 +18,7 @@ from openenv.core.mcp_client import MCPToolClient
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
+from posttrain_env.tools import TOOLS
 from tests.gateway.conftest import QUICK
 from tests.gateway.server import ServerProcess, command, frame, ws_url
 
@@ -88,7 +89,9 @@ def test_every_route_needs_an_api_key_but_the_open_ones(server: ServerProcess) -
     tools = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     for headers in (bearer(KEY), bearer(OTHER_KEY), {"X-API-Key": KEY}):
         response = httpx.post(f"{base}/mcp", json=tools, headers=headers)
-        assert response.status_code == 200 and len(response.json()["result"]["tools"]) == 9
+        assert response.status_code == 200 and {
+            tool["name"] for tool in response.json()["result"]["tools"]
+        } == set(TOOLS)
     unknown = httpx.post(f"{base}/episodes", json={"task_id": "nope"}, headers=bearer(KEY))
     assert unknown.status_code == 400 and unknown.json()["detail"]["code"] == "invalid_argument"
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from openenv.core.env_server.mcp_types import CallToolAction
 
+from posttrain_common.contracts.jobs import JobRole
 from posttrain_env import PostTrainEnv
-from posttrain_env.contracts.jobs import JobRole
 from tests.gateway.conftest import QUICK
 from tests.gateway.server import ServerProcess
 

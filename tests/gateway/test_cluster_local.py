@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
-from posttrain_env.contracts.jobs import JobRole
-from posttrain_env.entrypoints.cluster_local import (
+from activities.backends.fake.backend import FakeBackend, FakeJobScript, FakeScenario
+from posttrain_common.contracts.jobs import JobRole
+from posttrain_server.cluster_local import (
     ClusterConfig,
     ClusterError,
     LocalCluster,

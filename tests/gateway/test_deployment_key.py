@@ -19,12 +19,13 @@ import pytest
 from pydantic import ValidationError
 from temporalio.client import WorkflowUpdateStage
 
-from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
-from posttrain_env.contracts.jobs import JobRole
-from posttrain_env.entrypoints.agent_worker import refusal
-from posttrain_env.entrypoints.deployment_key import resolve_server_key
-from posttrain_env.keys import ServerKey, ServerKeyError
-from posttrain_env.settings import Settings
+from activities.backends.fake.backend import FakeBackend, FakeJobScript, FakeScenario
+from posttrain_common.contracts.episode_calls import ToolCall, ToolResult
+from posttrain_common.contracts.jobs import JobRole
+from posttrain_common.keys import ServerKey, ServerKeyError
+from posttrain_common.settings import Settings
+from posttrain_server.agent_worker import refusal
+from posttrain_server.deployment_key import resolve_server_key
 from tests.gateway.production import (
     eventually,
     gateway,
@@ -36,10 +37,9 @@ from tests.gateway.production import (
 from tests.gateway.server import ServerProcess
 from tests.workflows.harness import Answer, write_task
 from tests.workflows.test_worker_restart import call, dev_server
-from workflows.deployment import MEMO_KEY_FINGERPRINT, deployment_workflow_id
-from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import ToolCall, ToolResult
-from workflows.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+from workflows.episode.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+from workflows.episode.workflow import EpisodeWorkflow
+from workflows.operations.deployment import MEMO_KEY_FINGERPRINT, deployment_workflow_id
 
 HEX_KEY = "ab" * 32
 NOT_EXTERNAL: dict[str, Any] = {}

@@ -16,9 +16,9 @@ import pytest
 import zipfile_zstd  # zipfile with zstd, which Inspect's logs use (an inspect-ai dependency)
 
 import tasks
-from activities.fake.backend import FakeJobScript, FakeScenario
-from posttrain_env.contracts.jobs import JobRole
-from posttrain_env.keys import ServerKey
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from posttrain_common.contracts.jobs import JobRole
+from posttrain_common.keys import ServerKey
 from tests.gateway.server import ServerProcess
 
 # Each test runs Inspect itself (an `inspect eval` process) through whole episodes: 15-35 s each

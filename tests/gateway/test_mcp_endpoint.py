@@ -19,8 +19,8 @@ from openenv.core.env_server.mcp_types import CallToolAction
 from openenv.core.mcp_client import MCPToolClient
 
 import tasks
-from activities.fake.backend import FakeJobScript, FakeScenario
-from posttrain_env.contracts.jobs import JobRole
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.tools import tool_catalog
 from tests.gateway.mcp_helpers import SUBMIT, create_episode, data, mcp_session, wait_for_state
 from tests.gateway.server import ServerProcess

@@ -22,10 +22,10 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.fake.backend import FakeJobScript, FakeScenario
-from posttrain_env.contracts.jobs import JobRole
-from posttrain_env.keys import ServerKey
-from posttrain_env.version import installed_version
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from posttrain_common.contracts.jobs import JobRole
+from posttrain_common.keys import ServerKey
+from posttrain_common.version import installed_version
 from tests.gateway.mcp_helpers import SUBMIT, create_episode, data, mcp_session, wait_for_state
 from tests.gateway.server import ServerProcess
 from workflows.ids import episode_workflow_id

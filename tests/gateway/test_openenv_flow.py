@@ -20,8 +20,8 @@ from openenv.core.mcp_client import MCPToolClient
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
+from posttrain_common.contracts.jobs import JobRole
 from posttrain_env import PostTrainEnv
-from posttrain_env.contracts.jobs import JobRole
 from tests.gateway.server import ServerProcess, command, frame, ws_url
 
 SUBMIT_ARGS = {"script": "print('training')\n", "flavor": "cpu-basic", "timeout_minutes": 5}
@@ -384,7 +384,7 @@ def test_importing_the_client_loads_no_server_code() -> None:
         "server = ('workflows', 'activities', 'mcp_gateway', 'job_launcher', 'tasks',\n"
         "          'temporalio')\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in server\n"
-        "                or m in ('posttrain_env.settings', 'posttrain_env.entrypoints.worker'))\n"
+        "                or m in ('posttrain_common.settings', 'posttrain_server.worker'))\n"
         "print(PostTrainEnv.__name__, loaded)\n"
     )
     done = subprocess.run(

@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 import posttrain_env.client
-from activities.fake.backend import FakeScenario
+from activities.backends.fake.backend import FakeScenario
 from posttrain_env import PostTrainEnv
 from posttrain_env.client import RequestTooLarge
 from posttrain_env.limits import (

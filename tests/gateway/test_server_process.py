@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from activities.fake.backend import FakeJobScript, FakeScenario
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
 from tests.gateway.production import (
     SHUTDOWN_LIMIT_S,
     gateway,

@@ -32,11 +32,9 @@ def packages_loaded_by(code: str, watch: tuple[str, ...] = HEAVY) -> list[str]:
     "code",
     [
         "import mcp_gateway.app",
-        "import posttrain_env.entrypoints.server, mcp_gateway.app",
+        "import posttrain_server.server, mcp_gateway.app",
         # What `posttrain-env demo` loads: the command line, the demo, then its whole stack.
-        "import posttrain_env.entrypoints.cli\n"
-        "from posttrain_env.entrypoints import demo\n"
-        "demo.load_modules()",
+        "import posttrain_server.cli\nfrom posttrain_server import demo\ndemo.load_modules()",
     ],
 )
 def test_the_gateway_and_the_demo_load_no_gradio(code: str) -> None:
@@ -45,13 +43,13 @@ def test_the_gateway_and_the_demo_load_no_gradio(code: str) -> None:
 
 def test_the_demo_module_itself_loads_neither_openenv_nor_temporal() -> None:
     watch = ("openenv", "temporalio", "mcp", "fastapi", "uvicorn")
-    assert packages_loaded_by("import posttrain_env.entrypoints.demo", watch) == []
+    assert packages_loaded_by("import posttrain_server.demo", watch) == []
 
 
 def test_openenv_loaded_slim_serves_its_wire_types_and_gradio_stays_importable() -> None:
     """Gradio is hidden only while openenv is imported: anyone may import it afterwards."""
     probe = (
-        "from posttrain_env import openenv_slim\n"
+        "from mcp_gateway import openenv_slim\n"
         "openenv_slim.load()\n"
         "import sys\n"
         "from openenv.core.env_server import create_web_interface_app\n"
@@ -71,7 +69,7 @@ def test_openenv_loaded_slim_keeps_fastmcp_out_and_fastmcp_stays_importable() ->
     """openenv's fastmcp-based environment gets a stand-in that refuses to be used; fastmcp
     itself imports normally afterwards."""
     probe = (
-        "from posttrain_env import openenv_slim\n"
+        "from mcp_gateway import openenv_slim\n"
         "openenv_slim.load()\n"
         "import sys\n"
         "from openenv.core.env_server import mcp_environment\n"

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from activities.fake.backend import FakeJobScript, FakeScenario
-from posttrain_env.version import installed_version
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from posttrain_common.version import installed_version
 from tests.gateway.client_venvs import FASTMCP, OPENAI_AGENTS, client_python, inspector_cli
 from tests.gateway.mcp_helpers import SUBMIT, create_episode, data, mcp_session, wait_for_state
 from tests.gateway.server import ServerProcess

@@ -1,4 +1,5 @@
-"""Fixtures: a fake Hub and an HfBackend wired to it exactly as `wiring.hf_backend` wires the real
+"""Fixtures: a fake Hub and an HfBackend wired to it exactly as `activities/backends/hf/factory.py`
+wires the real
 one (a broker api holding the token, a public api with `token=False`): either the recording fake
 `HfApi` (call-argument invariants) or real `HfApi` objects over the HTTP-level fake Hub."""
 
@@ -11,13 +12,13 @@ import pytest
 from huggingface_hub import HfApi, set_client_factory
 from huggingface_hub.utils._http import default_client_factory
 
-from activities.backend import JobRequest
-from activities.hf.backend import HfBackend, HfBackendConfig
-from activities.hf.http import HubHttpLimits, install_hub_client
-from activities.hf.namespaces import NamespaceNotes
-from activities.jobs import HIDDEN_SEED_SECRET
+from activities.backends.hf.backend import HfBackend, HfBackendConfig
+from activities.backends.hf.http import HubHttpLimits, install_hub_client
+from activities.backends.hf.namespaces import NamespaceNotes
+from activities.backends.interface import JobRequest
+from activities.jobs.activities import HIDDEN_SEED_SECRET
 from job_launcher.trusted_lines import NONCE_ENV
-from posttrain_env.contracts.jobs import JobRole, RepoRef
+from posttrain_common.contracts.jobs import JobRole, RepoRef
 from tests.hf.fake_hub import T0, FakeHub, dataset_json, model_json
 from tests.hf.http_hub import FakeXet, HubHttp
 
@@ -124,7 +125,8 @@ def http_backend(
     namespaces: NamespaceNotes | None = None,
     **config: object,
 ) -> HfBackend:
-    """An HfBackend on real HfApi objects, as `wiring.hf_backend` builds it: the process's Hub
+    """An HfBackend on real HfApi objects, as `activities/backends/hf/factory.py` builds it: the
+    process's Hub
     client is (re)installed with the same `limits` (it is process-wide, as in production)."""
     install_hub_client(limits, transport=http)
     options: dict = {

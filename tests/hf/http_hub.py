@@ -1,7 +1,7 @@
 """A fake Hugging Face Hub that answers Hub-shaped HTTP underneath the real `HfApi`.
 
 `HubHttp` is an httpx2 transport: installed as the network of the backend's own client factory
-(`activities.hf.http.install_hub_client(limits, transport=...)`), every request the real
+(`activities.backends.hf.http.install_hub_client(limits, transport=...)`), every request the real
 `HfApi` makes goes through the production `BoundedTransport`, the library's `http_backoff`,
 `paginate`, `hf_raise_for_status` and SSE reader, and only then reaches this fake. The jobs,
 buckets, repos, prices and clock are a `FakeHub`'s (tests/hf/fake_hub.py), so a job's stages

@@ -15,10 +15,10 @@ from typing import Any
 
 from temporalio.testing import WorkflowEnvironment
 
-from activities.hf.backend import HfBackend
-from posttrain_env.entrypoints.worker import build_worker
-from posttrain_env.keys import ServerKey
-from posttrain_env.settings import Settings
+from activities.backends.hf.backend import HfBackend
+from posttrain_common.keys import ServerKey
+from posttrain_common.settings import Settings
+from posttrain_server.worker import build_worker
 from tests.hf.conftest import make_backend
 from tests.hf.fake_hub import FakeHub, model_json
 from tests.workflows.harness import Harness, write_task

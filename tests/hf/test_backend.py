@@ -15,22 +15,22 @@ from pydantic import SecretStr
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.backend import ArtifactRejected, TransientBackendError
-from activities.hf.backend import HfBackend
-from activities.hf.http import BoundedTransport
-from activities.hf.labels import HfRef
-from activities.hf.stages import backend_job
-from activities.jobs import JobsActivities
+from activities.backends.hf.backend import HfBackend
+from activities.backends.hf.factory import build as hf_backend
+from activities.backends.hf.http import BoundedTransport
+from activities.backends.hf.labels import HfRef
+from activities.backends.hf.stages import backend_job
+from activities.backends.interface import ArtifactRejected, TransientBackendError
+from activities.jobs.activities import JobsActivities
 from activities.ports import JobToWatch
-from posttrain_env.contracts.jobs import JobRef, JobRole, SubmitJob
-from posttrain_env.entrypoints.wiring import hf_backend
+from posttrain_common.contracts.jobs import JobRef, JobRole, SubmitJob
+from posttrain_common.keys import ServerKey
+from posttrain_common.settings import Settings
 from posttrain_env.errors import ErrorType, ToolError
-from posttrain_env.keys import ServerKey
 from posttrain_env.models import JobState
-from posttrain_env.settings import Settings
 from tests.hf.conftest import DATASET, MODEL, make_backend, request
 from tests.hf.fake_hub import ENDPOINT, T0, FakeHub, JobPlan, dataset_json
-from workflows.ledger import billed_minutes
+from workflows.episode.ledger import billed_minutes
 
 
 class RecordingWatch:

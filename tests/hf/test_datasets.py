@@ -20,11 +20,11 @@ import pytest
 import zstandard
 from temporalio.testing import WorkflowEnvironment
 
-from activities.contamination import ContaminationActivities
-from activities.hf.inputs import MAX_LISTED_ENTRIES
+from activities.backends.hf.inputs import MAX_LISTED_ENTRIES
+from activities.contamination.activities import ContaminationActivities
 from job_launcher.trusted_lines import SCORE_TAG, format_trusted_line
-from posttrain_env.contracts.audit import AuditJob, AuditRecord
-from posttrain_env.contracts.contamination import CheckContamination
+from posttrain_common.contracts.audit import AuditJob, AuditRecord
+from posttrain_common.contracts.contamination import CheckContamination
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.limits import CONTAMINATION_DATASET_BYTES, CONTAMINATION_TOTAL_BYTES, MIB
 from posttrain_env.models import ContaminationSpec
@@ -151,7 +151,7 @@ async def test_a_dataset_is_read_up_to_32_mib_and_each_file_is_asked_only_for_wh
 async def test_the_listing_is_read_up_to_its_cap_and_a_longer_one_counts_as_cut(
     http_hub: HubHttp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("activities.hf.inputs.MAX_LISTED_ENTRIES", 3)
+    monkeypatch.setattr("activities.backends.hf.inputs.MAX_LISTED_ENTRIES", 3)
     http_hub.add_dataset("org/many", OLD, {f"f{n}.txt": b"x" for n in range(5)})
     read = await http_backend(http_hub).read_dataset("org/many", OLD, 10_000)
     assert [path for path, _ in read.files] == ["f0.txt", "f1.txt", "f2.txt"] and read.cut

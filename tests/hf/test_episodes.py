@@ -12,13 +12,13 @@ from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateStage
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
-from activities.hf.labels import HfRef
-from activities.jobs import HIDDEN_SEED_SECRET
+from activities.backends.hf.labels import HfRef
+from activities.jobs.activities import HIDDEN_SEED_SECRET
 from job_launcher.trusted_lines import SCORE_TAG, format_trusted_line
 from tests.hf.fake_hub import FakeHub, JobPlan
 from tests.hf.temporal import MODEL_SHA, hf_worker
+from workflows.episode.session import ResetRequest, ResetResult, SessionWorkflow
 from workflows.ids import job_workflow_id
-from workflows.session import ResetRequest, ResetResult, SessionWorkflow
 
 CPU_PRICE = 167
 SCORE_LINE = format_trusted_line(SCORE_TAG, "{nonce}", {"score": 0.75, "split": "hidden"})

@@ -21,23 +21,23 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.backend import ArtifactRejected, TransientBackendError
-from activities.hf import calls as hub_calls
-from activities.hf.attempt_clock import AttemptClock
-from activities.hf.backend import HfBackend
-from activities.hf.calls import HubCalls
-from activities.hf.errors import HubTransientError
-from activities.hf.http import NOT_RETRIED_HERE, HubHttpLimits, install_hub_client
-from activities.hf.labels import LABEL_DEPLOYMENT, HfRef
-from activities.hf.missing import MAX_REMEMBERED, MissingJobs
-from activities.hf.namespaces import MAX_LISTED, RECENT_FOR, NamespaceNotes
-from activities.hf.reaper import ReaperActivities
-from activities.jobs import JobsActivities
+from activities.backends.hf import calls as hub_calls
+from activities.backends.hf.attempt_clock import AttemptClock
+from activities.backends.hf.backend import HfBackend
+from activities.backends.hf.calls import HubCalls
+from activities.backends.hf.errors import HubTransientError
+from activities.backends.hf.http import NOT_RETRIED_HERE, HubHttpLimits, install_hub_client
+from activities.backends.hf.labels import LABEL_DEPLOYMENT, HfRef
+from activities.backends.hf.missing import MAX_REMEMBERED, MissingJobs
+from activities.backends.hf.namespaces import MAX_LISTED, RECENT_FOR, NamespaceNotes
+from activities.backends.interface import ArtifactRejected, TransientBackendError
+from activities.jobs.activities import JobsActivities
+from activities.jobs.reaper import ReaperActivities
 from activities.ports import JobToWatch
-from posttrain_env.contracts.jobs import JobRole, ObserveJobs, SubmitJob
-from posttrain_env.entrypoints.worker import build_worker
+from posttrain_common.contracts.jobs import JobRole, ObserveJobs, SubmitJob
+from posttrain_common.keys import ServerKey
+from posttrain_common.settings import Settings
 from posttrain_env.errors import ToolError
-from posttrain_env.keys import ServerKey
 from posttrain_env.limits import (
     HUB_ACTIVITY_MARGIN_S,
     HUB_CALL_TIMEOUT_S,
@@ -49,14 +49,14 @@ from posttrain_env.limits import (
     VANISHED_AFTER_S,
 )
 from posttrain_env.models import JobState
-from posttrain_env.settings import Settings
+from posttrain_server.worker import build_worker
 from tests.hf.conftest import DATASET, FAST_HTTP, MODEL, TOKEN, http_backend, request
 from tests.hf.fake_hub import T0, FakeHub, JobPlan
 from tests.hf.http_hub import HubHttp
 from tests.hf.slow_server import TLS_RECORD_HEADER, answering_server, trickling_server
 from tests.hf.stand_in import OneAttempt
+from workflows.job.watcher import WatcherInput
 from workflows.policies import OBSERVE_TIMEOUT, READ_TIMEOUT, SUBMIT_TIMEOUT
-from workflows.watcher import WatcherInput
 
 SLACK_S = 0.5  # scheduling and the fake's own work, on a busy machine
 
@@ -301,7 +301,8 @@ async def test_a_server_that_trickles_is_cut_at_the_calls_deadline_on_real_socke
     real_network: HubHttpLimits, scheme: str, first: bytes
 ) -> None:
     # Every byte comes well inside the read timeout; httpcore's timeouts are per socket wait,
-    # so only the deadline of each wait (activities/hf/http.py DeadlineBackend) ends trickled
+    # so only the deadline of each wait (activities/backends/hf/http.py DeadlineBackend) ends
+    # trickled
     # headers. A handshake `ssl` bounds as a whole, by the timeout already cut to the budget.
     calls = HubCalls(real_network)
     try:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from huggingface_hub.utils import get_session
 
-from activities.hf.http import BoundedTransport
-from activities.hf.labels import HfRef
-from posttrain_env.contracts.jobs import JobRole
+from activities.backends.hf.http import BoundedTransport
+from activities.backends.hf.labels import HfRef
+from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.models import JobState
 from tests.hf.conftest import DATASET, FAST_HTTP, MODEL, TOKEN, http_backend, request
@@ -153,7 +153,7 @@ def test_the_transport_turns_a_retryable_answer_into_an_exception_the_library_le
 ) -> None:
     from huggingface_hub.utils import http_backoff
 
-    from activities.hf.http import HubBusy
+    from activities.backends.hf.http import HubBusy
 
     http_hub.answer("hardware", 503, times=6)
     with pytest.raises(HubBusy):

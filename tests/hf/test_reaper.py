@@ -17,26 +17,26 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.hf.backend import HfBackend
-from activities.hf.labels import HfRef
-from activities.hf.reaper import ReaperActivities
-from posttrain_env.contracts.jobs import JobRole
-from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
-from posttrain_env.entrypoints.temporal_client import core_runtime
-from posttrain_env.entrypoints.wiring import (
+from activities.backends.hf.backend import HfBackend
+from activities.backends.hf.labels import HfRef
+from activities.jobs.reaper import ReaperActivities
+from posttrain_common.contracts.jobs import JobRole
+from posttrain_common.keys import ServerKey
+from posttrain_common.settings import Settings
+from posttrain_server.temporal.client import core_runtime
+from posttrain_server.wiring import (
     TemporalEpisodeLiveness,
     reaper_schedule_id,
     schedule_reaper_soon,
 )
-from posttrain_env.entrypoints.worker import build_worker
-from posttrain_env.keys import ServerKey
-from posttrain_env.settings import Settings
+from posttrain_server.worker import build_worker
 from tests.conftest import binary
 from tests.hf.conftest import make_backend, request
 from tests.hf.fake_hub import FakeHub, JobPlan
 from tests.hf.stand_in import StandInEpisode
 from workflows.ids import episode_workflow_id
-from workflows.reaper import ReaperInput, ReaperReport, ReaperWorkflow
+from workflows.operations.reaper import ReaperInput, ReaperReport, ReaperWorkflow
+from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
 T = TypeVar("T")
 LIVE, CLOSED, NEVER = "ep-1111111111111111", "ep-2222222222222222", "ep-3333333333333333"

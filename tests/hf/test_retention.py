@@ -17,22 +17,22 @@ from temporalio.client import Client, ScheduleActionExecutionStartWorkflow, Sche
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.hf.backend import HfBackend
-from activities.hf.labels import HfRef
-from activities.retention import RetentionActivities
-from activities.storage import StorageRefused
-from posttrain_env.contracts.retention import RetentionPolicy, RetentionReport, SweepRetention
-from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
-from posttrain_env.entrypoints.temporal_client import core_runtime
-from posttrain_env.entrypoints.wiring import TemporalEpisodeLiveness, retention_schedule_id
-from posttrain_env.entrypoints.worker import build_worker
-from posttrain_env.keys import ServerKey
-from posttrain_env.settings import Settings
+from activities.backends.hf.backend import HfBackend
+from activities.backends.hf.labels import HfRef
+from activities.backends.storage import StorageRefused
+from activities.records.retention import RetentionActivities
+from posttrain_common.contracts.retention import RetentionPolicy, RetentionReport, SweepRetention
+from posttrain_common.keys import ServerKey
+from posttrain_common.settings import Settings
+from posttrain_server.temporal.client import core_runtime
+from posttrain_server.wiring import TemporalEpisodeLiveness, retention_schedule_id
+from posttrain_server.worker import build_worker
 from tests.conftest import binary
 from tests.hf.conftest import TOKEN, request
 from tests.hf.fake_hub import T0, FakeHub, JobPlan
 from tests.hf.test_reaper import _eventually
 from tests.operator.retention_files import record, sidecar
+from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
 OLD, RECENT = "ep-aaaaaaaaaaaaaaaa", "ep-bbbbbbbbbbbbbbbb"
 DAY = timedelta(days=1)

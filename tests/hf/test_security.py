@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from huggingface_hub import Volume
 
-from activities.hf.backend import HfBackend
-from activities.hf.labels import HfRef
-from activities.jobs import HIDDEN_SEED_SECRET
+from activities.backends.hf.backend import HfBackend
+from activities.backends.hf.labels import HfRef
+from activities.jobs.activities import HIDDEN_SEED_SECRET
 from job_launcher.trusted_lines import NONCE_ENV
-from posttrain_env.contracts.jobs import JobRole
+from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.errors import ErrorType, ToolError
 from tests.hf.conftest import DATASET, MODEL, TOKEN, request
 from tests.hf.fake_hub import FakeHub

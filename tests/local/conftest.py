@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from activities.backend import JobRequest
-from activities.local.backend import LocalBackend, LocalLimits
+from activities.backends.interface import JobRequest
+from activities.backends.local.backend import LocalBackend, LocalLimits
 from job_launcher.trusted_lines import NONCE_ENV
-from posttrain_env.contracts.jobs import BackendJob, JobRole, RepoRef
+from posttrain_common.contracts.jobs import BackendJob, JobRole, RepoRef
 from tasks.registry import TASKS_DIR, evaluator_script, load_task
 
 JOB_PYTHON = "/usr/bin/python3"

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from activities.jobs import HIDDEN_SEED_SECRET, TASK_PARAMS_ENV
-from activities.local.backend import LocalBackend
+from activities.backends.local.backend import LocalBackend
+from activities.jobs.activities import HIDDEN_SEED_SECRET, TASK_PARAMS_ENV
 from job_launcher.requirements import script_dependencies
 from job_launcher.trusted_lines import NONCE_ENV, SCORE_TAG, ScoreReading, read_score
-from posttrain_env.contracts.jobs import JobRole
-from posttrain_env.pip_config import pip_find_links
+from posttrain_common.contracts.jobs import JobRole
+from posttrain_common.pip_config import pip_find_links
 from tasks.registry import TASKS_DIR, evaluator_script, load_task
 from tasks.tiny_arith_model import write_tiny_arith_model
 from tests.local.conftest import JOB_PYTHON, SMALL, TEST_BWRAP, Jobs

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from activities.local import cgroups
-from activities.local.cgroups import CgroupError, GroupLimits, JobGroups, Placement
+from activities.backends.local import cgroups
+from activities.backends.local.cgroups import CgroupError, GroupLimits, JobGroups, Placement
 
 V2_FILES = {
     "memory": {"memory.max": "max", "memory.swap.max": "max", "memory.peak": "0"},

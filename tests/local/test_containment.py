@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from activities.local.backend import LocalBackend
-from activities.local.cgroups import JobGroups, Placement
-from activities.local.containment import Containment
-from activities.local.jobfiles import is_alive, read_json
-from activities.local.resources import Capacity, jobs_memory_bytes
+from activities.backends.local.backend import LocalBackend
+from activities.backends.local.cgroups import JobGroups, Placement
+from activities.backends.local.containment import Containment
+from activities.backends.local.jobfiles import is_alive, read_json
+from activities.backends.local.resources import Capacity, jobs_memory_bytes
 from tests.local.conftest import (
     JOB_PYTHON,
     SMALL,

@@ -14,7 +14,7 @@ import statistics
 import time
 from pathlib import Path
 
-from activities.local.cgroups import JobGroups
+from activities.backends.local.cgroups import JobGroups
 from tests.local.conftest import Jobs, logged, now, trained_t0_artifact, wait_for
 
 HOG = """

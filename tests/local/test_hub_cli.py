@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from activities.local.hub import LocalHub
-from posttrain_env.entrypoints.hub_cli import add_hub_commands, run_hub
+from activities.backends.local.hub import LocalHub
+from posttrain_server.commands.hub import add_hub_commands, run_hub
 
 
 def hub(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -39,7 +39,7 @@ def entry_point(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The real `posttrain-env hub ...` process."""
     env = {**os.environ, "POSTTRAIN_STATE_DIR": str(state)}
     return subprocess.run(
-        [sys.executable, "-m", "posttrain_env.entrypoints.cli", "hub", *args],
+        [sys.executable, "-m", "posttrain_server.cli", "hub", *args],
         capture_output=True,
         text=True,
         env=env,

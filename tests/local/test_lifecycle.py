@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from activities.jobs import JobsActivities
-from activities.local.backend import LocalBackend, job_ref
+from activities.backends.local.backend import LocalBackend, job_ref
+from activities.jobs.activities import JobsActivities
 from activities.ports import JobToWatch
 from job_launcher.trusted_lines import read_score
-from posttrain_env.contracts.jobs import JobLogs
+from posttrain_common.contracts.jobs import JobLogs
+from posttrain_common.keys import ServerKey
 from posttrain_env.errors import ErrorType, ToolError
-from posttrain_env.keys import ServerKey
 from posttrain_env.limits import MAX_LOG_ANSWER_BYTES, MAX_LOG_LINE_BYTES, json_size
 from tasks.registry import TASKS_DIR
 from tests.local.conftest import (
@@ -97,8 +97,8 @@ def test_a_restarted_backend_sees_a_running_job_and_a_retried_submit_starts_no_s
     driver = (
         "import asyncio, sys\n"
         "from pathlib import Path\n"
-        "from activities.backend import JobRequest\n"
-        "from activities.local.backend import LocalBackend\n"
+        "from activities.backends.interface import JobRequest\n"
+        "from activities.backends.local.backend import LocalBackend\n"
         "python, bwrap = sys.argv[2], sys.argv[3] or None\n"
         "backend = LocalBackend(Path(sys.argv[1]), job_python=python, bwrap=bwrap)\n"
         "request = JobRequest.model_validate_json(sys.stdin.read())\n"

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from activities.local import resources
-from activities.local.resources import (
+from activities.backends.local import resources
+from activities.backends.local.factory import build as local_backend
+from activities.backends.local.resources import (
     Capacity,
     LimitsError,
     LocalLimits,
@@ -18,9 +19,11 @@ from activities.local.resources import (
     jobs_memory_bytes,
     machine_capacity,
 )
-from posttrain_env.entrypoints.wiring import local_backend
+from posttrain_common.keys import ServerKey
+from posttrain_common.settings import Settings
 from posttrain_env.limits import GIB, MIB
-from posttrain_env.settings import Settings
+
+KEY = ServerKey(b"k" * 32)  # local jobs carry no deployment label: any key builds it
 
 SMALL_MACHINE = Capacity(cpus=1.0, memory_bytes=8 * GIB)
 BIG_MACHINE = Capacity(cpus=32.0, memory_bytes=256 * GIB)
@@ -119,8 +122,8 @@ def test_the_local_settings_reach_the_backend_and_its_start_says_what_holds_each
     monkeypatch.setenv("POSTTRAIN_LOCAL_JOB_PROCESSES", "256")
     monkeypatch.setenv("POSTTRAIN_LOCAL_MEMORY_SHARE", "0.5")
     settings = Settings(state_dir=tmp_path / "state")
-    with caplog.at_level(logging.INFO, logger="posttrain_env.entrypoints.wiring"):
-        backend = local_backend(settings)
+    with caplog.at_level(logging.INFO, logger="activities.backends.local.factory"):
+        backend = local_backend(settings, KEY)
     limits = backend.job_limits()
     basic = limits.flavors["cpu-basic"]
     assert (basic.disk_bytes, basic.files, basic.processes) == (2 * GIB, 5000, 256)
@@ -138,5 +141,5 @@ def test_local_settings_that_cannot_work_together_stop_the_server_with_the_reaso
 ) -> None:
     settings = Settings(state_dir=tmp_path / "state", local_job_disk_gib=0.01)
     with pytest.raises(SystemExit) as err:
-        local_backend(settings)
+        local_backend(settings, KEY)
     assert "POSTTRAIN_LOCAL_*" in str(err.value) and "give jobs more disk" in str(err.value)

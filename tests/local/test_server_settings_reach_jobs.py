@@ -10,21 +10,24 @@ from pathlib import Path
 
 import pytest
 
-from activities.episodes import pinned_base_model
-from activities.fake.backend import FakeBackend, FakeScenario
-from activities.local.backend import LocalBackend
-from posttrain_env.contracts.jobs import RepoRef
-from posttrain_env.entrypoints.wiring import local_backend
+from activities.backends.fake.backend import FakeBackend, FakeScenario
+from activities.backends.local.backend import LocalBackend
+from activities.backends.local.factory import build as local_backend
+from activities.episodes.activities import pinned_base_model
+from posttrain_common.contracts.jobs import RepoRef
+from posttrain_common.keys import ServerKey
+from posttrain_common.settings import Settings
 from posttrain_env.models import BaseModelSpec
-from posttrain_env.settings import Settings
 from tasks.registry import load_task
 from tests.launcher.conftest import make_wheel
 from tests.local.conftest import JOB_PYTHON, SMALL, TEST_BWRAP, Jobs, write_model
 
+KEY = ServerKey(b"k" * 32)  # local jobs carry no deployment label: any key builds it
+
 
 def server_backend(state_dir: Path) -> LocalBackend:
     """The local backend as the server builds it from its settings (the environment's)."""
-    backend = local_backend(Settings(state_dir=state_dir.parent))
+    backend = local_backend(Settings(state_dir=state_dir.parent), KEY)
     assert isinstance(backend, LocalBackend)
     return backend
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from job_launcher.trusted_lines import read_score
-from posttrain_env.contracts.jobs import RepoRef
+from posttrain_common.contracts.jobs import RepoRef
 from tasks.registry import evaluator_script, load_task
 from tests.local.conftest import Jobs, trained_t0_artifact
 

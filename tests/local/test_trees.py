@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from activities.local.jobfiles import collect_artifact, usage
-from activities.local.scratch import remove_tree
+from activities.backends.local.jobfiles import collect_artifact, usage
+from activities.backends.local.scratch import remove_tree
 from posttrain_env.limits import MAX_ARTIFACT_DEPTH
 
 

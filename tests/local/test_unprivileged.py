@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from activities.local.backend import _find_uv
-from activities.local.sandbox import find_bwrap
+from activities.backends.local.backend import _find_uv
+from activities.backends.local.sandbox import find_bwrap
 from tests.local.conftest import JOB_PYTHON, TEST_BWRAP, write_model
 
 NOBODY = 65534
-PACKAGES = ("activities", "job_launcher", "posttrain_env")
+PACKAGES = ("activities", "job_launcher", "posttrain_common", "posttrain_env")
 DEPENDENCIES = (
     "pydantic",
     "pydantic_core",
@@ -32,16 +32,17 @@ DEPENDENCIES = (
     "annotated_types",
     "typing_inspection",
     "packaging",
-    "zstandard",  # the local backend reads zstd-compressed datasets (activities/dataset_bytes.py)
+    # The local backend reads zstd-compressed datasets (activities/contamination/dataset_bytes.py).
+    "zstandard",
 )
 
 DRIVER = r"""
 import asyncio, json, sys, time
 from datetime import UTC, datetime
 from pathlib import Path
-from activities.backend import JobRequest
-from posttrain_env.contracts.jobs import JobRole, RepoRef
-from activities.local.backend import LocalBackend, LocalLimits
+from activities.backends.interface import JobRequest
+from posttrain_common.contracts.jobs import JobRole, RepoRef
+from activities.backends.local.backend import LocalBackend, LocalLimits
 from job_launcher.trusted_lines import read_score
 
 state, bwrap, uv, model = sys.argv[1:5]

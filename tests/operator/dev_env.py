@@ -20,18 +20,18 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake.backend import FakeBackend, FakeScenario
-from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
-from posttrain_env.entrypoints.cli import build_parser
-from posttrain_env.entrypoints.episodes_cli import run_episodes_async
-from posttrain_env.entrypoints.temporal_client import core_runtime
-from posttrain_env.entrypoints.worker import build_worker
-from posttrain_env.keys import ServerKey
-from posttrain_env.settings import Settings
+from activities.backends.fake.backend import FakeBackend, FakeScenario
+from posttrain_common.keys import ServerKey
+from posttrain_common.settings import Settings
+from posttrain_server.cli import build_parser
+from posttrain_server.commands.episodes import run_episodes_async
+from posttrain_server.temporal.client import core_runtime
+from posttrain_server.worker import build_worker
 from tests.conftest import binary
 from tests.gateway.server import command
 from tests.workflows.harness import write_task
-from workflows.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+from workflows.episode.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Retention tests' world on disk: local job folders laid out as the local backend lays them out
-(activities/local/jobfiles.py), and audit records that name them."""
+(activities/backends/local/jobfiles.py), and audit records that name them."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from activities.audit import write_record
-from activities.local import jobfiles as jf
-from activities.local.store import job_ref
-from posttrain_env.contracts.audit import AuditCall, AuditJob, AuditRecord
+from activities.backends.local import jobfiles as jf
+from activities.backends.local.store import job_ref
+from activities.records.audit import write_record
+from posttrain_common.contracts.audit import AuditCall, AuditJob, AuditRecord
 
 
 def job_folder(

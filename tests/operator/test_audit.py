@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake.backend import FakeJobScript, FakeScenario
-from posttrain_env.contracts.audit import SCHEMA_PATH, audit_schema
-from posttrain_env.contracts.jobs import JobRole
-from posttrain_env.entrypoints.episodes_cli import InvalidRecord, export_record, validate_record
-from posttrain_env.keys import ServerKey
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from posttrain_common.contracts.audit import SCHEMA_PATH, audit_schema
+from posttrain_common.contracts.jobs import JobRole
+from posttrain_common.keys import ServerKey
+from posttrain_server.commands.episodes import InvalidRecord, export_record, validate_record
 from tests.workflows.harness import running_worker
 
 SCRIPT = "# train\nprint('training')\n"

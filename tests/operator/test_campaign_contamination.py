@@ -10,21 +10,21 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from posttrain_env.campaigns.records import (
+from posttrain_common.campaigns.records import (
     SCHEMA_VERSION,
     AgentView,
     Outcome,
     RolloutRecord,
     record_line,
 )
-from posttrain_env.campaigns.report import build_report
-from posttrain_env.campaigns.report_files import CELLS_CSV, SUMMARY_MD, write_report
-from posttrain_env.campaigns.spec import AgentSpec
-from posttrain_env.contracts.episode_calls import EpisodeClosed
-from posttrain_env.contracts.jobs import RepoRef
+from posttrain_common.campaigns.spec import AgentSpec
+from posttrain_common.contracts.episode_calls import EpisodeClosed
+from posttrain_common.contracts.jobs import RepoRef
 from posttrain_env.models import ContaminationSummary, EndReason, EpisodeEnd, ServiceSpend
-from workflows.rollout_contract import RolloutCarry, RolloutInput
-from workflows.rollout_rules import attempt_record
+from posttrain_server.campaigns.report import build_report
+from posttrain_server.campaigns.report_files import CELLS_CSV, SUMMARY_MD, write_report
+from workflows.campaign.rollout_contract import RolloutCarry, RolloutInput
+from workflows.campaign.rollout_rules import attempt_record
 
 FLAGGED = ContaminationSummary(
     checked=True, flagged=True, policy="zero_reward", matched_items=3, unread_datasets=0

@@ -12,13 +12,13 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from activities.fake.backend import FakeJobScript, FakeScenario
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
 from mcp_gateway.episode_calls import call_tool
-from posttrain_env.contracts.jobs import JobRole
+from posttrain_common.contracts.episode_calls import EndRequest, ToolCall
+from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.models import EndReason
 from tests.operator.dev_env import Operated, eventually, operated
-from workflows.episode import EpisodeInput, EpisodeWorkflow
-from workflows.episode_contract import EndRequest, ToolCall
+from workflows.episode.workflow import EpisodeInput, EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 
 README = Path(__file__).parents[2] / "README.md"

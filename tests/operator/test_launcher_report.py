@@ -8,10 +8,10 @@ from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake.backend import FakeJobScript, FakeScenario
-from activities.launcher_report import MAX_ERROR_CHARS, read_launcher_lines
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from activities.jobs.launcher_report import MAX_ERROR_CHARS, read_launcher_lines
 from job_launcher.trusted_lines import LAUNCHER_TAG, format_trusted_line
-from posttrain_env.contracts.jobs import JobRole
+from posttrain_common.contracts.jobs import JobRole
 from tests.workflows.harness import running_worker
 
 NONCE = "n" * 32

@@ -16,18 +16,18 @@ from pydantic import ValidationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.local.storage import LocalJobStorage
-from activities.local.store import JobStore, job_ref
-from activities.retention import RetentionActivities
-from activities.retention_plan import due, entry_of, submitted_job_ids
-from activities.storage import StorageRefused
-from posttrain_env.contracts.retention import RetentionPolicy, SweepRetention
-from posttrain_env.entrypoints.wiring import TemporalEpisodeLiveness
-from posttrain_env.settings import Settings
+from activities.backends.local.storage import LocalJobStorage
+from activities.backends.local.store import JobStore, job_ref
+from activities.backends.storage import StorageRefused
+from activities.records.retention import RetentionActivities
+from activities.records.retention_plan import due, entry_of, submitted_job_ids
+from posttrain_common.contracts.retention import RetentionPolicy, SweepRetention
+from posttrain_common.settings import Settings
+from posttrain_server.wiring import TemporalEpisodeLiveness
 from tests.hf.stand_in import StandInEpisode
 from tests.operator.retention_files import job_folder, record, sidecar, tree
 from workflows.ids import episode_workflow_id
-from workflows.retention import RetentionInput, RetentionWorkflow
+from workflows.operations.retention import RetentionInput, RetentionWorkflow
 
 OLD, RECENT, ENDING, RUNNING, OTHER = (f"ep-{c * 16}" for c in "abcde")
 DAY = timedelta(days=1)

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
-from posttrain_env.entrypoints.temporal_setup import missing_search_attributes, tcld_commands
-from posttrain_env.keys import write_new_key
+from posttrain_common.keys import write_new_key
+from posttrain_server.temporal.setup import missing_search_attributes, tcld_commands
 from tests.conftest import binary
 from tests.gateway.server import ServerProcess, command
+from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
 
 def setup_command(address: str, state_dir: Path) -> subprocess.CompletedProcess[str]:

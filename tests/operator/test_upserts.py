@@ -7,10 +7,10 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake.backend import FakeJobScript, FakeScenario
-from posttrain_env.contracts.jobs import JobRole
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from posttrain_common.contracts.jobs import JobRole
 from tests.workflows.harness import running_worker
-from workflows.visibility import VISIBILITY_PATCH
+from workflows.operations.visibility import VISIBILITY_PATCH
 
 UPSERT = EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
 MEMO = EventType.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED

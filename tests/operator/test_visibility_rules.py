@@ -1,16 +1,16 @@
-"""The operator's search attributes and memo, as pure rules (workflows/visibility.py)."""
+"""The operator's search attributes and memo, as pure rules (workflows/operations/visibility.py)."""
 
 from __future__ import annotations
 
 import json
 from datetime import timedelta
 
-from posttrain_env.contracts import visibility as sa
-from posttrain_env.contracts.jobs import JobRole, JobSpec, RepoRef
+from posttrain_common.contracts.jobs import JobRole, JobSpec, RepoRef
 from posttrain_env.models import EndReason, EpisodeEnd, JobState
 from tests.workflows.test_episode_rules import T0, agent, carry, setup
-from workflows.job import job_memo, job_start_attributes
-from workflows.visibility import (
+from workflows.job.workflow import job_memo, job_start_attributes
+from workflows.operations import search_attributes as sa
+from workflows.operations.visibility import (
     MEMO_VALUE_CHARS,
     cancel_pending_since,
     changes,

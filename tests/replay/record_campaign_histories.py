@@ -53,8 +53,8 @@ QUITTER = {"name": "quitter", "agent": "scripted", "args": {"calls": [{"tool": "
 
 
 def scenario(*, grader_fails: bool = True, long: bool = False) -> Any:
-    from activities.fake.backend import FakeJobScript, FakeScenario
-    from posttrain_env.contracts.jobs import JobRole
+    from activities.backends.fake.backend import FakeJobScript, FakeScenario
+    from posttrain_common.contracts.jobs import JobRole
 
     jobs = [FakeJobScript(role=JobRole.agent, script_contains="LONG", queue_s=1, run_s=3600)]
     jobs += [FakeJobScript(role=JobRole.agent, queue_s=1, run_s=2)]
@@ -73,9 +73,9 @@ class Stack:
         self.backend, self.root = backend, root
 
     async def start(self, campaign_id: str, spec: dict[str, Any], **inputs: Any) -> Any:
-        from posttrain_env.campaigns.spec import parse_spec
-        from workflows.campaign import CampaignWorkflow
-        from workflows.campaign_contract import CampaignInput
+        from posttrain_common.campaigns.spec import parse_spec
+        from workflows.campaign.contract import CampaignInput
+        from workflows.campaign.workflow import CampaignWorkflow
         from workflows.ids import campaign_workflow_id
 
         return await self.client.start_workflow(
@@ -94,11 +94,11 @@ class Stack:
 
 @contextlib.asynccontextmanager
 async def campaign_stack(env: Any, workdir: Path, fake: Any) -> AsyncIterator[Stack]:
-    from activities.fake.backend import FakeBackend
-    from posttrain_env.entrypoints.agent_worker import build_agent_worker
-    from posttrain_env.entrypoints.worker import build_worker
-    from posttrain_env.keys import ServerKey
-    from posttrain_env.settings import Settings
+    from activities.backends.fake.backend import FakeBackend
+    from posttrain_common.keys import ServerKey
+    from posttrain_common.settings import Settings
+    from posttrain_server.agent_worker import build_agent_worker
+    from posttrain_server.worker import build_worker
     from tests.campaigns.harness import agent_env
     from tests.workflows.harness import write_task
 
@@ -134,10 +134,10 @@ async def run_ids(client: Any, workflow_id: str) -> set[str]:
 
 
 async def record_continue_as_new(out: Path, workdir: Path) -> list[Path]:
-    from posttrain_env.campaigns.records import Outcome
+    from posttrain_common.campaigns.records import Outcome
     from tests.replay.record_histories import dev_server, save_all
-    from workflows.campaign import CampaignWorkflow
-    from workflows.campaign_contract import CampaignStatus, RetryRequest
+    from workflows.campaign.contract import CampaignStatus, RetryRequest
+    from workflows.campaign.workflow import CampaignWorkflow
 
     spec = {
         "name": "recorded",
@@ -170,7 +170,7 @@ async def record_continue_as_new(out: Path, workdir: Path) -> list[Path]:
 
 async def record_cancel(out: Path, workdir: Path) -> list[Path]:
     from tests.replay.record_histories import dev_server, save_all
-    from workflows.campaign import CampaignWorkflow
+    from workflows.campaign.workflow import CampaignWorkflow
 
     spec = {
         "name": "cancelled",
@@ -200,10 +200,10 @@ async def record_cancel(out: Path, workdir: Path) -> list[Path]:
 
 
 async def record_reopen(out: Path, workdir: Path) -> list[Path]:
-    from posttrain_env.campaigns.records import Outcome
-    from posttrain_env.entrypoints.campaign_retry import retry_campaign
+    from posttrain_common.campaigns.records import Outcome
+    from posttrain_server.commands.campaign_retry import retry_campaign
     from tests.replay.record_histories import dev_server, save_all
-    from workflows.campaign import CampaignWorkflow
+    from workflows.campaign.workflow import CampaignWorkflow
 
     spec = {
         "name": "reopened",

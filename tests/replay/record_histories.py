@@ -55,8 +55,8 @@ def free_port() -> int:
 
 
 async def dev_server() -> WorkflowEnvironment:
-    from posttrain_env.contracts.visibility import SEARCH_ATTRIBUTES
-    from posttrain_env.entrypoints.temporal_client import core_runtime
+    from posttrain_server.temporal.client import core_runtime
+    from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
     return await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
@@ -96,10 +96,10 @@ def without_stack_traces(value: Any) -> Any:
 async def fake_stack(
     env: WorkflowEnvironment, workdir: Path, scenario: Any, **settings: Any
 ) -> AsyncIterator[tuple[Client, str]]:
-    from activities.fake.backend import FakeBackend
-    from posttrain_env.entrypoints.worker import build_worker
-    from posttrain_env.keys import ServerKey
-    from posttrain_env.settings import Settings
+    from activities.backends.fake.backend import FakeBackend
+    from posttrain_common.keys import ServerKey
+    from posttrain_common.settings import Settings
+    from posttrain_server.worker import build_worker
     from tests.workflows.harness import write_task
 
     tasks_dir = workdir / "tasks"
@@ -115,7 +115,7 @@ async def fake_stack(
 
 
 async def session_reset(client: Client, queue: str, session: str, task_id: str = "t_test") -> Any:
-    from workflows.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+    from workflows.episode.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
 
     handle = await client.start_workflow(
         SessionWorkflow.run, SessionState(), id=f"session-{session}", task_queue=queue
@@ -140,8 +140,8 @@ async def wait_state(client: Client, episode_id: str, job_id: str, states: set[s
 
 
 async def record_reset(out: Path, workdir: Path) -> list[Path]:
-    from activities.fake.backend import FakeDataset, FakeJobScript, FakeScenario
-    from workflows.session import SessionWorkflow
+    from activities.backends.fake.backend import FakeDataset, FakeJobScript, FakeScenario
+    from workflows.episode.session import SessionWorkflow
 
     scenario = FakeScenario(
         jobs=[
@@ -166,7 +166,7 @@ async def record_reset(out: Path, workdir: Path) -> list[Path]:
             )
             await wait_state(client, first.episode_id, submitted.data["job_id"], {"running"})
             await call(client, first.episode_id, "jobs_logs", job_id=submitted.data["job_id"])
-            from workflows.session import ResetRequest, ResetResult
+            from workflows.episode.session import ResetRequest, ResetResult
 
             session = client.get_workflow_handle("session-reset")
             second = await session.execute_update(
@@ -188,7 +188,7 @@ async def record_reset(out: Path, workdir: Path) -> list[Path]:
 
 
 async def record_continue_as_new(out: Path, workdir: Path) -> list[Path]:
-    from activities.fake.backend import FakeJobScript, FakeScenario
+    from activities.backends.fake.backend import FakeJobScript, FakeScenario
 
     scenario = FakeScenario(jobs=[FakeJobScript(queue_s=1, run_s=3600)])
     env = await dev_server()
@@ -223,8 +223,8 @@ async def record_continue_as_new(out: Path, workdir: Path) -> list[Path]:
 
 
 async def record_cancel_pending(out: Path, workdir: Path) -> list[Path]:
-    from activities.fake.backend import FakeJobScript, FakeScenario
-    from workflows.session import ResetRequest, SessionWorkflow
+    from activities.backends.fake.backend import FakeJobScript, FakeScenario
+    from workflows.episode.session import ResetRequest, SessionWorkflow
 
     scenario = FakeScenario(
         jobs=[FakeJobScript(queue_s=1, run_s=3600, cancel_confirm_after_s=None)]
@@ -276,7 +276,7 @@ def write_items_task(tasks_dir: Path, task_id: str) -> None:
 
 async def jobs_seen(client: Client, workflow_id: str, count: int) -> None:
     """Until the episode has started `count` jobs (evaluations and graders count)."""
-    from workflows.episode import EpisodeWorkflow
+    from workflows.episode.workflow import EpisodeWorkflow
 
     handle = client.get_workflow_handle(workflow_id)
     for _ in range(300):
@@ -296,8 +296,8 @@ async def closed(client: Client, workflow_id: str) -> None:
 
 
 async def record_sent_again(out: Path, workdir: Path) -> list[Path]:
-    from activities.fake.backend import FakeJobScript, FakeScenario
-    from posttrain_env.contracts.jobs import JobRole
+    from activities.backends.fake.backend import FakeJobScript, FakeScenario
+    from posttrain_common.contracts.jobs import JobRole
 
     scenario = FakeScenario(
         jobs=[
@@ -351,11 +351,11 @@ async def record_t0_artifact(out: Path, workdir: Path) -> list[Path]:
     import uvicorn
 
     from mcp_gateway.app import create_app, uvicorn_config
-    from posttrain_env.entrypoints.demo import play
-    from posttrain_env.entrypoints.wiring import make_backend
-    from posttrain_env.entrypoints.worker import build_worker
-    from posttrain_env.keys import ServerKey
-    from posttrain_env.settings import Settings
+    from posttrain_common.keys import ServerKey
+    from posttrain_common.settings import Settings
+    from posttrain_server.demo import play
+    from posttrain_server.wiring import make_backend
+    from posttrain_server.worker import build_worker
 
     settings = Settings(state_dir=workdir / "state", backend="local")
     key = ServerKey.load_or_create(settings.server_key_path)

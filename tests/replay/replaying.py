@@ -9,7 +9,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from posttrain_env.entrypoints.worker import WORKFLOWS, workflow_runner
+from posttrain_server.worker import WORKFLOWS, workflow_runner
 
 
 def replayer_of_the_worker() -> Replayer:

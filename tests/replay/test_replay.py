@@ -44,7 +44,7 @@ def patch_ids_in_code() -> set[str]:
     """Every id the workflow code passes to `workflow.patched` (a literal, or a module-level
     string constant of the same module)."""
     ids: set[str] = set()
-    for path in (ROOT / "workflows").glob("*.py"):
+    for path in (ROOT / "workflows").rglob("*.py"):
         tree = ast.parse(path.read_text())
         constants = {
             target.id: node.value.value

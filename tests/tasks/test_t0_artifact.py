@@ -396,7 +396,7 @@ def test_the_reference_solution_and_evaluator_work_at_the_job_paths_in_a_sandbox
 
 
 def test_the_evaluator_reads_the_variables_the_broker_sets() -> None:
-    from activities.jobs import HIDDEN_SEED_SECRET
+    from activities.jobs.activities import HIDDEN_SEED_SECRET
     from job_launcher.trusted_lines import MAX_TRUSTED_LINE_CHARS, NONCE_ENV, SCORE_TAG
     from tasks import evaluator_kit
 

@@ -14,15 +14,15 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateStage
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake.backend import FakeBackend, FakeScenario
+from activities.backends.fake.backend import FakeBackend, FakeScenario
 from mcp_gateway.episode_calls import call_tool
-from posttrain_env.entrypoints.worker import build_worker
-from posttrain_env.keys import ServerKey
-from posttrain_env.settings import Settings
-from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import EpisodeStatus, ToolCall, ToolResult
+from posttrain_common.contracts.episode_calls import EpisodeStatus, ToolCall, ToolResult
+from posttrain_common.keys import ServerKey
+from posttrain_common.settings import Settings
+from posttrain_server.worker import build_worker
+from workflows.episode.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import account_workflow_id, watcher_workflow_id
-from workflows.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
 
 # Test-server bug (temporal-test-server 1.40): a signal that arrives just as a timer fires gets
 # the workflow task's completion rejected ("invalid history builder state for action") and the

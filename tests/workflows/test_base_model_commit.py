@@ -10,11 +10,11 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake.backend import FakeJobScript, FakeScenario
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
 from mcp_gateway.observations import reset_metadata
-from posttrain_env.contracts.jobs import JobRole
+from posttrain_common.contracts.jobs import JobRole
 from tests.workflows.harness import running_worker
-from workflows.episode import EpisodeInput
+from workflows.episode.workflow import EpisodeInput
 
 AGENT = FakeJobScript(role=JobRole.agent, queue_s=1, run_s=3600)
 

@@ -15,10 +15,10 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
-from activities.contamination_scan import words
-from activities.fake.backend import FakeDataset, FakeJobScript, FakeScenario
-from posttrain_env.contracts.jobs import JobRole
-from posttrain_env.entrypoints.episodes_cli import validate_record
+from activities.backends.fake.backend import FakeDataset, FakeJobScript, FakeScenario
+from activities.contamination.scan import words
+from posttrain_common.contracts.jobs import JobRole
+from posttrain_server.commands.episodes import validate_record
 from tests.workflows.harness import TEST_TASK, Answer, Harness, running_worker
 from workflows.ids import episode_workflow_id
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake.backend import FakeJobScript, FakeScenario
-from posttrain_env.contracts.jobs import JobRole
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from posttrain_common.contracts.episode_calls import ToolCall
+from posttrain_common.contracts.jobs import JobRole
 from tests.workflows.harness import running_worker, write_task
-from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import ToolCall
+from workflows.episode.workflow import EpisodeWorkflow
 
 CPU_PRICE = 167  # micro-USD per minute of cpu-basic in the fake's price list
 T4_PRICE = 6_667

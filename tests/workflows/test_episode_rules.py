@@ -1,4 +1,4 @@
-"""The episode's pure rules and views (workflows/episode_rules.py), without Temporal."""
+"""The episode's pure rules and views (workflows/episode/rules.py), without Temporal."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from posttrain_env.contracts.episodes import Caps, EpisodeSetup
-from posttrain_env.contracts.jobs import BackendJob, JobRole, RepoRef, ScoreResult
+from posttrain_common.contracts.episodes import Caps, EpisodeSetup
+from posttrain_common.contracts.jobs import BackendJob, JobRole, RepoRef, ScoreResult
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.models import EndReason, EpisodeEnd, FlavorPrice, JobState, TaskSpec
 from tasks.registry import load_task
-from workflows.episode_rules import (
+from workflows.episode.ledger import Ledger
+from workflows.episode.rules import (
     agent_job,
     check_concurrency,
     check_dev_evaluation,
@@ -21,9 +22,8 @@ from workflows.episode_rules import (
     succeeded_agent_job,
     take_snapshot,
 )
-from workflows.episode_state import EpisodeCarry, JobRecord
-from workflows.job import JobSnapshot
-from workflows.ledger import Ledger
+from workflows.episode.state import EpisodeCarry, JobRecord
+from workflows.job.workflow import JobSnapshot
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 CPU = FlavorPrice(name="cpu-basic", micro_usd_per_minute=167)

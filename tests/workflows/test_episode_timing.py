@@ -1,19 +1,20 @@
 """When an episode ends by its clock, how long its run loop sleeps, and when it owes its session
-a reply (workflows/episode_timing.py), without Temporal; and the answers and status it builds
-from its state (workflows/episode_rules.py)."""
+a reply (workflows/episode/timing.py), without Temporal; and the answers and status it builds
+from its state (workflows/episode/rules.py)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from posttrain_env.contracts.episodes import Caps, EpisodeSetup
-from posttrain_env.contracts.jobs import JobRole, RepoRef
+from posttrain_common.contracts.episodes import Caps, EpisodeSetup
+from posttrain_common.contracts.jobs import JobRole, RepoRef
 from posttrain_env.errors import ErrorType
 from posttrain_env.models import EndReason, EpisodeEnd, FlavorPrice, JobState, TaskSpec
 from tasks.registry import load_task
-from workflows.episode_rules import already_answered, episode_status, tool_result
-from workflows.episode_state import EpisodeCarry, JobRecord
-from workflows.episode_timing import (
+from workflows.episode.ledger import Ledger
+from workflows.episode.rules import already_answered, episode_status, tool_result
+from workflows.episode.state import EpisodeCarry, JobRecord
+from workflows.episode.timing import (
     MIN_TIMER,
     SessionReply,
     close_needs_announcing,
@@ -21,7 +22,6 @@ from workflows.episode_timing import (
     out_of_time,
     reply_is_due,
 )
-from workflows.ledger import Ledger
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 SESSION = "session-s1"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake.backend import FakeBackend
-from posttrain_env.contracts.episodes import FlavorLimits, JobLimits
+from activities.backends.fake.backend import FakeBackend
+from posttrain_common.contracts.episodes import FlavorLimits, JobLimits
 from tests.workflows.harness import running_worker
 
 GIB = 1 << 30

@@ -10,13 +10,13 @@ from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateStage
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake.backend import FakeJobScript, FakeScenario
-from posttrain_env.keys import ServerKey
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from posttrain_common.contracts.episode_calls import EndRequest
+from posttrain_common.keys import ServerKey
 from posttrain_env.models import EndReason
 from tests.workflows.harness import running_worker, write_task
-from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import EndRequest
-from workflows.session import ResetRequest, ResetResult, SessionWorkflow
+from workflows.episode.session import ResetRequest, ResetResult, SessionWorkflow
+from workflows.episode.workflow import EpisodeWorkflow
 
 LONG = FakeJobScript(run_s=100_000)
 

@@ -12,12 +12,12 @@ import pytest
 from temporalio.client import WorkflowUpdateHandle, WorkflowUpdateStage
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake.backend import FakeJobScript, FakeScenario
-from posttrain_env.contracts.jobs import JobRole
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from posttrain_common.contracts.episode_calls import EndRequest, ToolCall, ToolResult
+from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.models import EndReason
 from tests.workflows.harness import SKIP_STEP, Episode, running_worker, write_task
-from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import EndRequest, ToolCall, ToolResult
+from workflows.episode.workflow import EpisodeWorkflow
 
 AGENT = FakeJobScript(role=JobRole.agent, queue_s=1, run_s=10)
 GRADER = FakeJobScript(role=JobRole.grader, queue_s=1, run_s=300, score=0.75)

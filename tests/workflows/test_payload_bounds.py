@@ -10,11 +10,12 @@ import pydantic_core
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-import workflows.episode_rules
-import workflows.payload_guard
-from activities.fake.backend import FakeJobScript, FakeScenario
+import workflows.episode.payload_guard
+import workflows.episode.rules
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
 from mcp_gateway.episode_calls import call_tool, tool_call
-from posttrain_env.contracts.jobs import JobRole
+from posttrain_common.contracts.episode_calls import ToolCall
+from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.errors import SessionError
 from posttrain_env.limits import (
     MAX_LOG_ANSWER_BYTES,
@@ -24,7 +25,6 @@ from posttrain_env.limits import (
     json_size,
 )
 from tests.workflows.harness import Answer, Episode, running_worker
-from workflows.episode_contract import ToolCall
 
 SUBMIT = {"flavor": "cpu-basic", "timeout_minutes": 5}
 # A job that prints 2,000 lines of 4 KB with one 5 MB line among them, inside the last 2,000.
@@ -143,7 +143,7 @@ async def test_an_answer_over_the_workers_bound_is_a_typed_error_and_the_episode
     time_skipping_env: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The real bound (1 MiB) is far above any answer; 16 KiB puts a 64 KiB log answer over it.
-    monkeypatch.setattr(workflows.payload_guard, "MAX_ANSWER_BYTES", 16 * 1024)
+    monkeypatch.setattr(workflows.episode.payload_guard, "MAX_ANSWER_BYTES", 16 * 1024)
     async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[LOUD])) as h:
         ep = await h.episode()
         job_id = await ep.submit_job(script="print('LOUD')\n")
@@ -166,7 +166,7 @@ async def test_a_carry_over_its_bound_drops_carried_answers_and_continues_as_new
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # The real bound (1.5 MiB) holds every carry; 96 KiB makes the guard act on this one.
-    monkeypatch.setattr(workflows.payload_guard, "MAX_CARRY_BYTES", 96 * 1024)
+    monkeypatch.setattr(workflows.episode.payload_guard, "MAX_CARRY_BYTES", 96 * 1024)
     async with running_worker(
         time_skipping_env, tmp_path, FakeScenario(jobs=[LOUD]), continue_as_new_events=100
     ) as h:
@@ -240,7 +240,7 @@ async def test_an_episode_starts_a_bounded_number_of_jobs(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The real limit (256) holds the job table's share of the carry; 3 shows the rule at work.
-    monkeypatch.setattr(workflows.episode_rules, "MAX_JOBS_PER_EPISODE", 3)
+    monkeypatch.setattr(workflows.episode.rules, "MAX_JOBS_PER_EPISODE", 3)
     quick = FakeJobScript(queue_s=1, run_s=1)
     async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[quick])) as h:
         ep = await h.episode()

@@ -11,11 +11,11 @@ from pathlib import Path
 from temporalio.client import WorkflowUpdateStage
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake.backend import FakeJobScript, FakeScenario
-from posttrain_env.contracts.jobs import JobRole
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from posttrain_common.contracts.episode_calls import ToolCall, ToolResult
+from posttrain_common.contracts.jobs import JobRole
 from tests.workflows.harness import Answer, Episode, running_worker, write_task
-from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import ToolCall, ToolResult
+from workflows.episode.workflow import EpisodeWorkflow
 
 AGENT = FakeJobScript(role=JobRole.agent, queue_s=1, run_s=10)
 SLOW_EVALUATION = FakeJobScript(role=JobRole.dev, queue_s=1, run_s=3600)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fake.backend import FakeDataset, FakeJobScript, FakeScenario
-from posttrain_env.contracts.jobs import JobRole
+from activities.backends.fake.backend import FakeDataset, FakeJobScript, FakeScenario
+from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.models import MAX_DATASETS, MAX_DEPENDENCIES, MAX_SCRIPT_BYTES
 from tests.workflows.harness import running_worker, write_task
 

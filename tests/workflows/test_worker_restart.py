@@ -23,15 +23,15 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.fake.backend import FakeBackend, FakeJobScript, FakeScenario
-from posttrain_env.contracts.jobs import JobRole
-from posttrain_env.entrypoints.temporal_dev import start_dev_command
-from posttrain_env.keys import write_new_key
+from activities.backends.fake.backend import FakeBackend, FakeJobScript, FakeScenario
+from posttrain_common.contracts.episode_calls import EpisodeStatus, ToolCall, ToolResult
+from posttrain_common.contracts.jobs import JobRole
+from posttrain_common.keys import write_new_key
+from posttrain_server.temporal.dev_server import start_dev_command
 from tests.payload_limits import assert_no_violation_in
 from tests.workflows.harness import Answer, write_task
-from workflows.episode import EpisodeWorkflow
-from workflows.episode_contract import EpisodeStatus, ToolCall, ToolResult
-from workflows.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+from workflows.episode.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+from workflows.episode.workflow import EpisodeWorkflow
 
 # An update sent while no worker runs waits for the next one (start-up + sticky-queue timeout).
 UPDATE_RPC_TIMEOUT = timedelta(seconds=60)

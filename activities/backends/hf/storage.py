@@ -1,0 +1,95 @@
+"""Hugging Face job folders as `activities.backends.storage.JobStorage` sees them: a job's folder
+in its
+namespace's `jobs-artifacts` bucket (`<folder>/` holds the uploaded script, `<folder>/outputs/`
+what the job left; see `activities/backends/hf/labels.py`).
+
+Only paths under the job's own folder are ever deleted: the folder comes from the job's ref
+(checked by `HfRef.decode`), is listed by its exact prefix with its slash, and every listed path
+is checked against that prefix again (the Hub matches prefixes character by character, so
+`<folder>` alone would also match `<folder>x/`). Deletion uses the same calls the backend
+already makes (`list_bucket_tree`, `batch_bucket_files`), each bounded by `HubCalls`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from huggingface_hub import HfApi
+from huggingface_hub.errors import BucketNotFoundError
+
+from activities.backends.hf.calls import HubCalls
+from activities.backends.hf.labels import HfRef
+from activities.backends.hf.submission import artifacts_bucket, outputs_prefix
+from activities.backends.storage import StorageRefused
+
+# Paths per delete request: one job's folder rarely holds more; a larger one takes several.
+DELETE_BATCH = 500
+
+
+class HfJobStorage:
+    name = "hf"
+
+    def __init__(self, calls: HubCalls, api: HfApi, namespace: Callable[[], Awaitable[str]]):
+        """`api` holds the broker's token; `namespace` answers the backend's current one (for
+        refs made before a ref named its namespace)."""
+        self._calls = calls
+        self._api = api
+        self._namespace = namespace
+
+    async def artifact_bytes(self, ref: str) -> int | None:
+        try:
+            bucket, folder = await self._where(ref)
+        except StorageRefused:
+            return None
+        # An empty or missing outputs folder is an artifact of 0 bytes (the Hub has no
+        # empty folders).
+        return sum((await self._files(bucket, outputs_prefix(folder) + "/")).values())
+
+    async def delete(self, ref: str, *, keep_artifact: bool) -> int:
+        bucket, folder = await self._where(ref)
+        files = await self._files(bucket, folder + "/")
+        if keep_artifact:
+            kept = outputs_prefix(folder) + "/"
+            files = {path: size for path, size in files.items() if not path.startswith(kept)}
+        paths = sorted(files)
+        for start in range(0, len(paths), DELETE_BATCH):
+            await self._calls.call(
+                f"deleting the folder of job {ref}",
+                self._api.batch_bucket_files,
+                bucket,
+                delete=paths[start : start + DELETE_BATCH],
+                in_namespace=bucket.split("/")[0],
+            )
+        return sum(files.values())
+
+    async def _where(self, ref: str) -> tuple[str, str]:
+        """(bucket id, folder) of the job; StorageRefused for a ref without a folder of ours."""
+        try:
+            hf = HfRef.decode(ref)
+        except ValueError:
+            raise StorageRefused(f"{ref!r} is not a Hugging Face job's ref") from None
+        # HfRef admits `.` and `..` as folder names: never a job's (run_uv_job makes them).
+        if hf.folder is None or hf.folder.strip(".") == "":
+            raise StorageRefused(f"the ref {ref!r} names no folder of its job")
+        namespace = hf.namespace or await self._namespace()
+        return artifacts_bucket(namespace), hf.folder
+
+    async def _files(self, bucket: str, prefix: str) -> dict[str, int]:
+        """path -> size of every file under `prefix` (nothing when the bucket is gone)."""
+        try:
+            entries = await self._calls.listing(
+                f"listing {bucket}/{prefix}",
+                self._api.list_bucket_tree,
+                bucket,
+                prefix=prefix,
+                recursive=True,
+                keep=(BucketNotFoundError,),
+                in_namespace=bucket.split("/")[0],
+            )
+        except BucketNotFoundError:
+            return {}
+        return {
+            str(entry.path): int(getattr(entry, "size", 0) or 0)
+            for entry in entries
+            if getattr(entry, "type", "") == "file" and str(entry.path).startswith(prefix)
+        }

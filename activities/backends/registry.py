@@ -1,0 +1,32 @@
+"""Every jobs backend, by name: the one registry of them (README, "Backends").
+
+A backend is a folder under `activities/backends/` whose `info.py` declares `BACKEND`, a
+`BackendInfo`: its name, its capabilities and how to build it. It is registered here once it
+passes the conformance suite (tests/backends/), which runs over every entry of `BACKENDS`.
+Reading this registry loads only the declarations, never a backend's code.
+"""
+
+from __future__ import annotations
+
+from activities.backends.fake import info as fake
+from activities.backends.hf import info as hf
+from activities.backends.interface import BackendInfo
+from activities.backends.local import info as local
+
+BACKENDS: dict[str, BackendInfo] = {
+    info.name: info for info in (local.BACKEND, hf.BACKEND, fake.BACKEND)
+}
+
+
+class UnknownBackend(ValueError):
+    """POSTTRAIN_BACKEND names no registered backend; the message lists those that exist."""
+
+
+def backend_info(name: str) -> BackendInfo:
+    """The registered backend called `name`. Raises UnknownBackend."""
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise UnknownBackend(
+            f"POSTTRAIN_BACKEND={name!r} names no backend; choose one of {', '.join(BACKENDS)}"
+        ) from None

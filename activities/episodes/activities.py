@@ -1,0 +1,121 @@
+"""Activities that set episodes up and keep the server-wide caps (task specs, prices, account)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel
+from temporalio import activity
+
+from activities.backends.interface import JobsBackend
+from activities.ports import ServerAccount
+from posttrain_common.contracts.activities import EpisodesApi
+from posttrain_common.contracts.episodes import (
+    Caps,
+    EpisodeSetup,
+    JobLimits,
+    PrepareEpisode,
+    ServerSpend,
+)
+from posttrain_common.contracts.jobs import RepoRef
+from posttrain_common.failures import agent_errors
+from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES
+from posttrain_env.models import TaskSpec
+from tasks.registry import TaskSpecError, load_task
+
+
+class EpisodeConfig(BaseModel):
+    """Server settings that episodes need, handed to the activities at worker start."""
+
+    tasks_dir: Path
+    watcher_workflow_id: str
+    account_workflow_id: str
+    cancel_confirm_s: int = 120
+    max_live_episodes: int | None = None
+    spend_cap_micro_usd: int | None = None
+    continue_as_new_events: int | None = None
+    continue_as_new_bytes: int = CONTINUE_AS_NEW_HISTORY_BYTES
+    deployment: str | None = None  # this deployment's name, for operators' filters
+
+
+async def pinned_base_model(
+    backend: JobsBackend, task: TaskSpec, revision: str | None = None
+) -> RepoRef:
+    """The repo the backend mounts as the task's base model, at a commit. A branch or tag
+    becomes a commit here, once per episode (or once per campaign, which pins every rollout to
+    it with `revision`): every job of the episode, and every answer about its base model, names
+    that commit. Raises ToolError(not_allowed) for a task the backend cannot run."""
+    model = task.base_model
+    repo_id, default = model.repo_id, model.revision
+    if backend.uses_local_models:
+        if model.local is None:
+            raise ToolError(
+                ErrorType.not_allowed,
+                f"task {task.id!r} has no local base model; it needs the hf backend",
+                field="task_id",
+            )
+        repo_id, default = model.local, model.local_revision
+    return RepoRef(
+        repo_id=repo_id, revision=await backend.resolve_model(repo_id, revision or default)
+    )
+
+
+class EpisodeActivities(EpisodesApi):
+    def __init__(self, backend: JobsBackend, account: ServerAccount, config: EpisodeConfig) -> None:
+        self._backend = backend
+        self._account = account
+        self._config = config
+
+    @activity.defn
+    @agent_errors
+    async def prepare_episode(self, request: PrepareEpisode) -> EpisodeSetup:
+        """Load the task, lock its prices, pin the base model, admit the episode."""
+        try:
+            task = load_task(request.task_id, self._config.tasks_dir)
+        except TaskSpecError as err:
+            raise ToolError(ErrorType.invalid_argument, str(err), field="task_id") from None
+        prices = {p.name: p for p in await self._backend.hardware()}
+        base_model = await pinned_base_model(self._backend, task, request.base_model_revision)
+        config = self._config
+        caps = Caps(
+            account_workflow_id=config.account_workflow_id,
+            spend_cap_micro_usd=config.spend_cap_micro_usd,
+            max_live_episodes=config.max_live_episodes,
+        )
+        if caps.tracked:
+            await self._account.admit(request.episode_id, caps)
+        return EpisodeSetup(
+            episode_id=request.episode_id,
+            task=task,
+            base_model=base_model,
+            prices={
+                name: prices[name] for name in [*task.flavors, task.eval_flavor] if name in prices
+            },
+            prices_simulated=self._backend.prices_simulated,
+            cancel_confirm_s=config.cancel_confirm_s,
+            watcher_workflow_id=config.watcher_workflow_id,
+            caps=caps,
+            session_workflow_id=request.session_workflow_id,
+            continue_as_new_events=config.continue_as_new_events,
+            continue_as_new_bytes=config.continue_as_new_bytes,
+            job_python_version=self._backend.job_python_version,
+            backend=self._backend.name,
+            deployment=config.deployment,
+            job_limits=self._job_limits(task.flavors, task.eval_flavor),
+        )
+
+    def _job_limits(self, flavors: list[str], eval_flavor: str) -> JobLimits | None:
+        """The backend's limits per job, for this task's flavors only."""
+        limits = self._backend.job_limits()
+        if limits is None:
+            return None
+        wanted = [*flavors, eval_flavor]
+        return limits.model_copy(
+            update={"flavors": {f: v for f, v in limits.flavors.items() if f in wanted}}
+        )
+
+    @activity.defn
+    @agent_errors
+    async def reserve_server_spend(self, spend: ServerSpend) -> None:
+        await self._account.check_exposure(spend)

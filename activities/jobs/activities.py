@@ -1,0 +1,186 @@
+"""Activities that touch the jobs backend: start, watch, cancel, read logs and scores.
+
+Every secret a job needs (its nonce; a grader's hidden-split seed) is derived here, inside the
+activity, and handed to the backend; none is returned to a workflow (DESIGN §9).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import datetime
+from pathlib import Path
+
+from temporalio import activity
+
+from activities.backends.interface import (
+    ArtifactRejected,
+    JobRequest,
+    JobsBackend,
+    TransientBackendError,
+)
+from activities.heartbeat import heartbeating
+from activities.jobs.launcher_report import read_launcher_lines
+from activities.ports import JobToWatch, JobWatch
+from job_launcher.syntax import check_syntax
+from job_launcher.trusted_lines import NONCE_ENV, read_score
+from posttrain_common.contracts.activities import JobsApi
+from posttrain_common.contracts.jobs import (
+    BackendJob,
+    CheckScript,
+    JobLogs,
+    JobRef,
+    JobRole,
+    LogLines,
+    ObserveJobs,
+    RepoRef,
+    ResolveDatasets,
+    ScoreResult,
+    SubmitJob,
+)
+from posttrain_common.failures import agent_errors, artifact_rejected
+from posttrain_common.keys import ServerKey
+from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.limits import LAUNCHER_LOG_TAIL, bound_log_lines, cut_text
+from posttrain_env.models import JobState, TaskSpec
+from tasks.registry import TaskSpecError, evaluator_script, load_task
+
+HIDDEN_SEED_SECRET = "POSTTRAIN_HIDDEN_SPLIT_SEED"
+# LAUNCHER_LOG_TAIL: the launcher's lines come first (installed) and last (the end): a failure
+# before the script ran leaves a short log; a script that ran may have printed much, and its
+# exit line is last.
+# An evaluation's task parameters (`[evaluation]` of task.toml), as JSON.
+TASK_PARAMS_ENV = "POSTTRAIN_TASK_PARAMS"
+# A submit that lasts longer than this (a slow or retried create on the Hub) heartbeats this
+# often; the job workflow's SUBMIT_HEARTBEAT timeout is several of these.
+SUBMIT_BEAT_S = 5.0
+
+
+class JobsActivities(JobsApi):
+    def __init__(
+        self, backend: JobsBackend, key: ServerKey, watch: JobWatch, tasks_dir: Path
+    ) -> None:
+        self._backend = backend
+        self._key = key
+        self._watch = watch
+        self._tasks_dir = tasks_dir
+
+    @activity.defn
+    @agent_errors
+    async def submit_job(self, job: SubmitJob) -> BackendJob:
+        """Start the job unless one with its key exists (a retried submit), then watch it."""
+        async with heartbeating(SUBMIT_BEAT_S, first_after_s=SUBMIT_BEAT_S):
+            found = await self._backend.find_by_key(job.key, job.now)
+            try:
+                started = found or await self._backend.submit(self._request(job))
+            except ArtifactRejected as err:
+                raise artifact_rejected(str(err)) from None
+            if not started.state.terminal:
+                await self._watch.watch(
+                    JobToWatch(
+                        ref=started.ref,
+                        job_workflow_id=job.key,
+                        state=started.state.value,
+                        job_id=job.job_id,
+                        episode_id=job.episode_id,
+                    )
+                )
+            return started
+
+    @activity.defn
+    async def observe_jobs(self, observe: ObserveJobs) -> dict[str, BackendJob]:
+        jobs = await self._backend.observe(observe.refs, observe.now)
+        return {ref: await self._explained(job, observe.now) for ref, job in jobs.items()}
+
+    @activity.defn
+    @agent_errors
+    async def cancel_job(self, job: JobRef) -> BackendJob:
+        return await self._backend.cancel(job.ref, job.now)
+
+    @activity.defn
+    @agent_errors
+    async def job_logs(self, job: JobLogs) -> LogLines:
+        lines = await self._backend.logs(job.ref, job.tail, job.now)
+        # The launcher's own lines carry the job's nonce; the agent never needs to see it.
+        nonce = self._key.job_nonce(job.key)
+        # Cut here, before the answer crosses Temporal: a job controls its own log.
+        tail = bound_log_lines([line.replace(nonce, "<nonce>") for line in lines], job.tail)
+        return LogLines(
+            lines=tail.lines, dropped_lines=tail.dropped_lines, cut_bytes=tail.cut_bytes
+        )
+
+    @activity.defn
+    @agent_errors
+    async def read_score(self, job: JobRef) -> ScoreResult:
+        lines = await self._backend.logs(job.ref, 10_000, job.now)
+        reading = read_score(lines, self._key.job_nonce(job.key))
+        return ScoreResult(
+            score=reading.score, valid=reading.valid, reason=reading.reason, details=reading.details
+        )
+
+    @activity.defn
+    @agent_errors
+    async def resolve_datasets(self, datasets: ResolveDatasets) -> list[RepoRef]:
+        return [
+            RepoRef(
+                repo_id=repo_id,
+                revision=await self._backend.resolve_dataset(repo_id, datasets.denylist),
+            )
+            for repo_id in datasets.repo_ids
+        ]
+
+    @activity.defn
+    @agent_errors
+    async def check_script(self, check: CheckScript) -> None:
+        await asyncio.to_thread(check_syntax, check.script, check.python)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    async def _explained(self, job: BackendJob, now: datetime) -> BackendJob:
+        """A failed job's message says why, from the launcher's own lines: the stage that
+        failed before the script ran, or how the script exited (the agent need not spend a
+        `jobs_logs` step on it). Read once, when the job is seen failed."""
+        if job.state is not JobState.failed:
+            return job
+        try:
+            lines = await self._backend.logs(job.ref, LAUNCHER_LOG_TAIL, now)
+        except (ToolError, TransientBackendError):
+            return job  # the backend's own message stands
+        nonce = self._key.job_nonce(job.key)
+        why = read_launcher_lines(lines, nonce).failure_message
+        if why is None:
+            return job
+        # The installer's output may quote the line that carried the nonce: never pass it on.
+        return job.model_copy(update={"message": cut_text(why.replace(nonce, "<nonce>"))})
+
+    def _request(self, job: SubmitJob) -> JobRequest:
+        env = {NONCE_ENV: self._key.job_nonce(job.key)}
+        secrets: dict[str, str] = {}
+        script = job.script
+        if job.role is not JobRole.agent:
+            task = self._task(job.task_id)
+            script = self._evaluator_script(task)
+            # The task's evaluation parameters (public: the same for every episode).
+            env[TASK_PARAMS_ENV] = json.dumps(task.evaluation, sort_keys=True)
+        if job.role is JobRole.grader:
+            secrets[HIDDEN_SEED_SECRET] = self._key.hidden_split_seed(job.episode_id)
+        # A SubmitJob is a JobRequest without its secrets: copy it, then add them.
+        fields = job.model_dump(exclude={"script"})
+        return JobRequest(**fields, script=script, env=env, secrets=secrets)
+
+    def _task(self, task_id: str) -> TaskSpec:
+        try:
+            return load_task(task_id, self._tasks_dir)
+        except TaskSpecError as err:
+            raise ToolError(
+                ErrorType.not_allowed, f"evaluations are unavailable for this task: {err}"
+            ) from None
+
+    def _evaluator_script(self, task: TaskSpec) -> str:
+        try:
+            # One file: the shared evaluator helpers are embedded (DESIGN §9, "Evaluators").
+            return evaluator_script(task, self._tasks_dir)
+        except TaskSpecError as err:
+            raise ToolError(
+                ErrorType.not_allowed, f"evaluations are unavailable for this task: {err}"
+            ) from None

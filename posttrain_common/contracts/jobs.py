@@ -1,0 +1,141 @@
+"""Jobs as the episode and the backends speak of them (pure; no secret ever in here).
+
+Everything in this module crosses workflow history: what an episode decides a job is
+(`JobSpec`), what a backend reports of it (`BackendJob`), and the inputs and outputs of the
+activities that start, watch, cancel and read jobs. Secrets (a job's nonce, a grader's seed) are
+added inside the activity (`activities.backends.interface.JobRequest`) and never appear here.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator
+
+from posttrain_env.limits import MAX_SCORE_DETAILS_BYTES
+from posttrain_env.models import BoundedText, JobState
+
+
+class JobRole(enum.StrEnum):
+    agent = "agent"
+    dev = "dev"
+    grader = "grader"
+
+
+class RepoRef(BaseModel):
+    repo_id: str
+    revision: str
+
+
+class JobSpec(BaseModel):
+    """What a job is, as the episode decides it (no secrets: this crosses workflow history)."""
+
+    role: JobRole
+    episode_id: str
+    task_id: str
+    job_id: str
+    flavor: str
+    timeout_s: int
+    script: str = ""  # agent jobs: the agent's script (evaluations get the task's evaluator)
+    dependencies: list[str] = Field(default_factory=list)
+    datasets: list[RepoRef] = Field(default_factory=list)
+    base_model: RepoRef
+    artifact_ref: str | None = None  # evaluations: backend ref of the job whose outputs are /model
+    # The task's cap on a job's outputs; None: the backend's default (DESIGN §9).
+    artifact_cap_bytes: int | None = None
+
+
+class BackendJob(BaseModel):
+    """A backend's view of one job."""
+
+    ref: str  # the backend's own job id; internal, never shown to the agent
+    key: str
+    state: JobState  # never `cancelling`: that is ours, not the backend's
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    running_s: float = 0.0
+    message: BoundedText = ""  # may quote the job's own output: cut where it enters
+    # The backend lost track of the job (Hugging Face answers 404 for it): its real running time
+    # is unknown, so the episode settles it at its worst case, the whole reservation.
+    vanished: bool = False
+
+
+# -- activity inputs and outputs -----------------------------------------------------------------
+
+
+class SubmitJob(JobSpec):
+    key: str  # the job workflow's id: the idempotency key
+    now: datetime
+
+
+class ObserveJobs(BaseModel):
+    refs: list[str]
+    now: datetime
+
+
+class JobRef(BaseModel):
+    ref: str
+    key: str
+    now: datetime
+
+
+class JobLogs(JobRef):
+    tail: int
+
+
+class LogLines(BaseModel):
+    """The end of a job's log, within the `jobs_logs` limits, and what was cut to fit them."""
+
+    lines: list[str]
+    dropped_lines: int = 0
+    cut_bytes: int = 0
+
+
+class ScoreResult(BaseModel):
+    """An evaluator's score line as read; its text is cut where it enters (DESIGN §10)."""
+
+    score: float
+    valid: bool
+    reason: BoundedText = ""
+    details: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("details")
+    @classmethod
+    def _bounded_details(cls, details: dict[str, Any]) -> dict[str, Any]:
+        size = len(json.dumps(details, default=str))
+        if size <= MAX_SCORE_DETAILS_BYTES:
+            return details
+        return {
+            "details_cut": f"the evaluator's details took {size} bytes as JSON; the limit is "
+            f"{MAX_SCORE_DETAILS_BYTES}"
+        }
+
+
+class CheckScript(BaseModel):
+    script: str
+    python: str  # the version the job runs, "3.12"
+
+
+class ResolveDatasets(BaseModel):
+    repo_ids: list[str]
+    denylist: list[str] = Field(default_factory=list)
+
+
+# -- the orphan reaper (Hugging Face) -------------------------------------------------------------
+
+
+class OrphanJob(BaseModel):
+    ref: str
+    episode_id: str
+    job_id: str = ""
+    role: str = ""
+    stage: str = ""
+
+
+class OrphanSearch(BaseModel):
+    checked: int = 0
+    orphans: list[OrphanJob] = Field(default_factory=list)

@@ -1,0 +1,121 @@
+"""`posttrain-env` command line: `demo`, `server`, `worker`, `agent-worker`, `cluster-local`,
+`campaign`, `hub`, `temporal`, `episodes`, `key`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from pydantic import ValidationError
+
+from activities.backends.registry import UnknownBackend
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="posttrain-env")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("worker", help="run a Temporal worker on the task queue `posttrain`")
+    agents = sub.add_parser(
+        "agent-worker", help="run agent turns (campaigns) on their own task queue, no secrets"
+    )
+    agents.add_argument("--turns-at-once", type=int, default=16)
+    from posttrain_server.commands.campaign import add_campaign_commands
+
+    add_campaign_commands(sub)
+    from posttrain_server.server import add_server_arguments
+
+    add_server_arguments(
+        sub.add_parser("server", help="the gateway, a worker and the embedded Temporal server")
+    )
+    from posttrain_server.cluster_local import CLUSTER_HELP, add_cluster_local_arguments
+
+    add_cluster_local_arguments(
+        sub.add_parser("cluster-local", help=CLUSTER_HELP, description=CLUSTER_HELP)
+    )
+    from posttrain_server.commands.hub import add_hub_commands
+
+    add_hub_commands(sub)
+    from posttrain_server.commands.temporal import add_temporal_commands
+
+    add_temporal_commands(sub)
+    from posttrain_server.commands.episodes import add_episodes_commands
+
+    add_episodes_commands(sub)
+    from posttrain_server.commands.key import add_key_commands
+
+    add_key_commands(sub)
+    sub.add_parser(
+        "demo",
+        help="play one whole t0_artifact episode on this machine (local backend, no token)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    # The demo prints its own story; the services' INFO lines would drown it.
+    level = logging.WARNING if args.command == "demo" else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s")
+    status = 0
+    try:
+        if args.command == "worker":
+            from posttrain_server.worker import run_worker
+
+            asyncio.run(run_worker())
+        elif args.command == "server":
+            from posttrain_server.server import run
+
+            status = run(args.host, args.port, with_worker=not args.no_worker)
+        elif args.command == "cluster-local":
+            from posttrain_server.cluster_local import run_cluster_local
+
+            status = run_cluster_local(args)
+        elif args.command == "agent-worker":
+            from posttrain_server.agent_worker import run_agent_worker
+
+            status = asyncio.run(run_agent_worker(args.turns_at_once))
+        elif args.command == "campaign":
+            from posttrain_server.commands.campaign import run_campaign_command
+
+            status = run_campaign_command(args)
+        elif args.command == "hub":
+            from posttrain_server.commands.hub import run_hub
+
+            status = run_hub(args)
+        elif args.command == "temporal":
+            from posttrain_server.commands.temporal import run_temporal
+
+            status = run_temporal(args)
+        elif args.command == "episodes":
+            from posttrain_server.commands.episodes import run_episodes
+
+            status = run_episodes(args)
+        elif args.command == "key":
+            from posttrain_server.commands.key import run_key
+
+            status = run_key(args)
+        elif args.command == "demo":
+            from posttrain_server.demo import main as run_demo
+
+            status = run_demo()
+    except (ValidationError, UnknownBackend) as exc:  # a bad setting: say which, no traceback
+        print(f"posttrain-env: invalid settings:\n{exc}", file=sys.stderr)
+        status = 2
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else 1
+        if not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except Exception:
+        logging.exception("posttrain-env %s failed", args.command)
+        status = 1
+    # The SDK can abort at interpreter exit (temporalio/sdk-python#300): exit with our status.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    main()

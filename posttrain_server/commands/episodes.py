@@ -1,0 +1,361 @@
+"""`posttrain-env episodes`: find, read and cancel episodes without writing Temporal queries.
+
+    posttrain-env episodes list [--task T] [--state S] [--end-reason R] [--since 2d]
+                                [--stuck 10m] [--campaign C] [--limit N] [--json]
+    posttrain-env episodes show <episode_id> [--json]
+    posttrain-env episodes cancel <episode_id>
+    posttrain-env episodes export <episode_id>
+
+Built on the search attributes episodes and jobs upsert
+(`workflows/operations/search_attributes.py`),
+so `list` works whether or not a worker runs; `show` asks a worker for the live status too.
+Connects to TEMPORAL_ADDRESS, or to the embedded server's port when that is unset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+    from posttrain_common.settings import Settings
+
+_EPISODE_ID = re.compile(r"ep-[0-9a-f]{16}")
+EPISODES_HELP = "list, show, cancel and export episodes (the operator's view)"
+STATUS_QUERY_TIMEOUT = timedelta(seconds=10)
+
+
+def add_episodes_commands(subparsers: argparse._SubParsersAction) -> None:  # pyright: ignore[reportPrivateUsage]
+    episodes = subparsers.add_parser("episodes", help=EPISODES_HELP, description=EPISODES_HELP)
+    commands = episodes.add_subparsers(dest="episodes_command", required=True)
+    listing = commands.add_parser("list", help="episodes matching every filter, newest first")
+    listing.add_argument("--task", help="task id")
+    listing.add_argument("--state", help="running | ending (ended, jobs not final) | ended")
+    listing.add_argument("--end-reason", help="submitted, max_steps, score_failed, cancelled, ...")
+    listing.add_argument("--since", help="started within this long: 90s, 10m, 2h, 2d")
+    listing.add_argument("--stuck", help="a cancellation pending longer than this, e.g. 10m")
+    listing.add_argument("--campaign", help="campaign id")
+    listing.add_argument("--limit", type=int, default=100, help="at most this many (100)")
+    listing.add_argument("--json", action="store_true", help="JSON instead of a table")
+    show = commands.add_parser("show", help="one episode: steps, jobs, spend, end, reward")
+    show.add_argument("episode_id")
+    show.add_argument("--json", action="store_true")
+    export = commands.add_parser(
+        "export", help="the episode's audit record as JSON, validated against its schema"
+    )
+    export.add_argument("episode_id")
+    cancel = commands.add_parser(
+        "cancel", help="end an episode now (reward None; its jobs are cancelled and confirmed)"
+    )
+    cancel.add_argument("episode_id")
+
+
+def run_episodes(args: argparse.Namespace) -> int:
+    """Run a parsed `episodes` command; the exit status (2: a bad argument, 1: not found)."""
+    from posttrain_common.settings import Settings
+
+    return asyncio.run(run_episodes_async(args, Settings()))
+
+
+async def run_episodes_async(args: argparse.Namespace, settings: Settings) -> int:
+    from posttrain_server.commands.episode_queries import FilterError
+
+    try:
+        client = await operator_client(settings)
+        if args.episodes_command == "list":
+            return await list_episodes(client, args)
+        if args.episodes_command == "show":
+            return await show_episode(client, settings, args.episode_id, as_json=args.json)
+        if args.episodes_command == "cancel":
+            return await cancel_episode(client, args.episode_id)
+        if args.episodes_command == "export":
+            record = await export_record(client, settings, args.episode_id)
+            print(json.dumps(record, indent=2))
+            return 0
+    except FilterError as exc:
+        print(f"posttrain-env episodes: {exc}", file=sys.stderr)
+        return 2
+    except (EpisodeNotFound, InvalidRecord) as exc:
+        print(f"posttrain-env episodes: {exc}", file=sys.stderr)
+        return 1
+    return 2
+
+
+class EpisodeNotFound(LookupError):
+    pass
+
+
+class InvalidRecord(ValueError):
+    """An audit record that does not validate against the published schema."""
+
+
+async def operator_client(settings: Settings) -> Client:
+    """A client of the namespace the server uses: TEMPORAL_ADDRESS, else the embedded one."""
+    from posttrain_server.temporal.client import connect
+
+    if "temporal_address" not in settings.model_fields_set:
+        settings = settings.model_copy(
+            update={"temporal_address": f"127.0.0.1:{settings.temporal_port}"}
+        )
+    return await connect(settings)
+
+
+def ui_url(settings: Settings, workflow_id: str) -> str | None:
+    """The Temporal UI's page of a workflow (embedded server: its UI port; else
+    POSTTRAIN_TEMPORAL_UI_URL when set)."""
+    base = settings.temporal_ui_url
+    if base is None and "temporal_address" not in settings.model_fields_set:
+        base = f"http://127.0.0.1:{settings.temporal_ui_port}"
+    if base is None:
+        return None
+    namespace = quote(settings.temporal_namespace, safe="")
+    return f"{base.rstrip('/')}/namespaces/{namespace}/workflows/{quote(workflow_id, safe='')}"
+
+
+# -- list --------------------------------------------------------------------------------------
+
+
+async def list_episodes(client: Client, args: argparse.Namespace) -> int:
+    from posttrain_server.commands.episode_queries import (
+        EpisodeFilter,
+        FilterError,
+        episode_id_of,
+        parse_duration,
+        row_of,
+        stuck_job_of,
+        stuck_jobs_query,
+        table,
+    )
+
+    if not 0 < args.limit <= 10_000:
+        raise FilterError(f"--limit {args.limit}: between 1 and 10000")
+    filters = EpisodeFilter(
+        task=args.task,
+        state=args.state,
+        end_reason=args.end_reason,
+        campaign=args.campaign,
+        since=parse_duration(args.since) if args.since else None,
+        stuck=parse_duration(args.stuck) if args.stuck else None,
+    )
+    now = datetime.now(UTC)
+    rows = []
+    async for wf in client.list_workflows(filters.query(now), limit=args.limit):
+        status = wf.status.name.title() if wf.status else "Unknown"
+        rows.append(row_of(wf.id, status, wf.start_time, wf.typed_search_attributes))
+    if rows:  # each episode's jobs with a cancellation pending (longer than --stuck)
+        by_id = {row.episode_id: row for row in rows}
+        query = stuck_jobs_query(now, filters.stuck or timedelta(0))
+        async for wf in client.list_workflows(query, limit=1000):
+            row = by_id.get(episode_id_of(wf.id) or "")
+            if row is not None:
+                row.stuck_jobs.append(stuck_job_of(wf.id, wf.typed_search_attributes, now))
+    if args.json:
+        print(json.dumps([row.as_json() for row in rows], indent=2))
+    else:
+        print(table(rows))
+    return 0
+
+
+# -- show --------------------------------------------------------------------------------------
+
+
+async def episode_summary(client: Client, settings: Settings, episode_id: str) -> dict[str, Any]:
+    """What `show` prints: the attributes and memo Temporal keeps, the live status a worker
+    answers (when one runs), each job's attributes, and the UI link. Raises EpisodeNotFound."""
+    from temporalio.client import WorkflowQueryFailedError
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from posttrain_server.commands.episode_queries import row_of, stuck_job_of
+    from workflows.episode.workflow import EpisodeWorkflow
+    from workflows.ids import episode_workflow_id, job_workflow_id
+    from workflows.operations import search_attributes as sa
+
+    workflow_id = episode_workflow_id(episode_id)
+    handle = client.get_workflow_handle(workflow_id)
+    try:
+        described = await handle.describe()
+    except RPCError as err:
+        if err.status is RPCStatusCode.NOT_FOUND:
+            raise EpisodeNotFound(f"no episode {episode_id!r} in this namespace") from None
+        raise
+    status = described.status.name.title() if described.status else "Unknown"
+    row = row_of(workflow_id, status, described.start_time, described.typed_search_attributes)
+    summary: dict[str, Any] = {
+        **row.as_json(),
+        "memo": await described.memo(),
+        "closed_at": described.close_time.isoformat() if described.close_time else None,
+        "ui": ui_url(settings, workflow_id),
+    }
+    try:
+        live = await handle.query(EpisodeWorkflow.status, rpc_timeout=STATUS_QUERY_TIMEOUT)
+        summary["live"] = live.model_dump(mode="json", exclude={"metadata"})
+    except (RPCError, WorkflowQueryFailedError) as err:
+        summary["live"] = None
+        summary["live_error"] = f"no worker answered the status query ({err})"
+    jobs = []
+    now = datetime.now(UTC)
+    for n in range(1, 10_000):  # the episode's job workflows are numbered from 1
+        job_handle = client.get_workflow_handle(job_workflow_id(episode_id, n))
+        try:
+            job = await job_handle.describe()
+        except RPCError as err:
+            if err.status is RPCStatusCode.NOT_FOUND:
+                break
+            raise
+        attrs = job.typed_search_attributes
+        entry = {
+            "workflow_id": job.id,
+            "job_id": (await job.memo()).get("job_id"),
+            "role": attrs.get(sa.ROLE),
+            "flavor": attrs.get(sa.FLAVOR),
+            "state": attrs.get(sa.STATE),
+            "backend_job_id": attrs.get(sa.BACKEND_JOB_ID),
+        }
+        if attrs.get(sa.CANCEL_PENDING_SINCE) is not None:
+            stuck = stuck_job_of(job.id, attrs, now)
+            entry["cancel_pending_since"] = stuck.pending_since
+            entry["cancel_pending_s"] = stuck.pending_s
+        jobs.append(entry)
+    summary["jobs"] = jobs
+    return summary
+
+
+async def show_episode(
+    client: Client, settings: Settings, episode_id: str, *, as_json: bool
+) -> int:
+    summary = await episode_summary(client, settings, episode_id)
+    if as_json:
+        print(json.dumps(summary, indent=2, default=str))
+        return 0
+    print(render_summary(summary))
+    return 0
+
+
+def render_summary(s: dict[str, Any]) -> str:
+    lines = [
+        f"episode {s['episode_id']}  ({s['status']}; {s['state'] or '-'})",
+        f"  task {s['task']}  base model {s['memo'].get('base_model')}"
+        f"@{s['memo'].get('base_model_commit')}",
+        f"  started {s['started_at']}  closed {s['closed_at'] or '-'}",
+    ]
+    live = s.get("live")
+    if live:
+        spend = live["service_spend"]
+        lines.append(
+            f"  steps used {live['steps_used']} (left {live['steps_left']}), time left "
+            f"{live['time_left_s']:.0f} s"
+        )
+        lines.append(
+            f"  spend settled {spend['settled']['usd']:.6f} USD, reserved "
+            f"{spend['reserved']['usd']:.6f} USD, final {spend['final']}"
+        )
+        end = live.get("end")
+        if end:
+            lines.append(f"  end: {end['reason']}, reward {end['reward']}")
+        for job in live["jobs"]:
+            lines.append(
+                f"  job {job['job_id']}  {job['state']}  {job['flavor']}  "
+                f"cost {job['cost_usd']:.6f} USD  reserved {job['reserved_usd']:.6f} USD"
+                + (f"  ({job['message']})" if job.get("message") else "")
+            )
+    else:
+        lines.append(f"  {s.get('live_error', 'no live status')}; attributes as last upserted:")
+        lines.append(
+            f"  steps used {s['steps_used']}, spend {s['spend_usd']} USD, end {s['end_reason']}, "
+            f"reward {s['reward']}"
+        )
+    for job in s["jobs"]:
+        role = job["role"] or "?"
+        line = f"  {role} workflow {job['workflow_id']}: {job['state']}"
+        if job.get("backend_job_id"):
+            line += f", backend job {job['backend_job_id']}"
+        if job.get("cancel_pending_since"):
+            line += (
+                f", CANCELLATION UNCONFIRMED for {job['cancel_pending_s']} s "
+                f"(since {job['cancel_pending_since']})"
+            )
+        lines.append(line)
+    if s.get("ui"):
+        lines.append(f"  Temporal UI: {s['ui']}")
+    return "\n".join(lines)
+
+
+# -- export ------------------------------------------------------------------------------------
+
+
+async def export_record(client: Client, settings: Settings, episode_id: str) -> dict[str, Any]:
+    """The audit record: the file written when the episode ended, or (while it runs, or when
+    none was written) read from Temporal now. Validated against the published schema. Raises
+    EpisodeNotFound, InvalidRecord."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from activities.records.audit import record_path
+    from posttrain_server.audit_trail import read_trail
+
+    if not _EPISODE_ID.fullmatch(episode_id):
+        raise EpisodeNotFound(f"{episode_id!r} is not an episode id (ep-<16 hex>)")
+    path = record_path(settings.audit_dir or settings.state_dir / "audit", episode_id)
+    if path.exists():
+        record = json.loads(path.read_text())
+    else:
+        try:
+            record = (await read_trail(client, episode_id)).model_dump(mode="json")
+        except RPCError as err:
+            if err.status is RPCStatusCode.NOT_FOUND:
+                raise EpisodeNotFound(
+                    f"no audit record of {episode_id!r} in {path.parent} and no such episode "
+                    "in Temporal"
+                ) from None
+            raise
+    validate_record(record)
+    return record
+
+
+def validate_record(record: dict[str, Any]) -> None:
+    """Raises InvalidRecord naming the first place the record breaks the schema."""
+    import jsonschema
+
+    from posttrain_common.contracts.audit import SCHEMA_PATH
+
+    schema = json.loads(SCHEMA_PATH.read_text())
+    try:
+        jsonschema.validate(record, schema, cls=jsonschema.Draft202012Validator)
+    except jsonschema.ValidationError as err:
+        where = "/".join(str(p) for p in err.absolute_path) or "(the record)"
+        raise InvalidRecord(
+            f"the audit record breaks its schema at {where}: {err.message}"
+        ) from None
+
+
+# -- cancel ------------------------------------------------------------------------------------
+
+
+async def cancel_episode(client: Client, episode_id: str) -> int:
+    """Signal the episode's end as an operator's cancel (reward None, jobs cancelled)."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from posttrain_common.contracts.episode_calls import EndRequest
+    from posttrain_env.models import EndReason
+    from workflows.episode.workflow import EpisodeWorkflow
+    from workflows.ids import episode_workflow_id
+
+    handle = client.get_workflow_handle(episode_workflow_id(episode_id))
+    try:
+        await handle.signal(EpisodeWorkflow.end_requested, EndRequest(reason=EndReason.cancelled))
+    except RPCError as err:
+        if err.status is RPCStatusCode.NOT_FOUND:  # never existed, or already closed
+            raise EpisodeNotFound(f"no running episode {episode_id!r}") from None
+        raise
+    print(
+        f"episode {episode_id}: cancel requested (reward None; its jobs are being cancelled; "
+        f"`posttrain-env episodes show {episode_id}` follows it)"
+    )
+    return 0

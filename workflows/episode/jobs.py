@@ -1,0 +1,237 @@
+"""The episode's jobs (workflow code): start them as ABANDON children, with their money
+reserved first, take their reports, cancel them, and keep the server-wide account informed.
+
+Every job of any role is a `JobWorkflow` child; the episode re-adopts them by id and cancels
+them explicitly at its end (DESIGN §3). Each outside call here is listed: the job workflows and
+the watcher by signal, the account by signal and, through an activity, by update.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ActivityError, FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from posttrain_common.contracts.activities import EpisodesApi, JobsApi
+    from posttrain_common.contracts.episodes import EpisodeSetup, ServerSpend
+    from posttrain_common.contracts.jobs import CheckScript, JobRole, RepoRef, ResolveDatasets
+    from posttrain_common.failures import tool_error_of
+    from posttrain_env.errors import ErrorType, ToolError
+    from posttrain_env.models import JobState
+    from workflows.episode.rules import check_room_for_a_job, take_snapshot
+    from workflows.episode.state import EpisodeCarry, JobRecord
+    from workflows.ids import SIGNAL_LOOK_NOW, job_workflow_id
+    from workflows.job.workflow import (
+        JobInput,
+        JobSnapshot,
+        JobWorkflow,
+        job_memo,
+        job_start_attributes,
+    )
+    from workflows.operations.account import AccountWorkflow, Exposure
+    from workflows.policies import READ_RETRY, READ_TIMEOUT
+
+
+# An episode that recorded no job Python (started before it was) is checked as this server's.
+SERVER_PYTHON = "3.11"
+
+
+class EpisodeJobs:
+    def __init__(self, setup: EpisodeSetup, state: EpisodeCarry) -> None:
+        self._setup = setup
+        self._s = state
+        # Jobs keep the operator's search attributes current (the episode's visibility patch).
+        self.visible = False
+
+    async def start(
+        self,
+        role: JobRole,
+        flavor: str,
+        timeout_minutes: int,
+        *,
+        timeout_s: int | None = None,
+        script: str = "",
+        dependencies: list[str] | None = None,
+        datasets: list[RepoRef] | None = None,
+        artifact_ref: str | None = None,
+        evaluated_job_id: str | None = None,
+        reserve: bool = True,
+    ) -> JobRecord:
+        """Reserve, start the child, and wait until the job exists (or its start failed).
+        Raises ToolError when it may not start (budget, caps, the job table's limit)."""
+        check_room_for_a_job(self._s)
+        self._s.job_counter += 1
+        n = self._s.job_counter
+        prefix = "job" if role is JobRole.agent else "eval"
+        job_id = f"{prefix}-{workflow.uuid4().hex[:12]}"
+        price = self._setup.prices.get(flavor)
+        if price is None:
+            raise ToolError(ErrorType.flavor_not_allowed, f"no price is known for {flavor!r}")
+        reserved = 0
+        if reserve:
+            kind = "job" if role is JobRole.agent else "dev"
+            reserved = self._s.ledger.reserve(job_id, kind, price, timeout_minutes).amount_micro_usd
+            try:
+                await self._account_reserve()
+            except ToolError:
+                self._s.ledger.release(job_id)
+                raise
+        record = JobRecord(
+            job_id=job_id,
+            workflow_id=job_workflow_id(self._setup.episode_id, n),
+            role=role,
+            flavor=flavor,
+            timeout_minutes=timeout_minutes,
+            reserved_micro_usd=reserved,
+            evaluated_job_id=evaluated_job_id,
+            created_at=workflow.now(),
+            base_model_revision=self._setup.base_model.revision,
+        )
+        self._s.jobs[job_id] = record
+        job_input = JobInput(
+            job_id=job_id,
+            role=role,
+            episode_id=self._setup.episode_id,
+            task_id=self._setup.task.id,
+            flavor=flavor,
+            timeout_s=timeout_s or timeout_minutes * 60,
+            base_model=self._setup.base_model,
+            script=script,
+            dependencies=dependencies or [],
+            datasets=datasets or [],
+            artifact_ref=artifact_ref,
+            parent_workflow_id=workflow.info().workflow_id,
+            watcher_workflow_id=self._setup.watcher_workflow_id,
+            visible=self.visible,
+        )
+        await workflow.start_child_workflow(
+            JobWorkflow.run,
+            job_input,
+            id=record.workflow_id,
+            parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+            **self._visibility_at_start(job_input),
+        )
+        # Started, failed to start, or (an evaluation whose artifact was refused) final at once.
+        await workflow.wait_condition(
+            lambda: record.submitted or record.error is not None or record.final
+        )
+        if record.error is not None:
+            raise ToolError.from_envelope(record.error)
+        return record
+
+    def _visibility_at_start(self, job: JobInput) -> dict[str, Any]:
+        """A visible job's memo and first search attributes, given at its start."""
+        if not job.visible:
+            return {}
+        attrs = job_start_attributes(job)
+        return {
+            "memo": job_memo(job),
+            "search_attributes": TypedSearchAttributes(
+                [SearchAttributePair(key, value) for key, value in attrs.items()]
+            ),
+        }
+
+    def take(self, snap: JobSnapshot) -> bool:
+        """Apply a job's report; False when it is about no live job of ours."""
+        record = self._s.jobs.get(snap.job_id)
+        if record is None or record.final:
+            return False
+        take_snapshot(self._s, record, snap)
+        if record.state is JobState.cancelling and record.cancel_requested_at is None:
+            record.cancel_requested_at = workflow.now()
+        return True
+
+    async def cancel(self, record: JobRecord) -> None:
+        if record.cancel_requested_at is None:
+            record.cancel_requested_at = workflow.now()
+        handle = workflow.get_external_workflow_handle(record.workflow_id)
+        try:
+            await handle.signal(JobWorkflow.cancel)
+        except FailureError:
+            pass  # the job's workflow already finished; its final snapshot is on the way
+
+    async def cancel_every_live_job(self) -> None:
+        for record in list(self._s.jobs.values()):
+            if record.live:
+                await self.cancel(record)
+
+    async def ask_watcher_to_look(self) -> None:
+        handle = workflow.get_external_workflow_handle(self._setup.watcher_workflow_id)
+        try:
+            await handle.signal(SIGNAL_LOOK_NOW)
+        except FailureError:
+            pass  # no watcher is running, so no job of ours is live
+
+    async def check_syntax(self, script: str) -> None:
+        """Raise ToolError(invalid_script) unless the script parses as the job's Python."""
+        python = self._setup.job_python_version or SERVER_PYTHON
+        try:
+            await workflow.execute_activity_method(
+                JobsApi.check_script,
+                CheckScript(script=script, python=python),
+                start_to_close_timeout=READ_TIMEOUT,
+                retry_policy=READ_RETRY,
+            )
+        except ActivityError as err:
+            raise tool_error_of(err) from None
+
+    async def resolve_datasets(self, repo_ids: list[str]) -> list[RepoRef]:
+        if not repo_ids:
+            return []
+        try:
+            return await workflow.execute_activity_method(
+                JobsApi.resolve_datasets,
+                ResolveDatasets(repo_ids=repo_ids, denylist=self._setup.task.dataset_denylist),
+                start_to_close_timeout=READ_TIMEOUT,
+                retry_policy=READ_RETRY,
+            )
+        except ActivityError as err:
+            raise tool_error_of(err) from None
+
+    # -- the server-wide account -----------------------------------------------------------
+
+    async def _account_reserve(self) -> None:
+        caps = self._setup.caps
+        if caps.spend_cap_micro_usd is None:
+            return
+        try:
+            await workflow.execute_activity_method(
+                EpisodesApi.reserve_server_spend,
+                ServerSpend(
+                    account_workflow_id=caps.account_workflow_id,
+                    episode_id=self._setup.episode_id,
+                    committed_micro_usd=self._s.ledger.committed_micro_usd,
+                    cap_micro_usd=caps.spend_cap_micro_usd,
+                ),
+                start_to_close_timeout=READ_TIMEOUT,
+                retry_policy=READ_RETRY,
+            )
+        except ActivityError as err:
+            raise tool_error_of(err) from None
+
+    async def account_report(self) -> None:
+        caps = self._setup.caps
+        if caps.tracked:
+            handle = workflow.get_external_workflow_handle(caps.account_workflow_id)
+            try:
+                await handle.signal(
+                    AccountWorkflow.exposure,
+                    Exposure(
+                        episode_id=self._setup.episode_id,
+                        committed_micro_usd=self._s.ledger.committed_micro_usd,
+                    ),
+                )
+            except FailureError:
+                pass
+
+    async def account_retire(self) -> None:
+        caps = self._setup.caps
+        if caps.tracked:
+            handle = workflow.get_external_workflow_handle(caps.account_workflow_id)
+            try:
+                await handle.signal(AccountWorkflow.retire, self._setup.episode_id)
+            except FailureError:
+                pass

@@ -1,0 +1,214 @@
+"""An episode's budget ledger, in integer micro-USD (DESIGN §5).
+
+Pure: pydantic, the standard library and the contract models only — no I/O, clock or randomness —
+because it lives in EpisodeWorkflow state and is replayed. Agent jobs and dev evaluations are
+reserved at `price × timeout_minutes` (price locked at reservation) and settled at
+`price × ceil(running_s / 60)`, the real cost even above the reservation, where `running_s` is
+the backend's own billed running time (on Hugging Face, the Hub's `durations.running_secs`:
+`activities/backends/hf/stages.py`); a job the backend lost is settled at its whole reservation.
+Grader
+evaluations are free and never enter the ledger.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.models import FlavorPrice, ReservedSpend, ServiceSpend, SettledSpend, usd
+
+LedgerKind = Literal["job", "dev"]
+
+
+def billed_minutes(running_s: float) -> int:
+    """Minutes billed for `running_s` seconds: every started minute counts; 0 s bills 0 minutes.
+
+    Raises ValueError for a negative or non-finite time.
+    """
+    if not math.isfinite(running_s) or running_s < 0:
+        raise ValueError(f"running_s must be a finite number >= 0, got {running_s!r}")
+    # Exact rational arithmetic: `running_s / 60` in floats can round a started minute away
+    # (5e-324 / 60 underflows to 0.0; 60k + ε can round down to k).
+    return math.ceil(Fraction(running_s) / 60)
+
+
+class Reservation(BaseModel):
+    """Money held for one live agent job or dev evaluation."""
+
+    key: str  # our job_id or dev-evaluation id
+    kind: LedgerKind
+    flavor: str
+    micro_usd_per_minute: int  # locked at reservation: later price changes never reach this job
+    timeout_minutes: int
+    accelerators: int = 0
+
+    @property
+    def amount_micro_usd(self) -> int:
+        return self.micro_usd_per_minute * self.timeout_minutes
+
+
+class Settlement(BaseModel):
+    """What one reservation cost when it was settled."""
+
+    key: str
+    kind: LedgerKind
+    running_s: float
+    billed_minutes: int
+    cost_micro_usd: int  # the real cost, even above the reservation
+    reserved_micro_usd: int
+    overrun_micro_usd: int  # max(0, cost - reserved): provider stop lag past the timeout
+    # Settled at the whole reservation because the real running time cannot be known (the
+    # backend lost the job): see `Ledger.settle_at_reservation`.
+    worst_case: bool = False
+
+
+class Ledger(BaseModel):
+    """Settled and reserved spend against one episode's budget."""
+
+    budget_micro_usd: int
+    reservations: dict[str, Reservation] = Field(default_factory=dict)
+    settled_micro_usd: int = 0
+    settled_gpu_s: float = 0.0  # accelerator-seconds: accelerators × running_s, summed
+    settled_jobs: int = 0  # settled agent jobs (kind "job")
+    settled_calls: int = 0  # settled dev evaluations (kind "dev")
+
+    @property
+    def reserved_micro_usd(self) -> int:
+        return sum(r.amount_micro_usd for r in self.reservations.values())
+
+    @property
+    def committed_micro_usd(self) -> int:
+        return self.settled_micro_usd + self.reserved_micro_usd
+
+    @property
+    def remaining_micro_usd(self) -> int:
+        """What can still be reserved; 0 (never negative) once overruns pushed spend past budget."""
+        return max(0, self.budget_micro_usd - self.committed_micro_usd)
+
+    def can_reserve(self, amount_micro_usd: int) -> bool:
+        """True when `amount_micro_usd` more fits: settled + reserved + amount <= budget."""
+        return self.committed_micro_usd + amount_micro_usd <= self.budget_micro_usd
+
+    def reserve(
+        self, key: str, kind: LedgerKind, price: FlavorPrice, timeout_minutes: int
+    ) -> Reservation:
+        """Hold `price × timeout_minutes` for `key` at `price`, locked from now on.
+
+        Raises ToolError(budget_exhausted) when it does not fit (reaching the budget exactly is
+        allowed), ValueError on a key already reserved or `timeout_minutes <= 0`. Nothing changes
+        when it raises.
+        """
+        if key in self.reservations:
+            raise ValueError(f"{key!r} is already reserved")
+        if timeout_minutes <= 0:
+            raise ValueError(f"timeout_minutes must be > 0, got {timeout_minutes}")
+        reservation = Reservation(
+            key=key,
+            kind=kind,
+            flavor=price.name,
+            micro_usd_per_minute=price.micro_usd_per_minute,
+            timeout_minutes=timeout_minutes,
+            accelerators=price.accelerators,
+        )
+        amount = reservation.amount_micro_usd
+        if not self.can_reserve(amount):
+            raise ToolError(
+                ErrorType.budget_exhausted,
+                self._refusal_message(reservation),
+                budget_usd=usd(self.budget_micro_usd),
+                settled_usd=usd(self.settled_micro_usd),
+                reserved_usd=usd(self.reserved_micro_usd),
+                requested_usd=usd(amount),
+                remaining_usd=usd(self.remaining_micro_usd),
+            )
+        self.reservations[key] = reservation
+        return reservation
+
+    def settle(self, key: str, running_s: float) -> Settlement:
+        """Release `key`'s reservation and charge its real cost at the locked price.
+
+        Raises KeyError for a key not reserved (never reserved, or already settled) and ValueError
+        for a negative or non-finite `running_s`; nothing changes when it raises.
+        """
+        minutes = billed_minutes(running_s)
+        if key not in self.reservations:
+            raise KeyError(key)
+        reservation = self.reservations.pop(key)
+        cost = reservation.micro_usd_per_minute * minutes
+        reserved = reservation.amount_micro_usd
+        self.settled_micro_usd += cost
+        self.settled_gpu_s += reservation.accelerators * running_s
+        if reservation.kind == "job":
+            self.settled_jobs += 1
+        else:
+            self.settled_calls += 1
+        return Settlement(
+            key=key,
+            kind=reservation.kind,
+            running_s=running_s,
+            billed_minutes=minutes,
+            cost_micro_usd=cost,
+            reserved_micro_usd=reserved,
+            overrun_micro_usd=max(0, cost - reserved),
+        )
+
+    def settle_at_reservation(self, key: str) -> Settlement:
+        """Settle `key` at its worst case, as if it ran its whole timeout: the cost is the
+        reservation. For a job whose backend lost it (it may have run, and may still run, up to
+        its timeout), which must never settle at 0. Raises KeyError for a key not reserved."""
+        reservation = self.reservations[key]
+        settlement = self.settle(key, reservation.timeout_minutes * 60)
+        return settlement.model_copy(update={"worst_case": True})
+
+    def release(self, key: str) -> Reservation:
+        """Drop `key`'s reservation without any charge: the job never started (its start failed,
+        or a server-wide cap refused it). Raises KeyError for a key not reserved."""
+        return self.reservations.pop(key)
+
+    def service_spend(self, *, final: bool) -> ServiceSpend:
+        """The observation's `service_spend` (DESIGN §4); `final` is the caller's to know."""
+        return ServiceSpend(
+            settled=SettledSpend(
+                usd=usd(self.settled_micro_usd),
+                gpu_s=self.settled_gpu_s,
+                jobs=self.settled_jobs,
+                calls=self.settled_calls,
+            ),
+            reserved=ReservedSpend(usd=usd(self.reserved_micro_usd)),
+            final=final,
+        )
+
+    def _refusal_message(self, reservation: Reservation) -> str:
+        remaining = self.remaining_micro_usd
+        price = reservation.micro_usd_per_minute
+        what = "this job" if reservation.kind == "job" else "a dev evaluation"
+        message = (
+            f"budget exhausted: {what} needs {_dollars(reservation.amount_micro_usd)} reserved "
+            f"({reservation.timeout_minutes} min of {reservation.flavor} at "
+            f"{_dollars(price)}/min) but only {_dollars(remaining)} of the "
+            f"{_dollars(self.budget_micro_usd)} budget remains "
+            f"({_dollars(self.settled_micro_usd)} settled, "
+            f"{_dollars(self.reserved_micro_usd)} reserved by live jobs)."
+        )
+        release = "wait for a live job to end (or cancel one) to release its reservation."
+        affordable = remaining // price if price > 0 else 0
+        if reservation.kind == "dev":
+            return f"{message} To evaluate, {release}"
+        if affordable > 0:
+            return (
+                f"{message} Use timeout_minutes <= {affordable} on {reservation.flavor}, "
+                f"a cheaper flavor, or {release}"
+            )
+        cheaper = f"Not even 1 minute of {reservation.flavor} fits: use a cheaper flavor"
+        return f"{message} {cheaper}, or {release}"
+
+
+def _dollars(micro_usd: int) -> str:
+    """$0.29, $20.00, $0.000167: cents always, sub-cent digits only when there are some."""
+    text = f"{usd(micro_usd):.6f}".rstrip("0")
+    whole, _, frac = text.partition(".")
+    return f"${whole}.{frac.ljust(2, '0')}"

@@ -1,0 +1,231 @@
+"""EpisodeWorkflow: one episode's steps, deadline, end and reward.
+
+Tool calls arrive as Updates (update id `<episode_id>:<request_id>`), reads as Queries, an
+operator's cancel and a session's end request as Signals. The tools are `EpisodeTools`
+(`episode_tools.py`), the jobs `EpisodeJobs` (`episode_jobs.py`), what it sends besides its
+answers `EpisodeOutbox` (`episode_outbox.py`: its session's reply, the close announcement, the
+audit record); the rules, views and timers are pure functions (`episode_rules.py`,
+`episode_timing.py`). This module holds the life of the episode: counting steps, ending it
+(once) and staying open until every job is confirmed final, continuing as new when the history
+grows long.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from posttrain_common.contracts.episode_calls import (
+        EndRequest,
+        EpisodeStatus,
+        ToolCall,
+        ToolResult,
+        episode_over,
+    )
+    from posttrain_common.contracts.episodes import EpisodeSetup
+    from posttrain_env.errors import ErrorType, ToolError
+    from posttrain_env.models import ContaminationSummary, EndReason, EpisodeEnd
+    from posttrain_env.tools import oversized_error
+    from workflows.episode.jobs import EpisodeJobs
+    from workflows.episode.ledger import Ledger
+    from workflows.episode.outbox import EpisodeOutbox
+    from workflows.episode.payload_guard import bounded_answer, fit_carry
+    from workflows.episode.recent import remember, was_dropped
+    from workflows.episode.rules import all_final, already_answered, episode_status, tool_result
+    from workflows.episode.state import EpisodeCarry
+    from workflows.episode.timing import next_timer, out_of_time
+    from workflows.episode.tools import EpisodeTools
+    from workflows.history import history_is_long
+    from workflows.ids import SIGNAL_JOB_CHANGED
+    from workflows.job.workflow import JobSnapshot
+    from workflows.operations.visibility import Visibility, episode_attributes, episode_memo
+    from workflows.waiting import wait_until
+
+
+AUDIT_PATCH = "pt-audit-1"
+
+
+class EpisodeInput(BaseModel):
+    setup: EpisodeSetup
+    carry: EpisodeCarry | None = None
+
+
+@workflow.defn
+class EpisodeWorkflow:
+    @workflow.init
+    def __init__(self, inp: EpisodeInput) -> None:
+        self._setup = inp.setup
+        budget = inp.setup.task.budget_micro_usd
+        self._s = inp.carry or EpisodeCarry(
+            started_at=workflow.now(), ledger=Ledger(budget_micro_usd=budget)
+        )
+        self._jobs = EpisodeJobs(self._setup, self._s)
+        self._tools = EpisodeTools(self._setup, self._s, self._jobs, self._end)
+        self._outbox = EpisodeOutbox(self._setup, self._s)
+        # Set when the run loop's timer must be recomputed (an end, or an end request).
+        self._rearm = False
+        self._visibility = Visibility()
+
+    @workflow.run
+    async def run(self, inp: EpisodeInput) -> EpisodeEnd:
+        self._jobs.visible = self._visibility.enable(episode_memo(self._setup))
+        while True:
+            self._show()
+            timer = next_timer(self._setup, self._s, self._outbox.reply, workflow.now())
+            await wait_until(self._should_wake, timer)
+            self._rearm = False
+            await self._end_if_out_of_time()
+            await self._outbox.reply_if_due()
+            if self._s.end is not None and all_final(self._s):
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                if all_final(self._s):
+                    break
+            if self._history_is_long() and not self._s.submitting:
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                fit_carry(self._setup, self._s)  # the last guard below Temporal's limit
+                workflow.continue_as_new(EpisodeInput(setup=self._setup, carry=self._s))
+        await self._outbox.reply_if_due()
+        await self._outbox.announce_close()
+        await self._jobs.account_retire()
+        if workflow.patched(AUDIT_PATCH):
+            await self._outbox.write_audit()
+        self._show(closing=True)
+        assert self._s.end is not None
+        return self._s.end
+
+    # -- updates, signals, queries -------------------------------------------------------------
+
+    @workflow.update
+    async def call_tool(self, call: ToolCall) -> ToolResult:
+        """A tool call from any path; argument and policy errors are answered as data. A call
+        with `reply_to` (a rollout's) is followed by a `ToolAnswered` signal to that workflow."""
+        result = await self._call_tool(call)
+        if call.reply_to is not None:
+            await self._outbox.tell_answered(call.reply_to, call.request_id)
+        return result
+
+    async def _call_tool(self, call: ToolCall) -> ToolResult:
+        if call.request_id in self._s.recent:
+            return self._s.recent[call.request_id]
+        if was_dropped(self._s, call.request_id):
+            return self._answer(call, already_answered(call.request_id).envelope())
+        await self._end_if_out_of_time()
+        if self._s.end is not None:
+            return self.answer_again(call) or self._answer(
+                call, episode_over(self._s.end).envelope()
+            )
+        # A long call sent again, attached to the work in flight, is no step (EpisodeTools).
+        step = call.oversized is not None or not self._tools.takes_no_step(
+            call.tool, call.arguments
+        )
+        if step and self._s.steps_used >= self._setup.task.max_steps:
+            limit = ToolError(
+                ErrorType.limit_reached,
+                "the step limit is reached; the episode ends when the calls in flight finish",
+            )
+            return self._answer(call, limit.envelope())
+        if step:
+            self._s.steps_used += 1
+        try:
+            if call.oversized is not None:
+                big = call.oversized
+                raise oversized_error(call.tool, big.field, big.bytes, big.total_bytes)
+            data = await self._tools.run(call.tool, call.arguments)
+        except ToolError as err:
+            data = err.envelope()
+        if self._s.end is None and self._s.steps_used >= self._setup.task.max_steps:
+            await self._end(EndReason.max_steps, 0.0)
+        result = bounded_answer(self._answer(call, data))
+        remember(self._s, call.request_id, result)
+        self._show()
+        return result
+
+    @call_tool.validator
+    def _validate_call(self, call: ToolCall) -> None:
+        # Only what cannot be a tool call at all is rejected here (it is then not a step).
+        if not isinstance(call.arguments, dict):
+            raise ValueError("arguments must be an object")
+
+    @workflow.signal(name=SIGNAL_JOB_CHANGED)
+    async def job_changed(self, snap: JobSnapshot) -> None:
+        if self._jobs.take(snap):
+            self._show()
+            await self._jobs.account_report()
+
+    @workflow.signal
+    async def end_requested(self, request: EndRequest) -> None:
+        """A session's reset or close, or an operator's cancel: end now, reward None. A
+        rollout's `abandoned` (its agent stopped without submitting): reward 0."""
+        if request.reply_to:
+            self._outbox.reply.requested(request.reply_to, workflow.now())
+        self._rearm = True
+        await self._end(request.reason, 0.0 if request.reason is EndReason.abandoned else None)
+        self._show()
+
+    @workflow.query
+    def status(self) -> EpisodeStatus:
+        return episode_status(self._setup, self._s, workflow.now())
+
+    @workflow.query
+    def result_of(self, request_id: str) -> ToolResult | None:
+        """The answer to a finished request, while it is among the recent ones remembered."""
+        return self._s.recent.get(request_id)
+
+    @workflow.query
+    def answer_again(self, call: ToolCall) -> ToolResult | None:
+        """After the end, the answer a long call sent again still gets (a `submit` of the graded
+        job: its grading's answer), or None; also asked of a completed episode by the gateway."""
+        again = self._tools.answer_after_the_end(call.tool, call.arguments)
+        return self._answer(call, again) if again is not None else None
+
+    @workflow.query
+    def answered(self, request_id: str) -> bool:
+        """True when the request was answered, whether or not its answer is still kept."""
+        return request_id in self._s.recent or was_dropped(self._s, request_id)
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    async def _end(
+        self,
+        reason: EndReason,
+        reward: float | None,
+        invalid_score: str | None = None,
+        *,
+        contamination: ContaminationSummary | None = None,
+    ) -> None:
+        """End the episode (once) and cancel every live job explicitly."""
+        if self._s.end is None:
+            self._s.end = EpisodeEnd(
+                reason=reason,
+                reward=reward,
+                invalid_score=invalid_score,
+                contamination=contamination,
+            )
+            self._rearm = True
+            workflow.logger.info("episode %s ended: %s", self._setup.episode_id, reason.value)
+        await self._jobs.cancel_every_live_job()
+
+    def _show(self, *, closing: bool = False) -> None:
+        """Keep the operator's search attributes current (upserts only what matters)."""
+        self._visibility.show(episode_attributes(self._setup, self._s, closing=closing))
+
+    def _should_wake(self) -> bool:
+        if self._rearm:
+            return True
+        if self._s.end is not None:
+            return all_final(self._s)
+        return self._history_is_long() and not self._s.submitting
+
+    def _history_is_long(self) -> bool:
+        setup = self._setup
+        return history_is_long(setup.continue_as_new_bytes, setup.continue_as_new_events)
+
+    async def _end_if_out_of_time(self) -> None:
+        if out_of_time(self._setup, self._s, workflow.now()):
+            await self._end(EndReason.time_limit, 0.0)
+
+    def _answer(self, call: ToolCall, data: dict[str, Any]) -> ToolResult:
+        return tool_result(self._setup, self._s, call.tool, data, workflow.now())

@@ -1,0 +1,318 @@
+"""JobWorkflow: the life of one job (an agent's, or a dev or grader evaluation).
+
+Submit idempotently (keyed by this workflow's id), then follow the state changes the watcher
+pushes, cancel and confirm on request, read the score of an evaluation, and report every change
+to the parent episode by signal. History grows with state changes, not with the job's duration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+
+from pydantic import BaseModel
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from posttrain_common.contracts.activities import JobsApi
+    from posttrain_common.contracts.jobs import (
+        BackendJob,
+        JobRef,
+        JobRole,
+        JobSpec,
+        ScoreResult,
+        SubmitJob,
+    )
+    from posttrain_common.failures import artifact_rejection, tool_error_of
+    from posttrain_env.models import JobState
+    from workflows.ids import SIGNAL_JOB_CHANGED, SIGNAL_LOOK_NOW
+    from workflows.operations import search_attributes as sa
+    from workflows.operations.visibility import (
+        Attributes,
+        Visibility,
+        bounded_memo,
+        job_attributes,
+    )
+    from workflows.policies import (
+        OBSERVE_TIMEOUT,
+        PERSISTENT_RETRY,
+        READ_RETRY,
+        READ_TIMEOUT,
+        SUBMIT_HEARTBEAT,
+        SUBMIT_RETRY,
+        SUBMIT_TIMEOUT,
+    )
+    from workflows.waiting import Alarm, wait_until
+
+# How long past its own timeout a job may go unreported before we cancel it ourselves.
+GUARD_GRACE_S = 600
+# A job whose end we learned from the cancel call waits this long for the watcher to see the
+# end too, so the watcher never signals a completed workflow (which also stalls the test
+# server's clock).
+WATCHER_SETTLE_S = 120
+# Taking the watcher's report of a job's end when it came before the submit's answer was taken.
+WATCHER_REPORT_FIRST_PATCH = "pt-watcher-report-first-1"
+# A cancellation not yet confirmed is asked for again after this long, doubling up to the cap.
+CANCEL_REISSUE_S = 15
+CANCEL_REISSUE_MAX_S = 600
+
+
+class JobInput(JobSpec):
+    parent_workflow_id: str
+    watcher_workflow_id: str
+    # Keep the operator's search attributes current. Set by episodes that run the visibility
+    # patch, which also give the job its memo and first attributes at start (so a job's
+    # history holds no patch marker and no memo event: it stays within ~30 events). False in
+    # the inputs of jobs recorded before, which replay without upserts.
+    visible: bool = False
+
+
+class JobSnapshot(BaseModel):
+    """What a job workflow reports to its episode, at every state change."""
+
+    job_id: str
+    state: JobState
+    backend: BackendJob | None = None
+    error: dict | None = None  # the typed error envelope when the submit failed
+    score: ScoreResult | None = None
+    message: str = ""
+    final: bool = False  # nothing about this job will change any more
+
+
+def job_start_attributes(inp: JobSpec) -> Attributes:
+    """What a job shows from its start (given at child start, see `JobInput.visible`)."""
+    return {
+        sa.TASK: inp.task_id,
+        sa.ROLE: inp.role.value,
+        sa.FLAVOR: inp.flavor,
+        sa.STATE: JobState.queued.value,
+    }
+
+
+def job_memo(inp: JobSpec) -> dict[str, str]:
+    return bounded_memo({"job_id": inp.job_id, "episode_id": inp.episode_id})
+
+
+@workflow.defn
+class JobWorkflow:
+    def __init__(self) -> None:
+        self._state = JobState.queued
+        self._job: BackendJob | None = None
+        self._inbox: list[BackendJob] = []
+        self._cancel_requested = False
+        self._message = ""
+        self._watcher_has_it = False
+        self._cancel_requested_at: datetime | None = None
+        self._visibility = Visibility()
+
+    @workflow.run
+    async def run(self, inp: JobInput) -> JobSnapshot:
+        self._inp = inp
+        if inp.visible:
+            self._visibility.enable_unpatched(job_start_attributes(inp))
+        try:
+            started = await workflow.execute_activity_method(
+                JobsApi.submit_job,
+                self._submit_request(),
+                start_to_close_timeout=SUBMIT_TIMEOUT,
+                heartbeat_timeout=SUBMIT_HEARTBEAT,
+                retry_policy=SUBMIT_RETRY,
+            )
+        except ActivityError as err:
+            rejected = artifact_rejection(err)
+            if rejected is not None:  # the evaluated artifact's fault: it scores 0, as invalid
+                return await self._finish(
+                    JobSnapshot(
+                        job_id=inp.job_id,
+                        state=JobState.failed,
+                        score=ScoreResult(
+                            score=0.0,
+                            valid=True,
+                            reason=rejected,
+                            details={"artifact_valid": False, "reason": rejected},
+                        ),
+                        message=rejected,
+                        final=True,
+                    )
+                )
+            error = tool_error_of(err)
+            return await self._finish(
+                JobSnapshot(
+                    job_id=inp.job_id,
+                    state=JobState.failed,
+                    error=error.envelope(),
+                    message=error.message,
+                    final=True,
+                )
+            )
+        # submit_job registered the job with the watcher unless it had already ended.
+        held = not started.state.terminal
+        await self._apply(started, report=True)  # the episode waits for this first report
+        reported_end = any(job.state.terminal for job in self._inbox)  # not drained yet
+        if held and reported_end and workflow.patched(WATCHER_REPORT_FIRST_PATCH):
+            # The watcher reported the end before the submit's answer was taken (a retried
+            # submit: the first attempt's registration was seen to its end) or while the report
+            # above was awaited, and has dropped the job. Before this patch the flag undid that
+            # release and the job waited WATCHER_SETTLE_S for a report that never came (issue
+            # 18's fault matrix, (h)). Asked only then, so other jobs' histories hold no marker.
+            held = False
+        self._watcher_has_it = held
+        await self._follow_until_terminal()
+        await self._let_the_watcher_see_the_end()
+        score = await self._score() if self._state is JobState.succeeded else None
+        return await self._finish(self._snapshot(final=True, score=score))
+
+    @workflow.signal
+    def observed(self, job: BackendJob) -> None:
+        """The watcher saw this job change state."""
+        self._inbox.append(job)
+        if job.state.terminal:
+            self._watcher_has_it = False  # the watcher drops a job once it saw it end
+
+    @workflow.signal
+    def cancel(self) -> None:
+        self._cancel_requested = True
+
+    @workflow.query
+    def snapshot(self) -> JobSnapshot:
+        return self._snapshot(final=False)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _submit_request(self) -> SubmitJob:
+        fields = self._inp.model_dump(
+            exclude={"parent_workflow_id", "watcher_workflow_id", "visible"}
+        )
+        return SubmitJob(**fields, key=workflow.info().workflow_id, now=workflow.now())
+
+    async def _follow_until_terminal(self) -> None:
+        assert self._job is not None
+        # One guard timer for the whole job, never cancelled and re-armed: a timer per wake-up
+        # would cost two history events each time.
+        guard = asyncio.ensure_future(asyncio.sleep(self._inp.timeout_s + GUARD_GRACE_S))
+        cancel_sent_at: datetime | None = None
+        reissue_s = CANCEL_REISSUE_S
+        reissue_alarm = Alarm()
+        while not self._state.terminal:
+            if self._cancel_requested and cancel_sent_at is None:
+                cancel_sent_at = workflow.now()
+                await self._request_cancel()
+                continue
+            if cancel_sent_at is None:
+                await workflow.wait_condition(
+                    lambda: bool(self._inbox) or self._cancel_requested or guard.done()
+                )
+                if not self._inbox and not self._cancel_requested:
+                    # The job overstayed its own timeout unreported: stop it.
+                    self._message = "the job overstayed its timeout and was cancelled"
+                    self._cancel_requested = True
+                    continue
+            else:
+                if not await reissue_alarm.wait(lambda: bool(self._inbox), reissue_s):
+                    # Still not confirmed: ask again, less often each time.
+                    cancel_sent_at = workflow.now()
+                    reissue_s = min(reissue_s * 2, CANCEL_REISSUE_MAX_S)
+                    await self._request_cancel()
+                    continue
+            inbox, self._inbox = self._inbox, []
+            for job in inbox:
+                await self._apply(job)
+            if workflow.info().is_continue_as_new_suggested():
+                workflow.logger.warning("job %s history is long", self._inp.job_id)
+
+    async def _let_the_watcher_see_the_end(self) -> None:
+        if self._watcher_has_it:
+            await self._ask_watcher_to_look()
+            await wait_until(lambda: not self._watcher_has_it, timedelta(seconds=WATCHER_SETTLE_S))
+
+    async def _request_cancel(self) -> None:
+        assert self._job is not None
+        if self._state is not JobState.cancelling:
+            self._state = JobState.cancelling
+            self._cancel_requested_at = workflow.now()
+            self._show()
+            await self._report(self._snapshot(final=False))
+        try:
+            job = await workflow.execute_activity_method(
+                JobsApi.cancel_job,
+                JobRef(ref=self._job.ref, key=workflow.info().workflow_id, now=workflow.now()),
+                start_to_close_timeout=OBSERVE_TIMEOUT,
+                retry_policy=PERSISTENT_RETRY,
+            )
+        except ActivityError as err:
+            self._message = tool_error_of(err).message
+            return
+        await self._apply(job)
+        if not self._state.terminal:
+            await self._ask_watcher_to_look()
+
+    async def _apply(self, job: BackendJob, *, report: bool = False) -> None:
+        """Take a backend observation; report it to the episode if our state changed."""
+        self._job = job
+        if self._state is JobState.cancelling and not job.state.terminal:
+            return  # still stopping: the backend's `running` does not undo our cancelling
+        changed = report or job.state is not self._state
+        self._state = job.state
+        self._show()
+        if changed and not job.state.terminal:
+            await self._report(self._snapshot(final=False))
+
+    async def _score(self) -> ScoreResult | None:
+        if self._inp.role is JobRole.agent or self._job is None:
+            return None
+        try:
+            return await workflow.execute_activity_method(
+                JobsApi.read_score,
+                JobRef(ref=self._job.ref, key=workflow.info().workflow_id, now=workflow.now()),
+                start_to_close_timeout=READ_TIMEOUT,
+                retry_policy=READ_RETRY,
+            )
+        except ActivityError as err:
+            self._message = f"could not read the evaluation's log: {tool_error_of(err).message}"
+            return None
+
+    def _snapshot(self, *, final: bool, score: ScoreResult | None = None) -> JobSnapshot:
+        message = self._message or (self._job.message if self._job else "")
+        return JobSnapshot(
+            job_id=self._inp.job_id,
+            state=self._state,
+            backend=self._job,
+            score=score,
+            message=message,
+            final=final,
+        )
+
+    def _show(self) -> None:
+        """Keep the operator's search attributes current (upserts only what changed)."""
+        self._visibility.show(
+            job_start_attributes(self._inp)
+            | job_attributes(
+                state=self._state,
+                backend_job_id=self._job.ref if self._job else None,
+                cancel_requested_at=self._cancel_requested_at,
+            )
+        )
+
+    async def _finish(self, snapshot: JobSnapshot) -> JobSnapshot:
+        self._state = snapshot.state
+        self._show()
+        await self._report(snapshot)
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return snapshot
+
+    async def _report(self, snapshot: JobSnapshot) -> None:
+        handle = workflow.get_external_workflow_handle(self._inp.parent_workflow_id)
+        try:
+            await handle.signal(SIGNAL_JOB_CHANGED, snapshot)
+        except FailureError:
+            workflow.logger.warning(
+                "episode %s is gone; job %s not reported", self._inp.episode_id, self._inp.job_id
+            )
+
+    async def _ask_watcher_to_look(self) -> None:
+        handle = workflow.get_external_workflow_handle(self._inp.watcher_workflow_id)
+        try:
+            await handle.signal(SIGNAL_LOOK_NOW)
+        except FailureError:
+            pass  # no watcher running: the cancel re-issue loop still looks again

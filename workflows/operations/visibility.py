@@ -1,0 +1,138 @@
+"""What an episode and a job show an operator: their search attributes and memo.
+
+`episode_attributes` and `job_attributes` are pure (tested without Temporal). `Visibility` is
+the workflow-side half: it upserts only the attributes that changed, and only when a change
+that matters happened (a state, an end, a job started or settled, a cancellation pending or
+confirmed). `PtStepsUsed` rides along with those and is not a reason to upsert on its own, so a
+tool call that changes nothing else costs no history event.
+
+Workflows that recorded histories before this existed must replay unchanged: the upserts run
+only under `workflow.patched(VISIBILITY_PATCH)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import SearchAttributeKey, SearchAttributeUpdate
+
+from posttrain_common.contracts.episodes import EpisodeSetup
+from posttrain_env.limits import MAX_MEMO_VALUE_CHARS
+from posttrain_env.models import JobState
+from workflows.episode.state import EpisodeCarry
+from workflows.operations import search_attributes as sa
+
+VISIBILITY_PATCH = "pt-visibility-1"
+MEMO_VALUE_CHARS = MAX_MEMO_VALUE_CHARS
+
+Attributes = dict[SearchAttributeKey[Any], Any]  # a value of None: the attribute is unset
+# Changes of these alone never cause an upsert.
+_RIDERS: frozenset[str] = frozenset({sa.STEPS_USED.name})
+
+
+def cancel_pending_since(carry: EpisodeCarry) -> datetime | None:
+    """When the oldest cancellation still unconfirmed was asked for (None: none is pending)."""
+    pending = [
+        r.cancel_requested_at
+        for r in carry.jobs.values()
+        if r.state is JobState.cancelling and not r.final and r.cancel_requested_at is not None
+    ]
+    return min(pending) if pending else None
+
+
+def episode_phase(carry: EpisodeCarry, *, closing: bool = False) -> sa.EpisodePhase:
+    if carry.end is None:
+        return sa.EpisodePhase.running
+    return sa.EpisodePhase.ended if closing else sa.EpisodePhase.ending
+
+
+def episode_attributes(
+    setup: EpisodeSetup, carry: EpisodeCarry, *, closing: bool = False
+) -> Attributes:
+    end = carry.end
+    return {
+        sa.TASK: setup.task.id,
+        sa.STATE: episode_phase(carry, closing=closing).value,
+        sa.END_REASON: end.reason.value if end else None,
+        sa.REWARD: end.reward if end else None,
+        sa.BACKEND: setup.backend,
+        sa.DEPLOYMENT: setup.deployment,
+        sa.CAMPAIGN: setup.campaign_id,
+        sa.SPEND_MICRO_USD: carry.ledger.settled_micro_usd,
+        sa.STEPS_USED: carry.steps_used,
+        sa.CANCEL_PENDING_SINCE: cancel_pending_since(carry),
+    }
+
+
+def episode_memo(setup: EpisodeSetup) -> dict[str, str]:
+    return bounded_memo(
+        {
+            "episode_id": setup.episode_id,
+            "task_id": setup.task.id,
+            "base_model": setup.base_model.repo_id,
+            "base_model_commit": setup.base_model.revision,
+        }
+    )
+
+
+def job_attributes(
+    *,
+    state: JobState,
+    backend_job_id: str | None,
+    cancel_requested_at: datetime | None,
+) -> Attributes:
+    """What changes on a job (its task, role and flavor are set at its start)."""
+    return {
+        sa.STATE: state.value,
+        sa.BACKEND_JOB_ID: backend_job_id,
+        sa.CANCEL_PENDING_SINCE: None if state.terminal else cancel_requested_at,
+    }
+
+
+def bounded_memo(memo: Mapping[str, str]) -> dict[str, str]:
+    """The memo, each value cut to MEMO_VALUE_CHARS: four values of four-byte characters stay
+    under MAX_MEMO_BYTES (a Hub repo id is at most 96 characters, a commit 40)."""
+    return {k: v[:MEMO_VALUE_CHARS] for k, v in memo.items()}
+
+
+def changes(before: Attributes, after: Attributes) -> list[SearchAttributeUpdate[Any]]:
+    """The updates that take `before` to `after`, or [] when only riders changed."""
+    changed = [k for k, v in after.items() if before.get(k) != v]
+    if all(k.name in _RIDERS for k in changed):
+        return []
+    updates: list[SearchAttributeUpdate[Any]] = []
+    for key in changed:
+        value = after[key]
+        updates.append(key.value_unset() if value is None else key.value_set(value))
+    return updates
+
+
+class Visibility:
+    """Workflow code: upserts what changed. Off until `enable()` finds the patch (histories
+    recorded before it replay without upserts)."""
+
+    def __init__(self) -> None:
+        self._on = False
+        self._shown: Attributes = {}
+
+    def enable(self, memo: dict[str, str] | None = None) -> bool:
+        self._on = workflow.patched(VISIBILITY_PATCH)
+        if self._on and memo:
+            workflow.upsert_memo(memo)
+        return self._on
+
+    def enable_unpatched(self, shown: Attributes) -> None:
+        """On, with `shown` already set (at the workflow's start, by its parent)."""
+        self._on = True
+        self._shown = dict(shown)
+
+    def show(self, attributes: Attributes) -> None:
+        if not self._on:
+            return
+        updates = changes(self._shown, attributes)
+        if updates:
+            workflow.upsert_search_attributes(updates)
+            self._shown = dict(attributes)
