@@ -316,3 +316,162 @@ def test_the_clients_retryable_code_is_the_gateways_transient_one() -> None:
     from posttrain_env.client import RETRYABLE_CODES
 
     assert RETRYABLE_CODES == {GatewayCode.unavailable.value}
+
+
+def _feature_of(module: str) -> str | None:
+    """The feature folder a module of a featured layer sits in, or None at the layer's root."""
+    parts = module.split(".")
+    return (
+        parts[1] if len(parts) > 2 or (len(parts) == 2 and (ROOT / Path(*parts)).is_dir()) else None
+    )
+
+
+def test_every_workflow_and_activity_module_sits_in_a_feature_folder_or_is_shared() -> None:
+    misplaced = []
+    for module in project_modules():
+        top, _, rest = module.partition(".")
+        if top not in FEATURE_FOLDERS:
+            continue
+        feature = _feature_of(module)
+        if feature is None:
+            if (rest or "__init__") not in SHARED_MODULES[top]:
+                misplaced.append(module)
+        elif feature not in FEATURE_FOLDERS[top]:
+            misplaced.append(module)
+    assert misplaced == []
+    for top, features in FEATURE_FOLDERS.items():
+        assert {p.name for p in (ROOT / top).iterdir() if (p / "__init__.py").exists()} == features
+
+
+def _decorated_classes(path: Path, decorator: str) -> list[str]:
+    """Classes in `path` decorated `@workflow.defn`, or with a method decorated `@activity.defn`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        targets = (
+            [node]
+            if decorator == "workflow"
+            else [
+                item
+                for item in node.body
+                if isinstance(item, ast.AsyncFunctionDef | ast.FunctionDef)
+            ]
+        )
+        for target in targets:
+            for deco in target.decorator_list:
+                call = deco.func if isinstance(deco, ast.Call) else deco
+                if ast.unparse(call) == f"{decorator}.defn":
+                    found.append(node.name)
+                    break
+    return sorted(set(found))
+
+
+def test_every_workflow_sits_in_its_features_folder_and_every_activity_in_one_of_activities() -> (
+    None
+):
+    """A feature's workflow lives in `workflows/<feature>/`, its activities in
+    `activities/<feature>/` (the interfaces they implement are in `posttrain_common/contracts/`,
+    which every layer above may read)."""
+    workflows_found, activities_found = {}, {}
+    for module, path in project_modules().items():
+        for name in _decorated_classes(path, "workflow"):
+            workflows_found[name] = module
+        for name in _decorated_classes(path, "activity"):
+            activities_found[name] = module
+    assert len(workflows_found) >= 10 and len(activities_found) >= 8
+    for name, module in workflows_found.items():
+        assert module.split(".")[0] == "workflows" and _feature_of(module), (name, module)
+    for name, module in activities_found.items():
+        if module.startswith("posttrain_common.contracts."):
+            continue  # the interface a workflow calls
+        assert module.split(".")[0] == "activities" and _feature_of(module), (name, module)
+
+
+def _client_distributions() -> set[str]:
+    """The client distribution and everything it requires, transitively (extras left out)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen: set[str] = set()
+    todo = ["posttrain-env"]
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            required = requires(name) or []
+        except PackageNotFoundError:
+            continue  # an environment marker's package not installed here
+        for text in required:
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    return seen
+
+
+def test_the_client_imports_only_itself_the_standard_library_and_what_it_declares() -> None:
+    """`posttrain_env` is a distribution of its own: each of its imports is the standard library,
+    itself, or a package its declared requirements install (the Inspect task's `inspect_ai`
+    comes with the `inspect` extra). Nothing of the server, and no server dependency."""
+    from importlib.metadata import packages_distributions
+
+    from packaging.utils import canonicalize_name
+
+    provided = packages_distributions()
+    allowed = _client_distributions()
+    assert "temporalio" not in allowed and "posttrain-server" not in allowed
+    wrong = []
+    for path in (ROOT / "posttrain_env").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top == "posttrain_env":
+                    continue
+                if path.name == "inspect_task.py" and top == "inspect_ai":
+                    continue
+                owners = {canonicalize_name(d) for d in provided.get(top, [])}
+                if not owners & allowed:
+                    wrong.append(f"{path.relative_to(ROOT)}: {name} ({sorted(owners) or '?'})")
+    assert wrong == []
+
+
+def test_nothing_branches_on_a_backends_name_outside_that_backends_folder() -> None:
+    """Capabilities are declared by the backend (`BackendInfo`); no module compares anything
+    with a backend's name, but the backend's own folder (and the registry that lists them)."""
+    names = set(BACKENDS)
+    branches = []
+    for module, path in project_modules().items():
+        parts = module.split(".")
+        if parts[:2] == ["activities", "backends"] and len(parts) > 3 and parts[2] in names:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                consts = [s for s in sides if isinstance(s, ast.Constant)]
+                consts += [
+                    e
+                    for s in sides
+                    if isinstance(s, ast.Tuple | ast.List | ast.Set)
+                    for e in s.elts
+                    if isinstance(e, ast.Constant)
+                ]
+                hit = {c.value for c in consts} & names
+            elif isinstance(node, ast.match_case) and isinstance(node.pattern, ast.MatchValue):
+                value = node.pattern.value
+                hit = {value.value} & names if isinstance(value, ast.Constant) else set()
+            else:
+                continue
+            if hit:
+                line = node.pattern.lineno if isinstance(node, ast.match_case) else node.lineno
+                branches.append(f"{path.relative_to(ROOT)}:{line}: {sorted(hit)}")
+    assert branches == []

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -375,19 +374,3 @@ def test_posttrain_env_never_reads_a_late_reply_after_a_timeout(server: ServerPr
         assert status.observation.tool_name == "jobs_status"
         assert status.observation.result["data"]["job_id"] == job_id
         assert "changed" not in status.observation.result["data"]  # not the wait's answer
-
-
-def test_importing_the_client_loads_no_server_code() -> None:
-    probe = (
-        "import sys\n"
-        "from posttrain_env import PostTrainEnv\n"
-        "server = ('workflows', 'activities', 'mcp_gateway', 'job_launcher', 'tasks',\n"
-        "          'temporalio')\n"
-        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in server\n"
-        "                or m in ('posttrain_common.settings', 'posttrain_server.worker'))\n"
-        "print(PostTrainEnv.__name__, loaded)\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert done.stdout.strip() == "PostTrainEnv []"
