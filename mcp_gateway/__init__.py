@@ -10,11 +10,12 @@ protocol.py      reset, step, state and direct tool calls, whatever the transpor
 sessions.py      session ids and the session -> episode resolution
 episode_calls.py tool calls into an episode's workflow (bounded before they are sent)
 observations.py  the OpenEnv wire shapes of our answers
-wire.py          openenv's wire types, imported without its Gradio web UI
+wire.py          openenv's wire types, imported without its Gradio web UI (openenv_slim.py)
 bounds.py        JSON nesting; where the body limits are set
 auth.py, guard.py  API keys and episode tokens; Host and Origin checks, the access log
 refusals.py      401/403/404 bodies (JSON-RPC errors too, on an episode's MCP endpoint)
 
-It imports the contract (`posttrain_env`) and the workflows it calls, never an activity or a
-backend (a test checks that `server --no-worker` loads no module of `activities/`).
+Layer 5. It imports the contract (`posttrain_env`, `posttrain_common`) and the workflows it
+calls, never an activity or a backend (a test checks that `server --no-worker` loads no module
+of `activities/` but the backends' declarations, which say whether API keys are required).
 """

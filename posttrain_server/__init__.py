@@ -1,18 +1,19 @@
-"""Layer 5, the roof: the entry points, and the only place that imports every layer.
+"""Layer 6, the roof: the entry points, and the only place that imports every layer.
 
-cli.py                `posttrain-env`: every subcommand below
-server.py             `uv run server`: the gateway, a worker, the embedded Temporal
-worker.py             the Temporal worker: every workflow and activity
-agent_worker.py       `posttrain-env agent-worker`: the only process that runs agent code
-wiring.py             backends from settings; the calls activities make to other workflows
-temporal_client.py    connecting to Temporal (runtime, data converter, core log forwarding)
-temporal_dev.py       the embedded, file-backed Temporal dev server
-temporal_setup.py, temporal_cli.py  the search attributes (`posttrain-env temporal setup`)
-demo.py               `posttrain-env demo`: one whole episode on this machine
-hub_cli.py            `posttrain-env hub`: the local backend's models and datasets
-episodes_cli.py       `posttrain-env episodes`: find, read and cancel episodes;
-                      episode_queries.py: its filters as visibility queries
-audit_trail.py        an episode's audit record, read from its Temporal history
-campaign_cli.py       `posttrain-env campaign run|status|list|cancel|resume|retry|report`;
-                      campaign_progress.py, campaign_retry.py, campaign_report_cli.py: its parts
+cli.py              `posttrain-env`: every subcommand below
+server.py           `uv run server`: the gateway, a worker, the embedded Temporal
+worker.py           the Temporal worker: every workflow and activity
+agent_worker.py     `posttrain-env agent-worker`: the only process that runs agent code
+wiring.py           the backend from settings (through the registry); the calls activities make
+                    to other workflows
+deployment_key.py   the deployment's server key, resolved once per process and checked
+shutdown.py         the bound on a process's shutdown
+cluster_local.py    `posttrain-env cluster-local`: the production shape on one machine
+demo.py             `posttrain-env demo`: one whole episode on this machine
+audit_trail.py      an episode's audit record, read from its Temporal history
+temporal/           connecting to Temporal (client.py), the embedded dev server (dev_server.py),
+                    the search attributes a namespace needs (setup.py)
+commands/           the operator's subcommands: episodes (and episode_queries), campaign (and
+                    its progress, retry, report), hub, key, temporal
+campaigns/          a campaign's report: its numbers, plots and files
 """

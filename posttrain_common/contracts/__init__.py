@@ -1,6 +1,6 @@
-"""Ground: what the layers say to each other, as pure pydantic models, and the activities'
-interfaces. Workflows import these, never the activities; activities implement them, never
-importing workflows; the gateway speaks the episode's contract without loading either (DESIGN §10).
+"""What the layers say to each other, as pure pydantic models, and the activities' interfaces.
+Workflows import these, never the activities; activities implement them, never importing
+workflows; the gateway speaks the episode's contract without loading either (DESIGN §10).
 
 activities.py     the activities' interfaces, as workflows call them (`execute_activity_method`)
 episode_calls.py  what the gateway, a session and a rollout say to an episode, what it answers
@@ -10,8 +10,6 @@ audit.py          an episode's audit record (and `audit.schema.json`, its JSON S
 contamination.py  the contamination check's input and result
 campaigns.py      what the campaign and rollout workflows say to their activities
 retention.py      retention of job folders: the policy and the sweep's result
-visibility.py     the search attributes and memo operators find episodes and jobs by
 
-Imports nothing but `posttrain_env` (tests/test_layers.py checks the whole graph). A field
-added later gets a default, so that recorded histories and carried state still decode.
+A field added later gets a default, so that recorded histories and carried state still decode.
 """
