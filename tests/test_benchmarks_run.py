@@ -1,4 +1,5 @@
-"""The README's benchmark commands run (tiny sizes). They measure; this only checks they work.
+"""The benchmark commands of docs/development.md run (tiny sizes). They measure; this only
+checks they work.
 
 The ones that start a whole deployment (a Temporal server, a gateway, workers) and play
 episodes through it take 15-30 s each on 2 cores: they run with the slow set (`-m slow`), which

@@ -1,7 +1,7 @@
-"""How our processes reach a Temporal of your own (README "Production shape"): Temporal's own
-environment names for its API key and TLS reach `Client.connect`, a wrong combination or an
-unreadable certificate stops a process before it starts (naming the setting, never the key),
-and TLS asked for really is spoken on the wire."""
+"""How our processes reach a Temporal of your own (docs/deployment.md, "The same shape for
+real"): Temporal's own environment names for its API key and TLS reach `Client.connect`, a wrong
+combination or an unreadable certificate stops a process before it starts (naming the setting,
+never the key), and TLS asked for really is spoken on the wire."""
 
 from __future__ import annotations
 

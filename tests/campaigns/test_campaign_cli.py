@@ -61,7 +61,7 @@ def test_campaign_cli_survives_sigkilled_workers_and_runs_every_rollout_once(
     stack: Workers, tmp_path: Path
 ) -> None:
     stack.start()
-    # The README's example, one epoch more (a flag overrides the spec).
+    # The example of docs/campaigns.md, one epoch more (a flag overrides the spec).
     started = cli(
         stack, "run", "examples/campaign.toml", "--id", CAMPAIGN, "--detach", "--epochs", "3"
     )
@@ -161,7 +161,7 @@ def test_campaign_cli_survives_sigkilled_workers_and_runs_every_rollout_once(
             break
         time.sleep(1)
     assert found == sorted(str(r.episode_id) for r in records)
-    # The README's retry and report commands on this campaign: nothing is unscored or an
+    # The retry and report commands of docs/campaigns.md on this campaign: nothing is unscored or an
     # error, so nothing runs again (and the campaign is not started again); the report counts
     # every rollout once.
     for only in ("unscored", "errors"):

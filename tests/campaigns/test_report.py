@@ -1,7 +1,7 @@
 """`campaign report`: its numbers recomputed here from the records (means, seeded intervals,
 rates, spend), its files written and non-empty, its plots drawing what they say, `--compare`
-flagging a planted change and not a re-run, and the README's report commands run (pure: no
-Temporal)."""
+flagging a planted change and not a re-run, and the report commands of docs/campaigns.md run as
+written there (pure: no Temporal)."""
 
 from __future__ import annotations
 
@@ -267,16 +267,17 @@ def cli(root: Path, command: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def readme_commands(prefix: str) -> list[str]:
-    text = (REPO / "README.md").read_text()
+def page_commands(prefix: str) -> list[str]:
+    """The lines of docs/campaigns.md that start with `prefix`, without their comments."""
+    text = (REPO / "docs" / "campaigns.md").read_text()
     found = re.findall(rf"^({re.escape(prefix)}[^\n#]*?)\s*(?:#.*)?$", text, re.M)
     return [line.strip() for line in found]
 
 
-def test_the_readmes_report_commands_write_the_report_and_the_comparison(
+def test_the_docs_report_commands_write_the_report_and_the_comparison(
     tmp_path: Path,
 ) -> None:
-    commands = readme_commands("uv run posttrain-env campaign report")
+    commands = page_commands("uv run posttrain-env campaign report")
     assert len(commands) == 2, commands
     ids: list[Any] = sorted(set(re.findall(r"smoke-[0-9a-f]{8}", " ".join(commands))))
     assert len(ids) == 2

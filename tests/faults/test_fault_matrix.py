@@ -2,7 +2,7 @@
 targets rotated so that each is killed at least once, and the local backend's (b), (d) and (e)
 once each, on `cluster-local`'s topology (two gateways, two workers, one Temporal dev server,
 one key), each cell checked against every invariant (`tests/faults/checks.py`). The whole
-matrix is `uv run python -m tests.faults.matrix` (README "Production shape").
+matrix is `uv run python -m tests.faults.matrix` (docs/deployment.md "The fault matrix").
 
 The whole-server SIGKILL scenarios that tests/gateway/test_durability.py held are cells here:
 a kill during `jobs_wait` with the reward and one settled minute is (c) x everything, a kill

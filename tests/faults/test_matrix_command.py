@@ -1,6 +1,6 @@
-"""The fault matrix's command (README "Production shape"): what each of the README's command
-lines runs, what it refuses, how it prints a failed cell, and that the slow test's rotation
-reaches every kill point and every target. No processes: the cells themselves run in
+"""The fault matrix's command (docs/deployment.md, "The fault matrix"): what each of the page's
+command lines runs, what it refuses, how it prints a failed cell, and that the slow test's
+rotation reaches every kill point and every target. No processes: the cells themselves run in
 `test_fault_matrix.py` (slow) and by the command."""
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from tests.payload_limits import payload_limit_violations
 from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 
-# README "Running the server": every process stops within this long of SIGTERM.
+# docs/deployment.md "Stopping": every process stops within this long of SIGTERM.
 SHUTDOWN_LIMIT_S = 30.0
 LONG_WAIT_S = 300
 

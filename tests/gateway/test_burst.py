@@ -23,7 +23,7 @@ from tests.gateway.server import ServerProcess
 
 BURST = 50
 SUBMIT = {"script": "RUN_LONG = 1\n", "flavor": "cpu-basic", "timeout_minutes": 5}
-# Long calls are fine (README); a reply this late would be a timeout the client sees.
+# Long calls are fine (docs/concepts.md); a reply this late would be a timeout the client sees.
 MESSAGE_TIMEOUT_S = 300
 
 

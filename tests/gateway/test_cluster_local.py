@@ -1,6 +1,6 @@
-"""`posttrain-env cluster-local`, the production shape on one machine (README "Production
-shape"): two gateways without a worker, two workers, one Temporal dev server and one key. An
-episode whose calls alternate between the gateways survives one worker killed in the middle;
+"""`posttrain-env cluster-local`, the production shape on one machine (docs/deployment.md, "On
+one machine"): two gateways without a worker, two workers, one Temporal dev server and one key.
+An episode whose calls alternate between the gateways survives one worker killed in the middle;
 the command reports the death, restarts nothing, and stops everything within 30 s of SIGTERM."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""One server key per deployment (README "One key per deployment"): the key settings and their
-errors, no key ever created implicitly beside an external Temporal, the fingerprint every
-process checks on the deployment's workflow, and a grader's score read by another worker of the
-same key. Processes are the real commands on a file-backed dev server of the test's own."""
+"""One server key per deployment (docs/security.md, "One key per deployment"): the key settings
+and their errors, no key ever created implicitly beside an external Temporal, the fingerprint
+every process checks on the deployment's workflow, and a grader's score read by another worker
+of the same key. Processes are the real commands on a file-backed dev server of the test's own."""
 
 from __future__ import annotations
 

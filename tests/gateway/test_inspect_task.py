@@ -22,7 +22,7 @@ from posttrain_common.keys import ServerKey
 from tests.gateway.server import ServerProcess
 
 # Each test runs Inspect itself (an `inspect eval` process) through whole episodes: 15-35 s each
-# on 2 cores. With the other third-party clients, in the slow set (README).
+# on 2 cores. With the other third-party clients, in the slow set (docs/clients.md).
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -110,7 +110,7 @@ def test_uv_run_server_is_the_same_command_with_its_options() -> None:
     assert "--host" in done.stdout and "--port" in done.stdout and "--no-worker" in done.stdout
 
 
-# -- SIGTERM within 30 s, whatever is open (README "Running the server") -------------------------
+# -- SIGTERM within 30 s, whatever is open (docs/deployment.md "Stopping") -------------------------
 
 LONG_JOBS = FakeScenario(jobs=[FakeJobScript(queue_s=0, run_s=3600)])
 

@@ -1,8 +1,8 @@
 """MCP clients nobody here wrote, each in a venv of its own (the MCP SDK's 2.x line cannot sit
 beside openenv's mcp<2; tests/gateway/client_venvs.py), against the real server: with their
-default settings plus the one setting the README's table names, each completes a `jobs_wait`
-on a job that runs longer than the client's own default timeout, and a wrong token raises an
-error that carries our message.
+default settings plus the one setting the table of docs/clients.md names, each completes a
+`jobs_wait` on a job that runs longer than the client's own default timeout, and a wrong token
+raises an error that carries our message.
 
 The MCP Inspector's row is checked too: its CLI gives up on a call after 60 s and has no
 setting to change that, and `--stored-auth-only` shows our refusal instead of starting an OAuth
@@ -102,7 +102,8 @@ async def test_the_openai_agents_sdk_needs_its_session_timeout_raised_as_the_rea
     default = run_client(python, "agents_client.py", episode, job_id, WAIT_S, "default")
     assert "error" in default["jobs_wait"] and default["jobs_wait"]["seconds"] < JOB_S, default
     assert TOKEN_MESSAGE in default["wrong_token"]
-    # The README's setting, `client_session_timeout_seconds=None`: such a wait completes.
+    # The setting docs/clients.md gives, `client_session_timeout_seconds=None`: such a wait
+    # completes.
     episode, job_id = await running_job(server, episode)
     raised = run_client(python, "agents_client.py", episode, job_id, WAIT_S, "none")
     waited = raised["jobs_wait"]
@@ -129,7 +130,7 @@ async def test_the_mcp_inspector_cli_gives_up_after_60_s_and_shows_our_refusal(
             stdin=subprocess.DEVNULL,
         )
 
-    # The README's command.
+    # The command docs/clients.md shows.
     info = inspect("--method", "tools/call", "--tool-name", "task_info")
     assert info.returncode == 0 and "Produce a checkpoint" in info.stdout, info.stderr
     refused = inspect("--method", "tools/list", token="not-this-episodes-token")

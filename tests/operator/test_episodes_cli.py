@@ -1,4 +1,4 @@
-"""`posttrain-env episodes` and the README's "Operating it" queries, on the real dev server:
+"""`posttrain-env episodes` and the queries of docs/operations.md, on the real dev server:
 a cancellation that never confirms is found (with its backend job id) until it confirms;
 filters find exactly the episodes they should."""
 
@@ -21,20 +21,17 @@ from tests.operator.dev_env import Operated, eventually, operated
 from workflows.episode.workflow import EpisodeInput, EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 
-README = Path(__file__).parents[2] / "README.md"
-PLACEHOLDER = "2026-01-01T00:00:00Z"  # the README's timestamp, to be replaced by now - 10 min
+# The page that shows the operator's commands and queries: they are run here as written.
+OPERATIONS = Path(__file__).parents[2] / "docs" / "operations.md"
+PLACEHOLDER = "2026-01-01T00:00:00Z"  # the page's timestamp, to be replaced by now - 10 min
 STUCK = FakeScenario(
     jobs=[FakeJobScript(role=JobRole.agent, queue_s=0, run_s=3600, cancel_confirm_after_s=None)]
 )
 
 
-def operating_section() -> str:
-    text = README.read_text()
-    return text[text.index("## Operating it") : text.index("## How it is built")]
-
-
-def readme_blocks(kind: str) -> list[str]:
-    return re.findall(rf"```{kind}\n(.*?)```", operating_section(), re.S)
+def page_blocks(kind: str) -> list[str]:
+    """The page's code blocks of one kind (`bash`, `sql`), in order."""
+    return re.findall(rf"```{kind}\n(.*?)```", OPERATIONS.read_text(), re.S)
 
 
 def listed(output: str) -> dict[str, dict[str, object]]:
@@ -95,8 +92,8 @@ async def test_an_unconfirmed_cancellation_is_found_with_its_backend_job_until_i
         table = await op.cli("episodes", "list", "--stuck", "2s")
         assert episode_id in table.stdout and f"backend job {ref}" in table.stdout
 
-        # The README's query, as written, with now minus two seconds for its timestamp.
-        (stuck_query,) = readme_blocks("sql")[0].strip().splitlines()
+        # The page's query, as written, with now minus two seconds for its timestamp.
+        (stuck_query,) = page_blocks("sql")[0].strip().splitlines()
         assert PLACEHOLDER in stuck_query
         cutoff = instant(datetime.now(UTC) - timedelta(seconds=2))
         found = listed(await op.temporal_list(stuck_query.replace(PLACEHOLDER, cutoff)))
@@ -109,8 +106,8 @@ async def test_an_unconfirmed_cancellation_is_found_with_its_backend_job_until_i
         assert "CANCELLATION UNCONFIRMED" in shown.stdout and ref in shown.stdout
         assert request.job_id in shown.stdout  # the live status a worker answered
 
-        # The README's orphan queries: the episode waits on its job; the job is open.
-        ending, open_jobs = readme_blocks("sql")[1].strip().splitlines()
+        # The page's orphan queries: the episode waits on its job; the job is open.
+        ending, open_jobs = page_blocks("sql")[1].strip().splitlines()
         assert list(listed(await op.temporal_list(ending))) == [episode_workflow_id(episode_id)]
         now = instant(datetime.now(UTC))
         assert job["workflow_id"] in listed(
@@ -134,7 +131,7 @@ async def test_an_unconfirmed_cancellation_is_found_with_its_backend_job_until_i
         await eventually(ended, "the episode is ended once its job confirmed")
 
 
-async def test_filters_find_exactly_their_episodes_and_the_readme_commands_run(
+async def test_filters_find_exactly_their_episodes_and_the_pages_commands_run(
     tmp_path: Path,
 ) -> None:
     tasks = {"t_test": {}, "t_short": {"time_limit_s": 3}}
@@ -196,8 +193,8 @@ async def test_filters_find_exactly_their_episodes_and_the_readme_commands_run(
         missing = await op.run("episodes", "show", "ep-ffffffffffffffff")
         assert missing.status == 1 and "no episode" in missing.stderr
 
-        # The README's commands, as written, on this deployment's ids.
-        bash = readme_blocks("bash")
+        # The page's commands, as written, on this deployment's ids.
+        bash = page_blocks("bash")
         setup_line = bash[0].strip().replace("temporal.example:7233", op.address)
         lines = [setup_line] + [line.split("  #")[0] for line in bash[1].strip().splitlines()]
         for line in lines:
@@ -218,4 +215,4 @@ async def test_filters_find_exactly_their_episodes_and_the_readme_commands_run(
         async def campaign_cancelled() -> bool:
             return await ids("--campaign", "c-1", "--end-reason", "cancelled") == {campaign_id}
 
-        await eventually(campaign_cancelled, "the README's cancel ended the campaign's episode")
+        await eventually(campaign_cancelled, "the page's cancel ended the campaign's episode")

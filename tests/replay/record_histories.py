@@ -7,7 +7,7 @@ workflow execution it leaves (sessions, episodes, jobs, the watcher, the account
 workflow that continued as new) is written as Temporal's JSON history, into a folder of its own
 (`histories/<date>-<label>/`). Run it with the code whose histories you want to keep, and keep
 the older folders: committed histories prove that episodes started by that code keep running
-after an upgrade (README, "Changing workflow code").
+after an upgrade (docs/development.md, "Changing workflow code").
 
 Scenarios:
 - `t0_artifact`: a whole episode on the local backend with the task's reference solution (the

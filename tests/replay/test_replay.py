@@ -1,7 +1,7 @@
 """Episodes started before an upgrade keep running after it: the recorded histories of real
 episodes (tests/replay/record_histories.py) replay against today's workflows without a
 non-determinism error. A change to workflow code that alters the commands it makes must use
-`workflow.patched` (README, "Changing workflow code")."""
+`workflow.patched` (docs/development.md, "Changing workflow code")."""
 
 from __future__ import annotations
 
@@ -86,8 +86,9 @@ def patch_ids_taken(path: Path) -> set[str]:
 
 
 def test_every_patched_branch_of_the_workflow_code_is_replayed() -> None:
-    """A change behind `workflow.patched` is followed by a recording that takes it (README,
-    "Changing workflow code"), so that its new branch is replayed too, not only the old one."""
+    """A change behind `workflow.patched` is followed by a recording that takes it
+    (docs/development.md, "Changing workflow code"), so that its new branch is replayed too, not
+    only the old one."""
     in_code = patch_ids_in_code()
     assert len(in_code) >= 5
     taken = set().union(*(patch_ids_taken(path) for path in HISTORIES))
@@ -105,7 +106,7 @@ async def test_a_recorded_history_replays_without_nondeterminism(path: Path) -> 
 @pytest.mark.slow  # minutes of real turns, jobs or recordings: the slow set
 @pytest.mark.timeout(600)
 def test_the_recorder_records_histories_that_replay(tmp_path: Path) -> None:
-    """The README's recording command, on three of its scenarios."""
+    """The recording command of docs/development.md, on three of its scenarios."""
     done = subprocess.run(
         [
             sys.executable,

@@ -3,7 +3,7 @@ run by the interpreter of a venv of its own (the SDK needs mcp 2, the project pi
 
     python agents_client.py <mcp_url> <job_id> <timeout_s> <session_timeout>
         (the token in EPISODE_TOKEN; <session_timeout>: "default" for the SDK's own 5 s, or
-        "none" for the README's setting, `client_session_timeout_seconds=None`)
+        "none" for the setting docs/clients.md gives, `client_session_timeout_seconds=None`)
 
 Prints one JSON object: `jobs_wait`'s answer (or the error it raised) and how long it took, and
 what a wrong token raises.
