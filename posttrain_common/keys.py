@@ -1,7 +1,8 @@
 """Per-job nonces and per-episode secrets, derived from one server key inside activities.
 
 Nothing derived here is ever returned to a workflow: workflow state and history hold no
-capability or secret (DESIGN §9). Every process of one deployment holds the same key (README
+capability or secret (DESIGN §9). Every process of one deployment holds the same key
+(docs/security.md,
 "One key per deployment"): given as a file (`POSTTRAIN_SERVER_KEY_FILE`) or as hex in the
 environment (`POSTTRAIN_SERVER_KEY`), or, for a deployment on its embedded Temporal, a 0600 file
 under the state dir created on first use. No error message, repr or log line carries the key.

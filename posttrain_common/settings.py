@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     backend: str = Field(default="local", pattern=r"^[a-z][a-z0-9_]{0,31}$")
     namespace: str | None = None
     state_dir: Path = Field(default_factory=default_state_dir)
-    # The deployment's server key (README "One key per deployment"): a file of the bytes
+    # The deployment's server key (docs/security.md, "One key per deployment"): a file of the bytes
     # `ServerKey` writes, or hex for platforms that inject secrets as environment; at most one.
     # Neither: `<state_dir>/server.key`, created on first use, but only on the embedded Temporal
     # (`posttrain_server.deployment_key` refuses to start with TEMPORAL_ADDRESS set).
@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     temporal_namespace: str = Field(
         default="default", validation_alias=AliasChoices("TEMPORAL_NAMESPACE")
     )
-    # How to reach a Temporal of your own (README "Production shape"), under the names
+    # How to reach a Temporal of your own (docs/deployment.md, "Production shape"), under the names
     # Temporal's own CLI and SDKs read (its "environment configuration"), so one environment
     # serves `temporal workflow list` and our processes alike. An API key (Temporal Cloud)
     # turns TLS on unless TEMPORAL_TLS=false; TEMPORAL_TLS=true alone is TLS with the system's
@@ -147,7 +147,8 @@ class Settings(BaseSettings):
     continue_as_new_events: int | None = Field(default=None, ge=100)
     # Continue an episode as new past this many bytes of history (Temporal's limit is 50 MB).
     continue_as_new_bytes: int = Field(default=CONTINUE_AS_NEW_HISTORY_BYTES, ge=64 * KIB)
-    # The local backend's jobs (README "Local backend"): all jobs together use at most these
+    # The local backend's jobs (docs/backends.md, "Local backend"): all jobs together use at most
+    # these
     # shares of the machine's memory and CPUs (the rest is the server's reserve); each job at
     # most its flavor's size, and this disk, files and processes.
     local_memory_share: float = Field(default=LOCAL_MEMORY_SHARE, gt=0, le=1)
@@ -155,7 +156,7 @@ class Settings(BaseSettings):
     local_job_disk_gib: float = Field(default=LOCAL_JOB_DISK_BYTES / GIB, gt=0)
     local_job_files: int = Field(default=LOCAL_JOB_FILES, ge=1000)
     local_job_processes: int = Field(default=LOCAL_JOB_PROCESSES, ge=32)
-    # Retention (README "Operating it"): the job folders of episodes that ended more than this
+    # Retention (docs/operations.md): the job folders of episodes that ended more than this
     # many days ago are deleted by the retention sweep; submitted artifacts after their own
     # time, which may not be shorter. 0 (or empty): kept forever.
     job_retention_days: float = Field(default=14, ge=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False)

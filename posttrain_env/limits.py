@@ -1,7 +1,8 @@
 """Every limit of the system, defined once (DESIGN §9 "Limits", §10 "bounded by construction").
 
 Two kinds. Limits an agent meets (argument sizes, waits, log answers) are part of the contract
-and are listed in the README. Limits that keep what crosses Temporal below its 2 MB payload
+and are listed in docs/development.md ("Limits"). Limits that keep what crosses Temporal below its
+2 MB payload
 limit are chosen so that no sum of bounded parts can reach it: a payload over that limit is not
 refused cleanly, it wedges the workflow task in a retry loop (FACTS.md), so nothing may depend
 on Temporal to enforce them. Each limit has a test.
@@ -100,7 +101,8 @@ CONTINUE_AS_NEW_HISTORY_BYTES = 8 * MIB
 # characters, oldest job first, and their evaluator details replaced by a note.
 COMPACT_JOB_TEXT_CHARS = 120
 
-# -- the contamination check (activities/contamination/activities.py; README "Contamination check")
+# -- the contamination check (activities/contamination/activities.py; docs/tasks.md, "Contamination
+# check")
 # ---------
 # Bytes of one mounted dataset the check reads (its files in path order, the last one cut):
 # what a grader-side scan of sixteen datasets can afford in minutes of one CPU.
@@ -226,7 +228,8 @@ def bound_log_lines(
     return LogTail(lines=kept[first:], dropped_lines=first, cut_bytes=cut)
 
 
-# -- local jobs (the local backend; README "Local backend") ---------------------------------------
+# -- local jobs (the local backend; docs/backends.md, "Local backend")
+# ---------------------------------------
 GIB = 1024 * MIB
 
 

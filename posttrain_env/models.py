@@ -275,7 +275,7 @@ class BaseModelSpec(BaseModel):
     local_revision: str = "main"
 
 
-# The contamination check's defaults (README, "Contamination check"): 13-word n-grams, as in
+# The contamination check's defaults (docs/tasks.md, "Contamination check"): 13-word n-grams, as in
 # GPT-3's and later contamination studies; an item is matched when half its n-grams are found.
 DEFAULT_CONTAMINATION_NGRAM = 13
 DEFAULT_CONTAMINATION_THRESHOLD = 0.5

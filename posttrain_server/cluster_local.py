@@ -1,5 +1,6 @@
-"""`posttrain-env cluster-local`: the production shape on one machine (README "Production
-shape"). One file-backed Temporal dev server (the search attributes registered at its start, as
+"""`posttrain-env cluster-local`: the production shape on one machine (docs/deployment.md,
+"Production shape"). One file-backed Temporal dev server (the search attributes registered at its
+start, as
 the embedded server does), gateways (`server --no-worker`) on ports of their own, separate
 `posttrain-env worker` processes, and one server key file that every process is given.
 
@@ -196,7 +197,8 @@ class ClusterConfig:
     temporal_ui_port: int | None = 8233  # None: no UI
     host: str = "127.0.0.1"
     # The environment every child starts from (the backend and its settings, the task queue,
-    # the tasks dir, ...: README "Production shape" says which must be equal on every replica).
+    # the tasks dir, ...: docs/deployment.md, "Production shape" says which must be equal on every
+    # replica).
     environment: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
     @property

@@ -1,6 +1,6 @@
 """The deployment's server key, resolved once per process from the settings, and checked against
-the fingerprint every other process of the deployment recorded (README "One key per
-deployment").
+the fingerprint every other process of the deployment recorded (docs/security.md, "One
+key per deployment").
 
 - `POSTTRAIN_SERVER_KEY_FILE` or `POSTTRAIN_SERVER_KEY` (at most one; `Settings` refuses both):
   that key.
@@ -97,7 +97,7 @@ async def check_deployment(client: Client, task_queue: str, key: DeploymentKey) 
             f"{client.namespace!r} was started with the key of fingerprint {recorded}. Give "
             f"every gateway and worker the same {KEY_FILE_SETTING} (or {KEY_HEX_SETTING}); to "
             "change the deployment's key, stop every process and run `posttrain-env key forget` "
-            '(README "One key per deployment")'
+            '(docs/security.md, "One key per deployment")'
         )
 
 

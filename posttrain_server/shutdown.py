@@ -1,5 +1,5 @@
 """The bound on a process's shutdown: every process of ours (the all-in-one server, the gateway
-alone, a worker) exits within 30 s of SIGTERM or SIGINT (README "Running the server").
+alone, a worker) exits within 30 s of SIGTERM or SIGINT (docs/deployment.md, "Stopping").
 
 The orderly path keeps to it by itself: the gateway gives requests in flight
 `GATEWAY_GRACE_S` and then cancels them (mcp_gateway/app.py; a long call lives in its episode's
@@ -17,7 +17,8 @@ import threading
 
 log = logging.getLogger(__name__)
 
-# README: "stops within 30 s"; the rest is the margin for the process to be reaped.
+# docs/deployment.md, "Stopping": "within 30 s"; the rest is the margin for the process to be
+# reaped.
 SHUTDOWN_DEADLINE_S = 25.0
 
 

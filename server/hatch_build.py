@@ -9,7 +9,7 @@ from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-# The service's packages, one per layer (README, "How it is built").
+# The service's packages, one per layer (README.md, "How it is built").
 LAYERS = (
     "posttrain_common",
     "job_launcher",

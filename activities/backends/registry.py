@@ -1,4 +1,4 @@
-"""Every jobs backend, by name: the one registry of them (README, "Backends").
+"""Every jobs backend, by name: the one registry of them (docs/backends.md).
 
 A backend is a folder under `activities/backends/` whose `info.py` declares `BACKEND`, a
 `BackendInfo`: its name, its capabilities and how to build it. It is registered here once it

@@ -1,5 +1,5 @@
 """The contamination check's activity: look for a task's test items in what the agent
-controlled, grader-side, before the reward is final (README, "Contamination check").
+controlled, grader-side, before the reward is final (docs/tasks.md, "Contamination check").
 
 It runs on the main worker, never in a job and never in agent code, and costs the agent
 nothing. What it reads: the text of every script the episode's agent jobs ran (from the

@@ -1,4 +1,4 @@
-"""The retention sweep's activity (`workflows/operations/retention.py`; README "Operating it"):
+"""The retention sweep's activity (`workflows/operations/retention.py`; docs/operations.md):
 delete the
 job folders of episodes that ended longer ago than the policy says, keeping submitted artifacts
 until their own, longer time.

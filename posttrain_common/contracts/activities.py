@@ -4,7 +4,8 @@ Each class lists one group of activities with their inputs and results; the impl
 `activities/` subclass it and override every method (a test checks that none is left out), so a
 workflow depends on these signatures only and loads no activity code, and pyright checks that an
 implementation keeps the signature. Activity names are the method names: renaming one changes
-the commands of every workflow that calls it (see the README, "Changing workflow code").
+the commands of every workflow that calls it (see the docs/development.md, "Changing workflow
+code").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The contamination check's input and result (pure; README, "Contamination check").
+"""The contamination check's input and result (pure; docs/tasks.md, "Contamination check").
 
 The check's result crosses Temporal once, as an activity result the episode keeps for its
 audit record: `summary` is what the agent sees (`episode_end.contamination`, counts only);

@@ -3,7 +3,7 @@
 Ground code (`posttrain_env` only): the gateway, the workflows and the activities all use these
 (a rollout's tool calls are sent by an activity), and none of them loads another layer's code for
 it. Every field added later gets a default, so that histories and carried state of running
-episodes still decode (README, "Changing workflow code").
+episodes still decode (docs/development.md, "Changing workflow code").
 """
 
 from __future__ import annotations

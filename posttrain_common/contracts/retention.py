@@ -1,4 +1,4 @@
-"""Retention of job folders (pure; README "Operating it", issue 16).
+"""Retention of job folders (pure; docs/operations.md, issue 16).
 
 Job folders (a local job's folder under the state dir; on Hugging Face a job's folder of script
 and outputs in the namespace's `jobs-artifacts` bucket) are deleted once their episode ended

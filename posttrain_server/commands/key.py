@@ -1,4 +1,4 @@
-"""`posttrain-env key`: the deployment's server key (README "One key per deployment").
+"""`posttrain-env key`: the deployment's server key (docs/security.md, "One key per deployment").
 
     posttrain-env key new PATH          a new key file (0600, 32 random bytes); its fingerprint
     posttrain-env key show              this process's key (where from, fingerprint) and the

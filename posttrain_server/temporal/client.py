@@ -1,6 +1,6 @@
 """How every process of ours connects to Temporal: one runtime per process, the pydantic data
 converter, the SDK core's own log forwarded to Python logging, and, for a Temporal of your own,
-its TLS and API key (README "Production shape")."""
+its TLS and API key (docs/deployment.md, "Production shape")."""
 
 from __future__ import annotations
 

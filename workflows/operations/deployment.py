@@ -1,6 +1,6 @@
 """DeploymentWorkflow: where a deployment records its server key's fingerprint, so that every
 process (gateway, worker, all-in-one server) can check at start that it holds the same key as
-the others (README "One key per deployment"; posttrain_server/deployment_key.py).
+the others (docs/security.md, "One key per deployment"; posttrain_server/deployment_key.py).
 
 One per Temporal namespace and task queue, started by whichever process comes first with
 `USE_EXISTING`, found by the others. The fingerprint is in its memo (read by describe, which

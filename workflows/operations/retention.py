@@ -1,5 +1,6 @@
-"""RetentionWorkflow: one retention sweep, run by a Temporal Schedule for every backend (README
-"Operating it"; the Schedule is created by the worker's wiring).
+"""RetentionWorkflow: one retention sweep, run by a Temporal Schedule for every backend
+(docs/operations.md,
+"Retention"; the Schedule is created by the worker's wiring).
 
 Each run asks the retention activity for one bounded sweep: job folders of episodes that ended
 longer ago than POSTTRAIN_JOB_RETENTION_DAYS are deleted, submitted artifacts after

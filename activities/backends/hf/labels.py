@@ -52,7 +52,8 @@ def label_value(value: str) -> str:
 
 def deployment_id(key: ServerKey) -> str:
     """This deployment's label value: derived from the server key that every process of one
-    deployment holds (README "One key per deployment"), so two deployments sharing a Hugging
+    deployment holds (docs/security.md, "One key per deployment"), so two deployments sharing a
+    Hugging
     Face namespace never watch, adopt or reap each other's jobs. The key itself never leaves."""
     return key.deployment_label()
 

@@ -5,7 +5,8 @@ that it is nobody's child and outlives the worker or server that started it), it
 phases' secret environment (nonce, grader seed) from stdin — never from a file or its command
 line — then:
 
-1. contains the job (README "Local backend", DESIGN §10): host disk for its own disk beside
+1. contains the job (docs/backends.md, "Local backend", DESIGN §10): host disk for its own disk
+beside
    the other running jobs' and a reserve (else it does not start); its control groups (memory
    with swap off, processes, CPU weight and quota; activities/backends/local/cgroups.py) and its
    filesystems (an ext4 image for /data, /tmp and the venv, a tmpfs for /dev/shm, mounted in a

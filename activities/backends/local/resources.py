@@ -1,4 +1,5 @@
-"""What one local job may use, by flavor, on this machine (README "Local backend", the table).
+"""What one local job may use, by flavor, on this machine (docs/backends.md, "Local backend", the
+table).
 
 A job gets its Hugging Face flavor's size (`posttrain_env.limits.HF_CPU_FLAVORS`), scaled down
 to what this machine can give: never more CPUs than the jobs' share of the machine's, never
@@ -33,7 +34,8 @@ from posttrain_env.limits import (
 INODE_BYTES = 256
 # At least this much of a job's disk must be left for data once its inodes are counted.
 MIN_DATA_BYTES = 4 * MIB
-# The host disk that jobs never take (README "Local backend"): a job starts only if the free
+# The host disk that jobs never take (docs/backends.md, "Local backend"): a job starts only if the
+# free
 # space on the state dir, less what the other running jobs' disks may still grow into, holds
 # its own disk and this much more, for the server's state, Temporal, logs and the system.
 HOST_DISK_RESERVE_BYTES = 2 * GIB

@@ -13,7 +13,7 @@ and a job past a limit gets ENOSPC. Both are mounted in the supervisor's own mou
 (`enter_private_mount_namespace`): nobody else sees them, and they vanish with the supervisor
 and the job's processes even when the supervisor is killed (the loop device is freed with its
 last mount). Without root (or without mkfs.ext4 and loop devices) the folders are plain
-folders on the host and the supervisor measures them instead (README, "Local backend").
+folders on the host and the supervisor measures them instead (docs/backends.md, "Local backend").
 
 Each image is sparse, so it takes host disk only as its job writes: jobs that each fit could
 together fill the host. `claim_host_disk` lets a job start only when the host's free space, less
