@@ -53,8 +53,8 @@ from job_launcher.requirements import script_dependencies  # noqa: E402
 from job_launcher.trusted_lines import read_score  # noqa: E402
 from posttrain_common.pip_config import pip_find_links  # noqa: E402
 from posttrain_env.models import TaskSpec  # noqa: E402
+from tasks.models.tiny_arith_lm import write_tiny_arith_model  # noqa: E402
 from tasks.registry import TASKS_DIR, evaluator_script, load_task  # noqa: E402
-from tasks.tiny_arith_model import write_tiny_arith_model  # noqa: E402
 
 TINY = load_task("t0_arithmetic_format_tiny")
 FULL = load_task("t0_arithmetic_format")

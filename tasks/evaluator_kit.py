@@ -27,6 +27,15 @@ for anything malformed, before reading any tensor data. Nothing from an artifact
     run_isolated(fn, *args)             fn in a forked child with memory and CPU caps; with
                                         stages=True the child reports how far it got
     cap_address_space(extra)            cap this process's address space at its size now + extra
+
+The grader job around the checks (its inputs, and whose fault a failure is, DESIGN §9):
+
+    GraderFault                         not the artifact's fault: no score line, exit status 2
+    grader_inputs(environ) -> GraderInputs   nonce, split seed, folders, base model's tensors
+    read_error(exc) -> dict             an OSError on the artifact: its fault or the mount's
+    verdict(outcome, what) -> dict      an isolated check's answer, or whose fault its failure is
+    final_line(inputs, payload, started)     the score line, with the split and elapsed time
+    run_grader(evaluate, name) -> int   an evaluator's `__main__`: the line, or a grader fault
 """
 
 import errno
@@ -38,6 +47,7 @@ import signal
 import stat
 import struct
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -632,3 +642,99 @@ def _cap(limit: int, value: int) -> None:
     _soft, hard = resource.getrlimit(limit)
     cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
     resource.setrlimit(limit, (cap, hard))
+
+
+# -- the grader job: its inputs, whose fault a failure is, its one line ---------------------------
+
+NONCE_ENV = "POSTTRAIN_NONCE"
+HIDDEN_SEED_ENV = "POSTTRAIN_HIDDEN_SPLIT_SEED"
+# Set by tests and backends, never by an agent.
+MODEL_DIR_ENV = "POSTTRAIN_MODEL_DIR"
+BASE_DIR_ENV = "POSTTRAIN_BASE_MODEL_DIR"
+# A grader fault's exit status: no score line, which the broker reports as score_failed.
+GRADER_FAULT_EXIT = 2
+# The stage (run_isolated's stages=True) from which a child works on the artifact: a failure
+# from there on is the artifact's, before it the grader's.
+ON_ARTIFACT = "artifact"
+
+
+class GraderFault(Exception):
+    """Not the artifact's fault: no score line, exit status 2 (score_failed)."""
+
+
+class GraderInputs(NamedTuple):
+    nonce: str
+    hidden_seed: str | None  # None: the dev split
+    base_dir: Path  # absolute, as is model_dir
+    model_dir: Path
+    base: dict[str, TensorInfo]  # the base model's tensors
+
+    @property
+    def split(self) -> str:
+        return "dev" if self.hidden_seed is None else "hidden"
+
+
+def grader_inputs(environ: dict[str, str]) -> GraderInputs:
+    """The job's nonce, hidden split seed, folders (/base_model and /model unless overridden)
+    and the base model's tensors. Raises GraderFault for a missing or malformed nonce, an empty
+    seed, an unreadable base model or an artifact folder that is not mounted."""
+    nonce = environ.get(NONCE_ENV, "")
+    if not nonce or any(c.isspace() for c in nonce):
+        raise GraderFault(f"{NONCE_ENV} is missing or malformed")
+    hidden_seed = environ.get(HIDDEN_SEED_ENV)
+    if hidden_seed is not None and not hidden_seed:
+        raise GraderFault(f"{HIDDEN_SEED_ENV} is set but empty")
+    # Absolute: a tensor's file may be opened or linked from another folder.
+    base_dir = Path(os.path.abspath(environ.get(BASE_DIR_ENV) or "/base_model"))
+    model_dir = Path(os.path.abspath(environ.get(MODEL_DIR_ENV) or "/model"))
+    try:
+        base = read_tensor_set(base_dir)
+    except (ArtifactError, OSError) as exc:
+        raise GraderFault(f"the base model in {base_dir} is unreadable: {exc}") from None
+    if not model_dir.is_dir():
+        raise GraderFault(f"the artifact folder {model_dir} is not mounted")
+    return GraderInputs(nonce, hidden_seed, base_dir, model_dir, base)
+
+
+def read_error(exc: OSError) -> dict[str, Any]:
+    """An OSError while reading the artifact, as a check's answer: the artifact's doing (one of
+    ARTIFACT_ERRNOS) makes it invalid, anything else is the mount's ({"grader_fault": why})."""
+    if exc.errno in ARTIFACT_ERRNOS:
+        return {
+            "artifact_valid": False,
+            "reason": f"cannot read the artifact: {exc.strerror or exc}",
+        }
+    return {"grader_fault": f"I/O error reading the artifact: {exc}"}
+
+
+def verdict(outcome: Isolated, what: str) -> dict[str, Any]:
+    """An isolated check's answer (a dict): its own, or, when the child failed, whose fault that
+    was: the artifact's once the child had reached ON_ARTIFACT ({"artifact_valid": False,
+    "reason"}), else the grader's. Raises GraderFault for that, and for an answer that is
+    {"grader_fault": why}."""
+    if outcome.ok:
+        if "grader_fault" in outcome.value:
+            raise GraderFault(outcome.value["grader_fault"])
+        return outcome.value
+    if outcome.stage == ON_ARTIFACT:
+        return {"artifact_valid": False, "reason": outcome.problem}
+    reached = f"after stage {outcome.stage!r}" if outcome.stage else "at its start"
+    raise GraderFault(f"{what} failed before reading the artifact ({reached}): {outcome.problem}")
+
+
+def final_line(inputs: GraderInputs, payload: dict[str, Any], started: float) -> str:
+    """The score line of `payload` with the split and the seconds since `started` (monotonic)."""
+    elapsed = round(time.monotonic() - started, 3)
+    return score_line(inputs.nonce, {**payload, "split": inputs.split, "elapsed_s": elapsed})
+
+
+def run_grader(evaluate: Callable[[dict[str, str]], str], name: str) -> int:
+    """An evaluator's `__main__`: print `evaluate(os.environ)`'s score line and return 0, or, on a
+    GraderFault, only its message on stderr (after `name`) and GRADER_FAULT_EXIT."""
+    try:
+        line = evaluate(dict(os.environ))
+    except GraderFault as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return GRADER_FAULT_EXIT
+    print(line, flush=True)
+    return 0

@@ -9,11 +9,14 @@ from pathlib import Path
 import pytest
 
 from posttrain_env.models import BaseModelSpec, FlavorPrice, TaskSpec
+from tasks.models.tiny_causal_lm import write_tiny_model
 from tasks.registry import (
     TASKS_DIR,
     TaskSpecError,
     evaluator_path,
     evaluator_script,
+    generated_model,
+    generated_models,
     list_tasks,
     load_task,
 )
@@ -54,8 +57,58 @@ def test_tasks_dir_is_the_tasks_package() -> None:
     assert (TASKS_DIR / "registry.py").is_file()
 
 
-def test_the_shipped_tasks_are_listed() -> None:
-    assert list_tasks() == ["t0_arithmetic_format", "t0_arithmetic_format_tiny", "t0_artifact"]
+def test_the_shipped_tasks_are_listed_and_every_other_folder_is_a_package() -> None:
+    tasks = list_tasks()
+    assert {"t0_arithmetic_format", "t0_arithmetic_format_tiny", "t0_artifact"} <= set(tasks)
+    # A folder of tasks/ is a task (its task.toml) or a package of the tasks' code (models/):
+    # a task folder whose spec is misnamed would silently not be a task.
+    others = {
+        entry.name
+        for entry in TASKS_DIR.iterdir()
+        if entry.is_dir() and entry.name != "__pycache__" and entry.name not in tasks
+    }
+    assert others == {
+        entry.name for entry in TASKS_DIR.iterdir() if (entry / "__init__.py").is_file()
+    }
+
+
+@pytest.mark.parametrize("task_id", list_tasks())
+def test_every_shipped_task_has_what_a_task_needs(task_id: str) -> None:
+    """What a new task must bring (tasks/__init__.py): a spec that loads, an evaluator that
+    assembles into one self-contained PEP 723 script, a reference solution, and a local base
+    model, if it names one, that is generated here."""
+    spec = load_task(task_id)
+    script = evaluator_script(spec)
+    assert script.startswith("#!/usr/bin/env python3\n# /// script\n")
+    assert not re.search(r"^\s*(from|import) tasks\b", script, re.MULTILINE)
+    compile(script, f"{task_id}/evaluator.py", "exec")
+    assert (TASKS_DIR / (spec.family or spec.id) / "reference_solution.py").is_file()
+    if spec.base_model.local is not None:
+        assert spec.base_model.local in generated_models()
+
+
+def test_a_generated_model_is_found_by_its_name_and_nothing_else_is(tmp_path: Path) -> None:
+    assert {"tiny-causal-lm", "tiny-arith-lm"} <= set(generated_models())
+    generate = generated_model("tiny-causal-lm")
+    assert generate is not None
+    generate(tmp_path / "generated")
+    write_tiny_model(tmp_path / "written", seed=0)
+    for path in (tmp_path / "written").iterdir():
+        assert (tmp_path / "generated" / path.name).read_bytes() == path.read_bytes()
+    # Only a module's own name finds it: no shared module, no path, no other spelling.
+    for name in (
+        "tiny_causal_lm",
+        "-llama",
+        "_llama",
+        "llama",
+        "__init__",
+        "Tiny-Causal-Lm",
+        "org/tiny-causal-lm",
+        "../tiny-causal-lm",
+        "tiny-causal-lm.py",
+        "x",
+    ):
+        assert generated_model(name) is None, name
 
 
 def test_t0_artifact_loads_with_the_issue_values() -> None:
@@ -278,10 +331,8 @@ def test_invalid_toml_fails_naming_the_file(tasks_dir: Path) -> None:
 def test_an_unknown_task_id_names_the_known_ones() -> None:
     with pytest.raises(TaskSpecError) as caught:
         load_task("t9_nothing")
-    assert str(caught.value) == (
-        "unknown task 't9_nothing'; known tasks: t0_arithmetic_format, "
-        "t0_arithmetic_format_tiny, t0_artifact"
-    )
+    assert str(caught.value) == f"unknown task 't9_nothing'; known tasks: {', '.join(list_tasks())}"
+    assert "t0_arithmetic_format, t0_arithmetic_format_tiny, t0_artifact" in str(caught.value)
 
 
 def test_a_folder_without_task_toml_is_not_a_task(tasks_dir: Path) -> None:

@@ -59,7 +59,6 @@ Output: exactly one `POSTTRAIN_SCORE <nonce> {json}` line with `score`, `n`, `fo
 """
 
 import json
-import os
 import random
 import re
 import sys
@@ -70,25 +69,24 @@ from pathlib import Path
 from typing import Any
 
 from tasks.evaluator_kit import (
-    ARTIFACT_ERRNOS,
+    ON_ARTIFACT,
     ArtifactError,
-    Isolated,
+    GraderFault,
     TensorInfo,
     cap_address_space,
+    final_line,
+    grader_inputs,
     header_budget,
+    read_error,
     read_tensor_set,
+    run_grader,
     run_isolated,
-    score_line,
     shorten,
     structure_problem,
+    verdict,
 )
 
-NONCE_ENV = "POSTTRAIN_NONCE"
-HIDDEN_SEED_ENV = "POSTTRAIN_HIDDEN_SPLIT_SEED"
 PARAMS_ENV = "POSTTRAIN_TASK_PARAMS"
-MODEL_DIR_ENV = "POSTTRAIN_MODEL_DIR"
-BASE_DIR_ENV = "POSTTRAIN_BASE_MODEL_DIR"
-INFRA_EXIT = 2
 ANSWER = re.compile(r"ANSWER: (-?[0-9]+)")
 OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 DEFAULTS: dict[str, Any] = {
@@ -107,14 +105,8 @@ DEFAULTS: dict[str, Any] = {
 # holds.
 CHECK_CPU_SECONDS = 300
 GIB = 1 << 30
-# The stage from which a check child works on the artifact: a failure there is the artifact's.
-ON_ARTIFACT = "artifact"
 # Below this, a model on the CPU runs on one thread (the tiny member's has 0.3 M parameters).
 SMALL_MODEL_PARAMETERS = 50_000_000
-
-
-class GraderFault(Exception):
-    """Not the artifact's fault: no score line, exit status 2 (score_failed)."""
 
 
 # -- the questions ---------------------------------------------------------------------------------
@@ -190,7 +182,7 @@ def check_headers(
     except ArtifactError as exc:
         return {"artifact_valid": False, "reason": str(exc)}
     except OSError as exc:
-        return _os_error(exc)
+        return read_error(exc)
     problem = structure_problem(base, got)
     if problem:
         return {"artifact_valid": False, "reason": problem}
@@ -230,27 +222,8 @@ def check_values(
     try:
         problem = non_finite(files)
     except OSError as exc:
-        return _os_error(exc)
+        return read_error(exc)
     return {"artifact_valid": False, "reason": problem} if problem else {"ok": True}
-
-
-def _os_error(exc: OSError) -> dict[str, Any]:
-    if exc.errno in ARTIFACT_ERRNOS:
-        return {"artifact_valid": False, "reason": f"cannot read the artifact: {exc.strerror}"}
-    return {"grader_fault": f"I/O error reading the artifact: {exc}"}
-
-
-def verdict(outcome: Isolated, what: str) -> dict[str, Any]:
-    """A check child's answer: its own, or, when it failed, whose fault that was: the
-    artifact's once the child had started on it, else the grader's (GraderFault)."""
-    if outcome.ok:
-        if "grader_fault" in outcome.value:
-            raise GraderFault(outcome.value["grader_fault"])
-        return outcome.value
-    if outcome.stage == ON_ARTIFACT:
-        return {"artifact_valid": False, "reason": outcome.problem}
-    reached = f"after stage {outcome.stage!r}" if outcome.stage else "at its start"
-    raise GraderFault(f"{what} failed before reading the artifact ({reached}): {outcome.problem}")
 
 
 # -- the model run (an isolated child; counts only come back) -----------------------------------
@@ -351,35 +324,21 @@ def run_model(
 
 def evaluate(environ: dict[str, str]) -> str:
     """The score line for this job's artifact; raises GraderFault for faults not the artifact's."""
-    nonce = environ.get(NONCE_ENV, "")
-    if not nonce or any(c.isspace() for c in nonce):
-        raise GraderFault(f"{NONCE_ENV} is missing or malformed")
-    hidden_seed = environ.get(HIDDEN_SEED_ENV)
-    if hidden_seed is not None and not hidden_seed:
-        raise GraderFault(f"{HIDDEN_SEED_ENV} is set but empty")
+    job = grader_inputs(environ)
     params = task_params(environ.get(PARAMS_ENV))
-    split = "dev" if hidden_seed is None else "hidden"
-    # Absolute: the model run links the artifact's files from another folder.
-    base_dir = Path(os.path.abspath(environ.get(BASE_DIR_ENV) or "/base_model"))
-    model_dir = Path(os.path.abspath(environ.get(MODEL_DIR_ENV) or "/model"))
-    try:
-        base = read_tensor_set(base_dir)
-    except (ArtifactError, OSError) as exc:
-        raise GraderFault(f"the base model in {base_dir} is unreadable: {exc}") from None
+    base, base_dir = job.base, job.base_dir
     if not (base_dir / "config.json").is_file():
         raise GraderFault(f"the base model in {base_dir} has no config.json")
-    if not model_dir.is_dir():
-        raise GraderFault(f"the artifact folder {model_dir} is not mounted")
-    chosen = items(params, hidden_seed)
+    chosen = items(params, job.hidden_seed)
     started = time.monotonic()
-    payload: dict[str, Any] = {"split": split, "n": len(chosen), "format_ok": 0, "correct": 0}
+    payload: dict[str, Any] = {"n": len(chosen), "format_ok": 0, "correct": 0}
     # Every child's memory follows the base model's size, never the artifact's.
     memory = max(4 * GIB, 3 * sum(info.nbytes for info in base.values()) + 2 * GIB)
     headers = verdict(
         run_isolated(
             check_headers,
             base,
-            str(model_dir),
+            str(job.model_dir),
             memory_bytes=memory,
             cpu_seconds=CHECK_CPU_SECONDS,
             stages=True,
@@ -405,7 +364,7 @@ def evaluate(environ: dict[str, str]) -> str:
         weights, values = {}, headers
     if not values.get("ok"):
         payload |= {"score": 0.0, "artifact_valid": False, "reason": values["reason"]}
-        return _finish(nonce, payload, started)
+        return final_line(job, payload, started)
     ran = run_isolated(
         run_model,
         str(base_dir),
@@ -430,7 +389,7 @@ def evaluate(environ: dict[str, str]) -> str:
         "files": sorted(shorten(Path(path).name) for path in set(weights.values()))[:8],
         "reason": "" if counts["correct"] == n else f"{n - counts['correct']} of {n} not right",
     }
-    return _finish(nonce, payload, started)
+    return final_line(job, payload, started)
 
 
 def _import_torch() -> None:
@@ -444,20 +403,5 @@ def _import_torch() -> None:
         raise GraderFault(f"the grader cannot import torch and safetensors: {exc}") from None
 
 
-def _finish(nonce: str, payload: dict[str, Any], started: float) -> str:
-    payload["elapsed_s"] = round(time.monotonic() - started, 3)
-    return score_line(nonce, payload)
-
-
-def main() -> int:
-    try:
-        line = evaluate(dict(os.environ))
-    except GraderFault as exc:
-        print(f"arithmetic evaluator: {exc}", file=sys.stderr)
-        return INFRA_EXIT
-    print(line, flush=True)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_grader(evaluate, "arithmetic evaluator"))

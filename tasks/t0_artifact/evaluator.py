@@ -41,7 +41,6 @@ starts on the artifact) print no score line and exit with status 2, which the br
 score_failed (DESIGN §9, "Grader faults").
 """
 
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -49,39 +48,33 @@ from pathlib import Path
 from typing import Any
 
 from tasks.evaluator_kit import (
-    ARTIFACT_ERRNOS,
     FLOAT_LAYOUTS,
+    ON_ARTIFACT,
     ArtifactError,
+    GraderFault,
     TensorInfo,
     choose_subset,
     close_files,
+    final_line,
+    grader_inputs,
     is_doubled,
     iter_chunks,
     open_files,
     read_bytes,
+    read_error,
     read_tensor_set,
+    run_grader,
     run_isolated,
-    score_line,
     shorten,
     structure_problem,
+    verdict,
 )
 
-NONCE_ENV = "POSTTRAIN_NONCE"
-HIDDEN_SEED_ENV = "POSTTRAIN_HIDDEN_SPLIT_SEED"
-MODEL_DIR_ENV = "POSTTRAIN_MODEL_DIR"
-BASE_DIR_ENV = "POSTTRAIN_BASE_MODEL_DIR"
 DOUBLED = "model.norm.weight"
 # Public by design: the dev split is what dev_evaluate checks.
 DEV_SEED = "t0_artifact/dev/1"
 DOUBLED_WEIGHT = 0.5
 MAX_LISTED = 8
-INFRA_EXIT = 2
-# The stage from which the isolated child works on the artifact: a failure there is its fault.
-ON_ARTIFACT = "artifact"
-
-
-class GraderFault(Exception):
-    """Not the artifact's fault: no score line, exit status 2 (score_failed)."""
 
 
 def checked_tensors(base_names: list[str], hidden_seed: str | None) -> list[str]:
@@ -116,7 +109,7 @@ def score_artifact(
     except ArtifactError as exc:
         return {"score": 0.0, "artifact_valid": False, "reason": str(exc)}
     except OSError as exc:
-        return _os_error(exc)
+        return read_error(exc)
     files = sorted({Path(info.path).name for info in got.values()})
     payload: dict[str, Any] = {"files": [shorten(name) for name in files[:MAX_LISTED]]}
     problem = structure_problem(base, got)
@@ -139,7 +132,7 @@ def score_artifact(
     except ArtifactError as exc:
         return {**payload, "score": 0.0, "artifact_valid": False, "reason": str(exc)}
     except OSError as exc:
-        return _os_error(exc)
+        return read_error(exc)
     finally:
         close_files(fds)
 
@@ -169,62 +162,25 @@ def _same_bytes(want: TensorInfo, have: TensorInfo, want_fd: int, have_fd: int) 
     )
 
 
-def _os_error(exc: OSError) -> dict[str, Any]:
-    if exc.errno in ARTIFACT_ERRNOS:
-        reason = f"cannot read the artifact: {exc.strerror or exc}"
-        return {"score": 0.0, "artifact_valid": False, "reason": reason}
-    return {"grader_fault": f"I/O error reading the artifact: {exc}"}
-
-
 def evaluate(environ: dict[str, str]) -> str:
     """The score line for this job's artifact; raises GraderFault for faults not the artifact's."""
-    nonce = environ.get(NONCE_ENV, "")
-    if not nonce or any(c.isspace() for c in nonce):
-        raise GraderFault(f"{NONCE_ENV} is missing or malformed")
-    hidden_seed = environ.get(HIDDEN_SEED_ENV)
-    if hidden_seed is not None and not hidden_seed:
-        raise GraderFault(f"{HIDDEN_SEED_ENV} is set but empty")
-    split = "dev" if hidden_seed is None else "hidden"
-    base_dir = Path(environ.get(BASE_DIR_ENV) or "/base_model")
-    model_dir = Path(environ.get(MODEL_DIR_ENV) or "/model")
-    try:
-        base = read_tensor_set(base_dir)
-    except (ArtifactError, OSError) as exc:
-        raise GraderFault(f"the base model in {base_dir} is unreadable: {exc}") from None
-    if DOUBLED not in base or base[DOUBLED].dtype not in FLOAT_LAYOUTS:
+    job = grader_inputs(environ)
+    if DOUBLED not in job.base or job.base[DOUBLED].dtype not in FLOAT_LAYOUTS:
         raise GraderFault(f"the base model has no floating-point {DOUBLED}")
-    if not model_dir.is_dir():
-        raise GraderFault(f"the artifact folder {model_dir} is not mounted")
-
     started = time.monotonic()
     # The child's memory and CPU time are capped (the kit's defaults): whatever the artifact
     # makes the reader do, it ends quickly, as the artifact's fault (it says when it starts on
     # the artifact; a child that failed before that is the grader's).
     outcome = run_isolated(
-        score_artifact, base, str(model_dir), checked_tensors(list(base), hidden_seed), stages=True
+        score_artifact,
+        job.base,
+        str(job.model_dir),
+        checked_tensors(list(job.base), job.hidden_seed),
+        stages=True,
     )
-    if not outcome.ok and outcome.stage != ON_ARTIFACT:
-        raise GraderFault(f"the check failed before reading the artifact: {outcome.problem}")
-    if not outcome.ok:
-        payload: dict[str, Any] = {"score": 0.0, "artifact_valid": False, "reason": outcome.problem}
-    elif "grader_fault" in outcome.value:
-        raise GraderFault(outcome.value["grader_fault"])
-    else:
-        payload = outcome.value
-    payload["split"] = split
-    payload["elapsed_s"] = round(time.monotonic() - started, 3)
-    return score_line(nonce, payload)
-
-
-def main() -> int:
-    try:
-        line = evaluate(dict(os.environ))
-    except GraderFault as exc:
-        print(f"t0_artifact evaluator: {exc}", file=sys.stderr)
-        return INFRA_EXIT
-    print(line, flush=True)
-    return 0
+    # An answer without a score is a refusal: 0.
+    return final_line(job, {"score": 0.0, **verdict(outcome, "the check")}, started)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_grader(evaluate, "t0_artifact evaluator"))

@@ -26,8 +26,8 @@ from job_launcher.requirements import script_dependencies
 from job_launcher.trusted_lines import NONCE_ENV, SCORE_TAG, ScoreReading, read_score
 from posttrain_common.contracts.jobs import JobRole
 from posttrain_common.pip_config import pip_find_links
+from tasks.models.tiny_arith_lm import write_tiny_arith_model
 from tasks.registry import TASKS_DIR, evaluator_script, load_task
-from tasks.tiny_arith_model import write_tiny_arith_model
 from tests.local.conftest import JOB_PYTHON, SMALL, TEST_BWRAP, Jobs
 
 # Training and several evaluations on the CPU: a minute or two each on a loaded machine.

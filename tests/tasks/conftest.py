@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from job_launcher.trusted_lines import SCORE_TAG, ScoreReading, read_score
-from tasks.registry import TASKS_DIR, evaluator_script, load_task
-from tasks.tiny_model import write_tiny_model
+from tasks.registry import TASKS_DIR, evaluator_script, generated_model, load_task
 
 NONCE = "n0nce-0123456789abcdef"
 REFERENCE_SOLUTION = TASKS_DIR / "t0_artifact" / "reference_solution.py"
@@ -36,19 +37,31 @@ class EvaluatorRun:
 Evaluate = Callable[..., EvaluatorRun]
 
 
+def local_base_model(task_id: str, factory: pytest.TempPathFactory) -> Path:
+    """The base model that the task declares for the local backend, generated in a new folder."""
+    local = load_task(task_id).base_model.local
+    generate = generated_model(local) if local else None
+    assert generate is not None, f"{task_id} declares no generated local base model"
+    folder = factory.mktemp(local)
+    generate(folder)
+    return folder
+
+
+def grader_file(task_id: str, factory: pytest.TempPathFactory) -> Path:
+    """The one file a grader job of the task uploads, written outside the repository."""
+    path = factory.mktemp("grader") / "evaluator.py"
+    path.write_text(evaluator_script(load_task(task_id)), encoding="utf-8")
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-model")
-    write_tiny_model(folder)
-    return folder
+    return local_base_model("t0_artifact", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def evaluator_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The one file a grader job uploads, written outside the repository."""
-    path = tmp_path_factory.mktemp("grader") / "evaluator.py"
-    path.write_text(evaluator_script(load_task("t0_artifact")), encoding="utf-8")
-    return path
+    return grader_file("t0_artifact", tmp_path_factory)
 
 
 def solve(base: Path, outputs: Path) -> Path:
@@ -99,6 +112,15 @@ def evaluate(evaluator_file: Path, tiny_model: Path) -> Evaluate:
         return EvaluatorRun(done.returncode, done.stdout, done.stderr, reading)
 
     return run
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """A task's script (an evaluator, a reference solution) imported as module `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def copy_weights(source: Path, target: Path) -> Path:

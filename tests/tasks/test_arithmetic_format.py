@@ -3,7 +3,6 @@ the artifacts it refuses before any model code runs (the job interpreter alone, 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import shutil
@@ -11,29 +10,19 @@ import struct
 import subprocess
 import time
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from job_launcher.trusted_lines import SCORE_TAG, read_score
-from tasks.registry import TASKS_DIR, evaluator_script, load_task
-from tasks.tiny_arith_model import write_tiny_arith_model
+from tasks.registry import TASKS_DIR, load_task
 
-from .conftest import JOB_PYTHON, NONCE
+from .conftest import JOB_PYTHON, NONCE, grader_file, load_module, local_base_model
 
 FAMILY = TASKS_DIR / "t0_arithmetic_format"
 
 
-def module(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    loaded = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(loaded)
-    return loaded
-
-
-EVALUATOR = module(FAMILY / "evaluator.py", "arithmetic_evaluator")
-REFERENCE = module(FAMILY / "reference_solution.py", "arithmetic_reference")
+EVALUATOR = load_module(FAMILY / "evaluator.py", "arithmetic_evaluator")
+REFERENCE = load_module(FAMILY / "reference_solution.py", "arithmetic_reference")
 
 
 def params(task_id: str) -> dict:
@@ -83,16 +72,12 @@ def test_the_reference_solution_trains_on_the_evaluators_distribution(task_id: s
 
 @pytest.fixture(scope="module")
 def base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-arith")
-    write_tiny_arith_model(folder)
-    return folder
+    return local_base_model("t0_arithmetic_format_tiny", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def evaluator_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("grader") / "evaluator.py"
-    path.write_text(evaluator_script(load_task("t0_arithmetic_format_tiny")), encoding="utf-8")
-    return path
+    return grader_file("t0_arithmetic_format_tiny", tmp_path_factory)
 
 
 def run_evaluator(

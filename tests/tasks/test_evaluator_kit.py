@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
 import struct
 import time
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -34,17 +32,9 @@ from tasks.evaluator_kit import (
     write_safetensors,
 )
 
-from .conftest import REFERENCE_SOLUTION
+from .conftest import REFERENCE_SOLUTION, load_module
 
 ALL_16_BIT = np.arange(1 << 16, dtype=np.uint32).astype("<u2")
-
-
-def load_reference() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("reference_solution", REFERENCE_SOLUTION)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def not_nan(bits: np.ndarray, exp_bits: int, mant_bits: int) -> np.ndarray:
@@ -94,7 +84,7 @@ def test_f32_and_f64_doubling_is_exact_at_the_edges(dtype: str, numpy_dtype: str
 
 @pytest.mark.parametrize("dtype", ["F16", "BF16"])
 def test_the_reference_solution_doubles_exactly_like_the_evaluator(dtype: str) -> None:
-    reference = load_reference()
+    reference = load_module(REFERENCE_SOLUTION, "reference_solution")
     data = ALL_16_BIT.tobytes()
     assert reference.double(dtype, data) == double_exactly(dtype, data)
 

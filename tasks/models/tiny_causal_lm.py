@@ -1,5 +1,7 @@
-"""A tiny Llama-style causal LM generated on this machine: no download, no torch (DESIGN §8).
+"""`tiny-causal-lm`: a tiny Llama-style causal LM generated on this machine, no download, no
+torch (DESIGN §8); the local base model of t0_artifact.
 
+    generate(folder) -> None                                    the hub's model (seed 0, BF16)
     write_tiny_model(folder, *, seed=0, dtype="BF16") -> None
 
 writes a model that `transformers` would load as `LlamaForCausalLM` (hidden size 64, 2 layers,
@@ -15,7 +17,6 @@ the local and the Hugging Face form of the task ask for the same exact arithmeti
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -23,24 +24,24 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tasks.evaluator_kit import write_safetensors
+from tasks.models._llama import (
+    SPECIAL_TOKENS,
+    LlamaSize,
+    added_tokens,
+    generation_config,
+    model_config,
+    write_json,
+)
 
-HIDDEN = 64
-INTERMEDIATE = 128
-LAYERS = 2
-HEADS = 4
-KV_HEADS = 2
-HEAD_DIM = HIDDEN // HEADS
+SIZE = LlamaSize(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2)
 MAX_POSITIONS = 256
 VOCAB_TARGET = 384
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-# Recorded in the config as the version these keys were written for; nothing is imported.
-TRANSFORMERS_VERSION = "4.46.0"
 SHARD_NAMES = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
 DTYPES = {"BF16": "bfloat16", "F32": "float32", "F16": "float16"}
 
@@ -54,6 +55,11 @@ _CORPUS = (
     "Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 42 100 256 1000",
     "The evaluator compares the checkpoint with the expected one, tensor by tensor.",
 )
+
+
+def generate(folder: Path) -> None:
+    """The local hub's `tiny-causal-lm` (its revision is these files' hash: keep them stable)."""
+    write_tiny_model(folder, seed=0)
 
 
 def write_tiny_model(folder: Path, *, seed: int = 0, dtype: str = "BF16") -> None:
@@ -72,7 +78,7 @@ def write_tiny_model(folder: Path, *, seed: int = 0, dtype: str = "BF16") -> Non
     tensors = _weights(vocab, seed)
     shards: list[dict[str, tuple[str, tuple[int, ...], bytes]]] = [{}, {}]
     for name, values in tensors.items():
-        second = name.startswith(f"model.layers.{LAYERS - 1}.") or not name.startswith(
+        second = name.startswith(f"model.layers.{SIZE.layers - 1}.") or not name.startswith(
             ("model.layers.", "model.embed_tokens.")
         )
         shards[int(second)][name] = (dtype, values.shape, _encode(values, dtype))
@@ -83,24 +89,16 @@ def write_tiny_model(folder: Path, *, seed: int = 0, dtype: str = "BF16") -> Non
         weight_map.update(dict.fromkeys(shard, shard_name))
         total += sum(len(data) for _, _, data in shard.values())
 
-    _write_json(
+    write_json(
         folder / "model.safetensors.index.json",
         {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
     )
-    _write_json(folder / "config.json", _config(vocab, ids, DTYPES[dtype]))
-    _write_json(
-        folder / "generation_config.json",
-        {
-            "_from_model_config": True,
-            "bos_token_id": ids["<|im_start|>"],
-            "eos_token_id": ids["<|im_end|>"],
-            "pad_token_id": ids["<|endoftext|>"],
-            "transformers_version": TRANSFORMERS_VERSION,
-        },
-    )
+    config = model_config(SIZE, vocab, MAX_POSITIONS, ids, DTYPES[dtype], older_keys=True)
+    write_json(folder / "config.json", config)
+    write_json(folder / "generation_config.json", generation_config(ids))
     (folder / "tokenizer.json").write_text(tokenizer.to_str(pretty=True), encoding="utf-8")
-    _write_json(folder / "tokenizer_config.json", _tokenizer_config(ids))
-    _write_json(
+    write_json(folder / "tokenizer_config.json", _tokenizer_config(ids))
+    write_json(
         folder / "special_tokens_map.json",
         {
             "additional_special_tokens": list(SPECIAL_TOKENS[1:]),
@@ -112,31 +110,10 @@ def write_tiny_model(folder: Path, *, seed: int = 0, dtype: str = "BF16") -> Non
     )
 
 
-def tensor_shapes(vocab: int) -> dict[str, tuple[int, ...]]:
-    """The standard Llama tensor names and shapes for this size (untied embeddings)."""
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, HIDDEN)}
-    for layer in range(LAYERS):
-        prefix = f"model.layers.{layer}."
-        shapes |= {
-            prefix + "self_attn.q_proj.weight": (HEADS * HEAD_DIM, HIDDEN),
-            prefix + "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
-            prefix + "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
-            prefix + "self_attn.o_proj.weight": (HIDDEN, HEADS * HEAD_DIM),
-            prefix + "mlp.gate_proj.weight": (INTERMEDIATE, HIDDEN),
-            prefix + "mlp.up_proj.weight": (INTERMEDIATE, HIDDEN),
-            prefix + "mlp.down_proj.weight": (HIDDEN, INTERMEDIATE),
-            prefix + "input_layernorm.weight": (HIDDEN,),
-            prefix + "post_attention_layernorm.weight": (HIDDEN,),
-        }
-    shapes["model.norm.weight"] = (HIDDEN,)
-    shapes["lm_head.weight"] = (vocab, HIDDEN)
-    return shapes
-
-
 def _weights(vocab: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     weights: dict[str, np.ndarray] = {}
-    for name, shape in tensor_shapes(vocab).items():
+    for name, shape in SIZE.tensor_shapes(vocab).items():
         if name.endswith("norm.weight"):
             # Near 1 like a trained norm, but not all 1.0, so doubling is not a constant.
             values = 1.0 + 0.1 * rng.standard_normal(shape)
@@ -171,52 +148,10 @@ def _train_tokenizer() -> Tokenizer:
     return tokenizer
 
 
-def _config(vocab: int, ids: dict[str, int | None], torch_dtype: str) -> dict[str, Any]:
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": vocab,
-        "hidden_size": HIDDEN,
-        "intermediate_size": INTERMEDIATE,
-        "num_hidden_layers": LAYERS,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
-        "head_dim": HEAD_DIM,
-        "hidden_act": "silu",
-        "max_position_embeddings": MAX_POSITIONS,
-        "initializer_range": 0.02,
-        "rms_norm_eps": 1e-05,
-        "rope_theta": 10000.0,
-        "rope_scaling": None,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "mlp_bias": False,
-        "pretraining_tp": 1,
-        "tie_word_embeddings": False,
-        "use_cache": True,
-        "bos_token_id": ids["<|im_start|>"],
-        "eos_token_id": ids["<|im_end|>"],
-        "pad_token_id": ids["<|endoftext|>"],
-        "torch_dtype": torch_dtype,
-        "transformers_version": TRANSFORMERS_VERSION,
-    }
-
-
 def _tokenizer_config(ids: dict[str, int | None]) -> dict[str, Any]:
-    added = {
-        str(ids[token]): {
-            "content": token,
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
-            "special": True,
-        }
-        for token in SPECIAL_TOKENS
-    }
     return {
         "add_prefix_space": False,
-        "added_tokens_decoder": added,
+        "added_tokens_decoder": added_tokens(ids),
         "additional_special_tokens": list(SPECIAL_TOKENS[1:]),
         "bos_token": "<|im_start|>",
         "chat_template": CHAT_TEMPLATE,
@@ -227,7 +162,3 @@ def _tokenizer_config(ids: dict[str, int | None]) -> dict[str, Any]:
         "tokenizer_class": "PreTrainedTokenizerFast",
         "unk_token": "<|endoftext|>",
     }
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
