@@ -42,10 +42,11 @@ from activities.backends.fake.backend import (
 )
 from activities.backends.hf.backend import HfBackend
 from activities.backends.hf.http import install_hub_client
-from activities.backends.hf.labels import LABEL_JOB, LABEL_ROLE, label_value
+from activities.backends.hf.labels import LABEL_JOB, LABEL_ROLE, HfRef, label_value
 from activities.backends.interface import JobRequest, JobsBackend
 from activities.backends.local import jobfiles as jf
 from activities.backends.local.backend import LocalBackend
+from activities.backends.local.store import job_ref
 from activities.jobs.activities import HIDDEN_SEED_SECRET
 from job_launcher.trusted_lines import NONCE_ENV, SCORE_TAG, format_trusted_line
 from posttrain_common.contracts.jobs import BackendJob, JobRole, RepoRef
@@ -109,6 +110,8 @@ class Harness(ABC):
     # Faults it can inject (`inject`): the operations whose next call it can make fail
     # transiently.
     transient_faults: tuple[Fault, ...]
+    # How long a job that succeeds runs, when the backend simulates it (None: really runs).
+    succeeds_running_s: float | None = SIMULATED_RUN_S
     # Seconds of the backend's clock to wait for a job to end, and a job's poll step.
     end_within_s: float
     step_s: float
@@ -176,6 +179,10 @@ class Harness(ABC):
 
     async def logs(self, ref: str, tail: int = 1000) -> list[str]:
         return await self.backend.logs(ref, tail, self.now())
+
+    @abstractmethod
+    def unknown_ref(self) -> str:
+        """A ref of this backend's own form that names no job."""
 
     @abstractmethod
     def inject(self, fault: Fault, ref: str | None) -> None:
@@ -266,6 +273,9 @@ class FakeHarness(Harness):
             request = request.model_copy(update={"script": request.script + marker})
         return request
 
+    def unknown_ref(self) -> str:
+        return "fake-" + "0" * 24
+
     def inject(self, fault: Fault, ref: str | None) -> None:
         if fault == "submit":
             self._submit_fault = True
@@ -303,6 +313,7 @@ class LocalHarness(Harness):
         "read from it (LocalBackend.job_python_version), never declared",
     }
     transient_faults = ()
+    succeeds_running_s = None
     end_within_s = 90.0
     step_s = 0.05
 
@@ -330,6 +341,9 @@ class LocalHarness(Harness):
 
     async def advance(self) -> None:
         await asyncio.sleep(self.step_s)  # real time: the jobs are real processes
+
+    def unknown_ref(self) -> str:
+        return job_ref("episode-conformance/job/never-submitted")
 
     def inject(self, fault: Fault, ref: str | None) -> None:
         raise AssertionError(self.cannot["transient"])
@@ -457,6 +471,10 @@ class HfHarness(Harness):
     async def advance(self) -> None:
         self.hub.advance(self.step_s)
 
+    def unknown_ref(self) -> str:
+        # A job id the Hub answers 404 for (once: not yet taken for vanished).
+        return HfRef(job_id="0" * 24, namespace=self.hub.namespace).encode()
+
     def inject(self, fault: Fault, ref: str | None) -> None:
         self.http.answer(self.ROUTES[fault], 503)
 
@@ -490,7 +508,3 @@ HARNESSES: dict[str, Callable[[Path, pytest.MonkeyPatch], Harness]] = {
     "local": LocalHarness,
     "hf": hf_harness,
 }
-
-
-def describe(job: BackendJob) -> str:
-    return json.dumps(job.model_dump(mode="json"))

@@ -25,7 +25,6 @@ from tests.backends.harnesses import (
     LINES,
     MISSING_DATASET_ID,
     Harness,
-    script_for,
 )
 from workflows.episode.ledger import billed_minutes
 
@@ -91,6 +90,9 @@ async def test_a_job_that_succeeds_ends_succeeded_and_reports_its_running_time(
     assert ended.ref == job.ref
     assert_settled(ended)
     assert ended.running_s > 0
+    if h.succeeds_running_s is not None:  # simulated: exactly the time it was given to run
+        assert ended.running_s == h.succeeds_running_s == 61
+        assert billed_minutes(ended.running_s) == 2  # every started minute is billed
     # Its end stays as it was: a second look settles the same time.
     assert (await h.view(job.ref)).running_s == ended.running_s
 
@@ -107,7 +109,8 @@ async def test_observe_reports_many_jobs_at_once_and_leaves_unknown_refs_out(
 ) -> None:
     first = await h.backend.submit(h.request("runs_long"))
     second = await h.backend.submit(h.request("runs_long"))
-    seen = await h.backend.observe([first.ref, "no-such-job", second.ref], h.now())
+    refs = [first.ref, "no-such-job", h.unknown_ref(), second.ref]
+    seen = await h.backend.observe(refs, h.now())
     assert set(seen) == {first.ref, second.ref}
     # (No assertion on the `key` observe reports: Hugging Face reports its hashed key label,
     # interface.py says so; the watcher knows its jobs by ref.)
@@ -238,9 +241,8 @@ async def test_an_evaluation_reads_the_agents_artifact_at_model_and_prints_its_s
         reading = read_score(await h.logs(evaluation.ref, 10_000), request.env[NONCE_ENV])
         assert reading.valid, (reading, await h.logs(evaluation.ref))
         scores[role] = reading.score
-    # 1.0: the evaluator found exactly the agent's artifact mounted at /model (scripted on the
-    # fake, which runs nothing: see its harness's `cannot`).
-    assert scores == {JobRole.dev: 1.0, JobRole.grader: 1.0}
+    # 1.0: the evaluator found exactly the agent's artifact mounted at /model.
+    assert scores == {JobRole.dev: 1.0, JobRole.grader: 1.0}, h.cannot.get("real_evaluation")
 
 
 async def test_storage_names_its_backend_and_deletes_a_folder_once(h: Harness) -> None:
@@ -264,7 +266,11 @@ async def test_storage_names_its_backend_and_deletes_a_folder_once(h: Harness) -
 # -- the script check: the job's Python, not the server's ---------------------------------------
 
 
-@pytest.mark.parametrize(("script", "since"), [(PY312_ONLY, "3.12"), (PY311_ON, "3.11")])
+@pytest.mark.parametrize(
+    ("script", "since"),
+    [(PY312_ONLY, "3.12"), (PY311_ON, "3.11")],
+    ids=["type-statement-3.12", "except-star-3.11"],
+)
 async def test_an_agent_script_is_checked_with_the_grammar_of_the_jobs_python(
     h: Harness, script: str, since: str
 ) -> None:
@@ -354,8 +360,3 @@ async def test_a_dataset_reads_as_a_job_mounting_it_sees_it_up_to_a_cap(h: Harne
     assert cut.cut and sum(len(data) for _, data in cut.files) == 20
     with pytest.raises(ToolError):
         await h.backend.read_dataset(MISSING_DATASET_ID, h.dataset_revision, 100)
-
-
-def test_script_markers_are_distinct() -> None:
-    scripts = {script_for(b) for b in ("succeeds", "fails", "runs_long", "writes_artifact")}
-    assert len(scripts) == 4
