@@ -25,9 +25,11 @@ import time
 import zipfile
 from pathlib import Path
 
+from activities.backends.local.backend import python_version
 from job_launcher.builder import NONCE_ENV, LauncherConfig, build_launcher
 
 JOB_PYTHON = "/usr/bin/python3"
+JOB_PYTHON_VERSION = python_version(JOB_PYTHON)
 FIRST_LINE = "import time\nprint('FIRST', time.time(), flush=True)\n"
 
 
@@ -120,13 +122,21 @@ def main() -> None:
             ("unused uid chosen by scanning /proc (HF)", None),
         ):
             launcher = root / "launcher.py"
-            launcher.write_text(build_launcher(FIRST_LINE, ["bench-probe"], config(uid, venv)))
+            launcher.write_text(
+                build_launcher(
+                    FIRST_LINE, ["bench-probe"], config(uid, venv), python=JOB_PYTHON_VERSION
+                )
+            )
             if not os.path.exists(venv):
                 run(launcher, "install")
             run(launcher, "run")  # warm the page cache
             times = []
             for _ in range(args.runs):
-                launcher.write_text(build_launcher(FIRST_LINE, ["bench-probe"], config(uid, venv)))
+                launcher.write_text(
+                    build_launcher(
+                        FIRST_LINE, ["bench-probe"], config(uid, venv), python=JOB_PYTHON_VERSION
+                    )
+                )
                 times.append(run(launcher, "run")[0])
             summary(f"start → first line, {label}", times, 0.100)
 
@@ -135,7 +145,11 @@ def main() -> None:
         for i in range(max(5, args.runs // 2) + 1):
             target = str(root / f"venv-{i}")
             launcher = root / "launcher.py"
-            launcher.write_text(build_launcher(FIRST_LINE, ["bench-probe"], config(None, target)))
+            launcher.write_text(
+                build_launcher(
+                    FIRST_LINE, ["bench-probe"], config(None, target), python=JOB_PYTHON_VERSION
+                )
+            )
             elapsed, _ = run(launcher, "install")
             if i:  # the first run warms the cache
                 installs.append(elapsed)

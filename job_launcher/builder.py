@@ -3,12 +3,15 @@
 Public API:
 
     LauncherConfig(...)            backend-only settings, frozen; never anything of the agent's
-    build_launcher(script, packages, config=LauncherConfig()) -> str
+    build_launcher(script, packages, config=LauncherConfig(), *, python) -> str
         The complete launcher (job_launcher/launcher.py) with the agent's script and the
         configuration embedded base64-encoded. `packages` is the agent's `dependencies`
         argument; the script's PEP 723 dependencies are merged in here (merged_dependencies),
-        every other header setting is ignored. Raises ToolError(invalid_script) or
-        ToolError(invalid_dependency) exactly as the broker's jobs_submit checks do.
+        every other header setting is ignored. `python` is the version of the Python the job
+        runs ("3.12": the backend's `job_python_version`); the script must parse as that
+        version, whatever the server runs (job_launcher.syntax). Raises
+        ToolError(invalid_script) or ToolError(invalid_dependency) exactly as the broker's
+        jobs_submit checks do.
     launcher_source() -> str       the template itself (for tests and the benchmark)
 
 The job then runs `python3 <launcher> [--phase install|run|all]` (or `uv run <launcher>`: the
@@ -32,7 +35,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from job_launcher.requirements import merged_dependencies, validate_script
+from job_launcher.requirements import merged_dependencies, validate_text
+from job_launcher.syntax import check_syntax
 
 NONCE_ENV = "POSTTRAIN_NONCE"
 LAUNCHER_PATH = Path(__file__).with_name("launcher.py")
@@ -121,11 +125,14 @@ def launcher_source() -> str:
 
 
 def build_launcher(
-    script: str, packages: Sequence[str], config: LauncherConfig | None = None
+    script: str, packages: Sequence[str], config: LauncherConfig | None = None, *, python: str
 ) -> str:
-    """The launcher text for one job; see the module docstring."""
+    """The launcher text for one job whose interpreter is Python `python`; see the module
+    docstring."""
     config = config or LauncherConfig()
-    validate_script(script)
+    validate_text(script)
+    # The job's grammar, not the server's: a 3.12 job may use 3.12 syntax on a 3.11 server.
+    check_syntax(script, python)
     merged = merged_dependencies(script, packages)
     config_b64 = base64.b64encode(
         json.dumps(config.as_json(merged), separators=(",", ":")).encode()

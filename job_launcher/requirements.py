@@ -1,7 +1,8 @@
 """Validation of an agent job's script and dependencies (DESIGN §6 item 3, §9).
 
 Shared by the broker's `jobs_submit` checks (the workflows import this module, so it is pure:
-standard library and `packaging`, no I/O) and by the launcher builder.
+standard library and `packaging`, no I/O) and by the launcher builder (which checks the
+script's syntax as the job's Python, job_launcher.syntax).
 
 Public API:
 
@@ -23,7 +24,10 @@ Public API:
         newline, carriage return and form feed. Raises ToolError(invalid_script).
 
     validate_script(script) -> None
-        validate_text, and compiles with this interpreter. Raises ToolError(invalid_script).
+        validate_text, and compiles with this interpreter (the server's). Only for episodes
+        started before scripts were checked as their job's Python (workflows/episode/tools.py
+        replays them so); the launcher's builder and new episodes check the job's grammar
+        (job_launcher.syntax). Raises ToolError(invalid_script).
 
     merged_dependencies(script, dependencies) -> list[str]
         The validated union of `dependencies` and the script's header dependencies, duplicates
@@ -190,8 +194,9 @@ def validate_text(script: str) -> None:
 
 
 def validate_script(script: str) -> None:
-    """validate_text, and the script compiles with this interpreter (the launcher's builder;
-    an episode checks the syntax of the job's own Python: job_launcher.syntax)."""
+    """validate_text, and the script compiles with this interpreter: what episodes started
+    before SYNTAX_OF_THE_JOBS_PYTHON checked, kept so that they replay. Everything else checks
+    the grammar of the job's own Python (job_launcher.syntax)."""
     validate_text(script)
     try:
         compile(script, "script.py", "exec", dont_inherit=True)

@@ -64,21 +64,30 @@ class JobsBackend(Protocol):
     prices_simulated: bool
     # True: the task's generated local model (`[base_model] local`) replaces its Hub repo.
     uses_local_models: bool
-    # The Python version agent jobs run ("3.12"): their scripts' syntax is checked for it.
+    # The Python version agent jobs run ("3.12"): their scripts' syntax is checked for it, by
+    # the episode and by the launcher's builder, which every backend calls for an agent job.
     job_python_version: str
 
     async def submit(self, request: JobRequest) -> BackendJob:
-        """Start a job. Callers look for an existing job with the key first (find_by_key)."""
+        """Start a job. Callers look for an existing job with the key first (find_by_key).
+        An agent job's launcher is built first (`build_launcher(..., python=job_python_version)`):
+        ToolError(invalid_script / invalid_dependency) for what it refuses, and no job starts."""
         ...
 
     async def find_by_key(self, key: str, now: datetime) -> BackendJob | None: ...
 
     async def observe(self, refs: Sequence[str], now: datetime) -> dict[str, BackendJob]:
-        """The current state of many jobs in one call (unknown refs are left out)."""
+        """The current state of many jobs in one call (unknown refs are left out). The `key`
+        of a job seen here is the key as the backend records it: Hugging Face records only a
+        hash of it (its job label); callers know their jobs by ref."""
         ...
 
     async def cancel(self, ref: str, now: datetime) -> BackendJob:
-        """Ask for cancellation; returns the job as the backend sees it right after."""
+        """Ask for cancellation; returns the job as the backend sees it right after (a job
+        that already ended: its end). A cancellation the backend has not seen take effect is
+        never reported `cancelled`: the job is returned still live, or (Hugging Face, after
+        its confirmation looks) TransientBackendError is raised so that the caller asks
+        again."""
         ...
 
     async def logs(self, ref: str, tail: int, now: datetime) -> list[str]: ...

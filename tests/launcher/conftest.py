@@ -8,6 +8,7 @@ packages only from a generated wheel folder (`--no-index`), never from live PyPI
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import http.server
 import io
@@ -28,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from activities.backends.local.backend import python_version
 from job_launcher.builder import NONCE_ENV, LauncherConfig, build_launcher
 from job_launcher.trusted_lines import LAUNCHER_TAG, trusted_payloads
 
@@ -175,11 +177,21 @@ def job_config(root: Path, wheelhouse: Path | None = None, **overrides: Any) -> 
     return replace(config, **overrides)
 
 
+@functools.cache
+def _version_of(python: str) -> str:
+    return python_version(python)
+
+
+def job_python_version(config: LauncherConfig) -> str:
+    """The version of the Python a job built with `config` runs (its script is checked for it)."""
+    return _version_of(config.python or JOB_PYTHON)
+
+
 def write_launcher(
     root: Path, script: str, packages: Sequence[str], config: LauncherConfig
 ) -> Path:
     path = root / "launcher.py"
-    path.write_text(build_launcher(script, packages, config))
+    path.write_text(build_launcher(script, packages, config, python=job_python_version(config)))
     os.chmod(path, 0o644)  # the launcher must hide itself from the job's uid
     return path
 

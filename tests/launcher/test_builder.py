@@ -7,6 +7,7 @@ import errno
 import json
 import re
 import socket
+import sys
 
 import pytest
 
@@ -15,6 +16,12 @@ from job_launcher.builder import NONCE_ENV, LauncherConfig, build_launcher, laun
 from job_launcher.requirements import script_dependencies
 from job_launcher.trusted_lines import LAUNCHER_TAG, format_trusted_line
 from posttrain_env.errors import ErrorType, ToolError
+
+SERVER = f"{sys.version_info.major}.{sys.version_info.minor}"
+# Valid on 3.12 only: a `type` statement (PEP 695) and an f-string reusing its quotes (PEP 701).
+PY312_ONLY = 'type Pair = tuple[int, int]\nprint(f"{"nested"}")\n'
+# Valid from 3.11 on (the server's version): an exception group handler (PEP 654).
+PY311_ON = "try:\n    pass\nexcept* ValueError:\n    pass\n"
 
 AGENT_SCRIPT = """\
 # /// script
@@ -34,7 +41,7 @@ def embedded(text: str) -> tuple[dict, str]:
 
 
 def test_script_is_embedded_base64_and_never_becomes_the_launchers_header() -> None:
-    text = build_launcher(AGENT_SCRIPT, ["numpy"], LauncherConfig())
+    text = build_launcher(AGENT_SCRIPT, ["numpy"], LauncherConfig(), python=SERVER)
     assert "evil.example" not in text
     assert "pt-probe" not in text
     # The only PEP 723 block uv sees is the launcher's own, and it declares no dependencies.
@@ -50,7 +57,7 @@ def test_script_is_embedded_base64_and_never_becomes_the_launchers_header() -> N
 
 def test_backend_settings_are_kept_apart_from_the_agents_packages() -> None:
     cfg = LauncherConfig(uid=4321, gid=4322, find_links=("/opt/wheels",), no_index=True)
-    config, _ = embedded(build_launcher("print(1)\n", ["numpy"], cfg))
+    config, _ = embedded(build_launcher("print(1)\n", ["numpy"], cfg, python=SERVER))
     assert config["packages"] == ["numpy"]
     assert (config["uid"], config["gid"], config["find_links"]) == (4321, 4322, ["/opt/wheels"])
 
@@ -67,15 +74,50 @@ def test_the_nonce_is_not_embedded_and_the_tags_agree() -> None:
 
 def test_builder_refuses_what_jobs_submit_refuses() -> None:
     with pytest.raises(ToolError) as info:
-        build_launcher("print(1)\n", ["foo @ https://evil.example/foo.whl"], LauncherConfig())
+        build_launcher(
+            "print(1)\n", ["foo @ https://evil.example/foo.whl"], LauncherConfig(), python=SERVER
+        )
     assert info.value.type is ErrorType.invalid_dependency
     with pytest.raises(ToolError) as info:
-        build_launcher("def broken(:\n", [], LauncherConfig())
+        build_launcher("def broken(:\n", [], LauncherConfig(), python=SERVER)
     assert info.value.type is ErrorType.invalid_script
     bad_header = '# /// script\n# dependencies = ["--index-url=https://evil.example"]\n# ///\n'
     with pytest.raises(ToolError) as info:
-        build_launcher(bad_header, [], LauncherConfig())
+        build_launcher(bad_header, [], LauncherConfig(), python=SERVER)
     assert info.value.type is ErrorType.invalid_dependency
+
+
+def test_the_server_runs_python_3_11() -> None:
+    assert SERVER == "3.11"  # what the two cases below are about
+
+
+def test_a_script_valid_on_the_jobs_newer_python_is_built_although_the_server_refuses_it() -> None:
+    with pytest.raises(SyntaxError):
+        compile(PY312_ONLY, "script.py", "exec")  # the server's own grammar refuses it
+    _, script = embedded(build_launcher(PY312_ONLY, [], LauncherConfig(), python="3.12"))
+    assert script == PY312_ONLY
+    with pytest.raises(ToolError) as refused:
+        build_launcher(PY312_ONLY, [], LauncherConfig(), python="3.11")
+    assert refused.value.type is ErrorType.invalid_script
+
+
+def test_a_script_valid_on_the_server_but_not_on_the_jobs_older_python_is_refused() -> None:
+    compile(PY311_ON, "script.py", "exec")  # the server's own grammar accepts it
+    with pytest.raises(ToolError) as refused:
+        build_launcher(PY311_ON, [], LauncherConfig(), python="3.10")
+    assert refused.value.type is ErrorType.invalid_script
+    assert "Python 3.10" in refused.value.message and "Exception groups" in refused.value.message
+    build_launcher(PY311_ON, [], LauncherConfig(), python="3.11")
+
+
+def test_the_text_rules_still_hold_whatever_the_jobs_python() -> None:
+    for python in ("3.10", SERVER, "3.12"):
+        with pytest.raises(ToolError) as refused:
+            build_launcher("print(1)\x00\n", [], LauncherConfig(), python=python)
+        assert refused.value.type is ErrorType.invalid_script and "NUL" in refused.value.message
+        with pytest.raises(ToolError) as refused:
+            build_launcher("   \n", [], LauncherConfig(), python=python)
+        assert refused.value.type is ErrorType.invalid_script
 
 
 @pytest.mark.parametrize(

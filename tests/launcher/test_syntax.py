@@ -39,3 +39,30 @@ def test_a_version_newer_than_the_parser_knows_is_checked_as_the_newest_it_knows
     check_syntax("x = 1\n", "3.99")
     with pytest.raises(ToolError):
         check_syntax("x = = 1\n", "3.99")
+
+
+def test_syntax_newer_than_an_older_jobs_python_is_refused_for_it() -> None:
+    groups = "try:\n    pass\nexcept* ValueError:\n    pass\n"
+    check_syntax(groups, "3.11")
+    with pytest.raises(ToolError) as refused:
+        check_syntax(groups, "3.10")
+    assert refused.value.type is ErrorType.invalid_script
+    assert "Python 3.10" in refused.value.message and "Exception groups" in refused.value.message
+    match = "match x:\n    case 1:\n        pass\n"
+    check_syntax(match, "3.10")
+    with pytest.raises(ToolError):
+        check_syntax(match, "3.9")
+
+
+def test_a_compile_error_is_found_for_an_older_jobs_python_too() -> None:
+    with pytest.raises(ToolError) as refused:
+        check_syntax("return 1\n", "3.10")
+    assert refused.value.type is ErrorType.invalid_script and "outside function" in (
+        refused.value.message
+    )
+
+
+@pytest.mark.parametrize("python", ["3", "python3.12", "2.7", ""])
+def test_a_python_that_is_no_version_is_a_caller_error(python: str) -> None:
+    with pytest.raises(ValueError, match=r"3\.<minor>"):
+        check_syntax("x = 1\n", python)

@@ -34,6 +34,8 @@ DEPENDENCIES = (
     "packaging",
     # The local backend reads zstd-compressed datasets (activities/contamination/dataset_bytes.py).
     "zstandard",
+    # The launcher's builder checks an agent's script as the job's Python (job_launcher/syntax.py).
+    "libcst",
 )
 
 DRIVER = r"""

@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 from activities.backends.interface import DatasetBytes, JobRequest, TransientBackendError
 from activities.backends.storage import NoStorage
 from activities.contamination.dataset_bytes import read_until
+from job_launcher.builder import build_launcher
 from job_launcher.trusted_lines import LAUNCHER_TAG, NONCE_ENV, SCORE_TAG, format_trusted_line
 from posttrain_common.contracts.episodes import JobLimits
 from posttrain_common.contracts.jobs import BackendJob, JobRole
@@ -126,9 +127,13 @@ class FakeBackend:
     name = "fake"
     prices_simulated = True
     uses_local_models = False
-    job_python_version = "3.12"  # it stands in for Hugging Face's default image
 
-    def __init__(self, state_dir: Path, scenario: FakeScenario | None = None) -> None:
+    def __init__(
+        self, state_dir: Path, scenario: FakeScenario | None = None, *, job_python: str = "3.12"
+    ) -> None:
+        """`job_python`: the Python version its jobs declare (default: Hugging Face's default
+        image's), whose grammar agent scripts are checked with."""
+        self.job_python_version = job_python
         state_dir.mkdir(parents=True, exist_ok=True)
         self._path = state_dir / "fake_backend.json"
         self._lock_path = state_dir / "fake_backend.lock"
@@ -137,6 +142,15 @@ class FakeBackend:
     # -- JobsBackend ---------------------------------------------------------------------------
 
     async def submit(self, request: JobRequest) -> BackendJob:
+        if request.role is JobRole.agent:
+            # As every backend: the launcher is built, so its checks refuse what they refuse
+            # (the script's syntax for the job's Python, its dependencies). Nothing runs it.
+            await asyncio.to_thread(
+                build_launcher,
+                request.script,
+                request.dependencies,
+                python=self.job_python_version,
+            )
         with self._state() as state:
             evaluated = state.jobs.get(request.artifact_ref or "")
             rule = self.scenario.rule_for(

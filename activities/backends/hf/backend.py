@@ -155,7 +155,10 @@ class HfBackend:
         volumes = input_volumes(request)
         if request.role is not JobRole.agent:
             volumes.append(await self._model_volume(request, namespace))
-        filename, text = job_file(request, self._config.launcher)
+        # In a thread: checking a large script's syntax for a newer Python takes a while.
+        filename, text = await asyncio.to_thread(
+            job_file, request, self._config.launcher, self._config.python
+        )
         with tempfile.TemporaryDirectory(prefix="posttrain-hf-") as folder:
             path = Path(folder) / filename
             path.write_text(text, encoding="utf-8")

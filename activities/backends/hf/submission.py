@@ -58,11 +58,12 @@ def check_request(request: JobRequest, token: str) -> None:
             raise _refuse(f"{ref.repo_id!r}@{ref.revision!r} is not a repo pinned to a commit")
 
 
-def job_file(request: JobRequest, launcher: LauncherConfig) -> tuple[str, str]:
-    """(file name, text) of the one file the job runs. Raises ToolError(invalid_script or
-    invalid_dependency) for an agent script the launcher refuses."""
+def job_file(request: JobRequest, launcher: LauncherConfig, python: str) -> tuple[str, str]:
+    """(file name, text) of the one file the job runs on Python `python` (the image's). Raises
+    ToolError(invalid_script or invalid_dependency) for an agent script the launcher refuses."""
     if request.role is JobRole.agent:
-        return LAUNCHER_FILE, build_launcher(request.script, request.dependencies, launcher)
+        text = build_launcher(request.script, request.dependencies, launcher, python=python)
+        return LAUNCHER_FILE, text
     if not request.script:
         raise _refuse("the evaluation has no evaluator script")
     return EVALUATOR_FILE, request.script

@@ -127,6 +127,7 @@ class LocalBackend:
         self.machine = Machine(
             bwrap=bwrap or find_bwrap(),
             job_python=job_python,
+            job_python_version=self.job_python_version,
             uv=uv or _find_uv(),
             uv_cache=uv_cache,
             privileged=os.geteuid() == 0,

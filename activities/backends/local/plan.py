@@ -64,6 +64,7 @@ class Machine:
 
     bwrap: str
     job_python: str
+    job_python_version: str  # "3.11": agent scripts must parse as this version
     uv: str
     uv_cache: Path
     privileged: bool
@@ -123,7 +124,9 @@ def plan_job(
     files: dict[str, tuple[bytes, int]] = {}
     phases: list[dict[str, Any]] = []
     if is_agent or deps:
-        launcher = build_launcher(script, packages, config).encode()
+        launcher = build_launcher(
+            script, packages, config, python=machine.job_python_version
+        ).encode()
         # Root: the launcher hides itself from the job's uid. It holds nothing but the agent's
         # own script and settings, so a job sharing our uid (no root) may read it.
         files["job/launcher.py"] = (launcher, 0o600 if machine.privileged else 0o644)
