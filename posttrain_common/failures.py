@@ -6,7 +6,8 @@ for the server's layers.
   their callers with `application_error`.
 - `NON_RETRYABLE`: every failure type that retrying cannot fix (the activities' retry policies).
 - `workflow_is_gone`, `update_failure` and `temporal_failure`: what Temporal's client errors
-  mean, read from their types, status codes and details, never from their message text.
+  mean, read from their types, status codes and details, never from their message text;
+  `EpisodeNotFound`, what the gateway and the operator's commands raise for an unknown episode.
 - The failures of the work around episodes (artifact rejected, agent, campaign), typed.
 
 Temporal's classes are imported where they are used, so that importing this module loads no
@@ -114,6 +115,11 @@ def workflow_is_gone(err: Exception) -> bool:
         cause = err.cause
         return isinstance(cause, ApplicationError) and cause.type == UPDATE_ON_COMPLETED_WORKFLOW
     return False
+
+
+class EpisodeNotFound(LookupError):
+    """Temporal knows no episode of this id (never started, or past its retention); the
+    gateway's `/episodes/<id>` routes answer 404, the operator's `episodes` commands exit 1."""
 
 
 @dataclass(frozen=True)
