@@ -175,6 +175,14 @@ class ServerProcess:
         )
         return await handle.query(EpisodeWorkflow.status)
 
+    async def answered(self, episode_id: str, request_id: str) -> bool:
+        """Whether the episode has answered the request (its update has returned)."""
+        client = await Client.connect(self.temporal_address, data_converter=pydantic_data_converter)
+        handle = client.get_workflow_handle_for(
+            EpisodeWorkflow.run, episode_workflow_id(episode_id)
+        )
+        return await handle.query(EpisodeWorkflow.answered, request_id)
+
     def wait_status(
         self,
         episode_id: str,

@@ -27,7 +27,6 @@ from posttrain_common.settings import Settings
 from posttrain_server.agent_worker import refusal
 from posttrain_server.deployment_key import resolve_server_key
 from tests.gateway.production import (
-    eventually,
     gateway,
     key_file,
     kill_group,
@@ -35,6 +34,7 @@ from tests.gateway.production import (
     start_worker,
 )
 from tests.gateway.server import ServerProcess
+from tests.waiting import eventually
 from tests.workflows.harness import Answer, write_task
 from tests.workflows.test_worker_restart import call, dev_server
 from workflows.episode.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
