@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import cast
 
-from temporalio.client import Client, ScheduleActionExecutionStartWorkflow, ScheduleHandle
+from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -33,12 +31,12 @@ from posttrain_server.worker import build_worker
 from tests.conftest import binary
 from tests.hf.conftest import make_backend, request
 from tests.hf.fake_hub import FakeHub, JobPlan
+from tests.hf.schedules import first_run, once_it_answers
 from tests.hf.stand_in import StandInEpisode
 from workflows.ids import episode_workflow_id
 from workflows.operations.reaper import ReaperInput, ReaperReport, ReaperWorkflow
 from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
-T = TypeVar("T")
 LIVE, CLOSED, NEVER = "ep-1111111111111111", "ep-2222222222222222", "ep-3333333333333333"
 
 
@@ -148,39 +146,14 @@ async def test_the_hf_worker_schedules_the_reaper(
         )
         async with worker:
             schedule = client.get_schedule_handle(reaper_schedule_id(client.namespace, queue))
-            await _eventually(schedule.describe)
+            await once_it_answers(schedule.describe)
             await schedule.trigger()
-            report = await _first_run(client, schedule)
+            report = await first_run(client, schedule, ReaperReport)
         assert {o.episode_id for o in report.orphans} == {LIVE, CLOSED, NEVER}
         assert all(stage(hub, ref) == "CANCELED" for ref in refs.values())
         await schedule.delete()
     finally:
         await env.shutdown()
-
-
-async def _eventually(probe: Callable[[], Awaitable[T]], timeout_s: float = 20.0) -> T:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        try:
-            return await probe()
-        except RPCError:
-            if asyncio.get_running_loop().time() > deadline:
-                raise
-            await asyncio.sleep(0.2)
-
-
-async def _first_run(client: Client, schedule: ScheduleHandle) -> ReaperReport:
-    deadline = asyncio.get_running_loop().time() + 30
-    while asyncio.get_running_loop().time() < deadline:
-        actions = (await schedule.describe()).info.recent_actions
-        for action in actions:
-            if isinstance(action.action, ScheduleActionExecutionStartWorkflow):
-                handle = client.get_workflow_handle(
-                    action.action.workflow_id, result_type=ReaperReport
-                )
-                return await handle.result()
-        await asyncio.sleep(0.2)
-    raise AssertionError("the schedule started no reaper run")
 
 
 async def test_the_schedule_is_not_attempted_outside_an_event_loop() -> None:

@@ -6,14 +6,12 @@ test server implements no Schedules)."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from huggingface_hub import constants
-from temporalio.client import Client, ScheduleActionExecutionStartWorkflow, ScheduleHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -30,7 +28,7 @@ from posttrain_server.worker import build_worker
 from tests.conftest import binary
 from tests.hf.conftest import TOKEN, request
 from tests.hf.fake_hub import T0, FakeHub, JobPlan
-from tests.hf.test_reaper import _eventually
+from tests.hf.schedules import first_run, once_it_answers
 from tests.operator.retention_files import record, sidecar
 from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
@@ -157,24 +155,11 @@ async def test_the_worker_schedules_the_retention_sweep_for_the_hf_backend(
         )
         async with worker:
             schedule = client.get_schedule_handle(retention_schedule_id(client.namespace, queue))
-            described = await _eventually(schedule.describe)
+            described = await once_it_answers(schedule.describe)
             assert described.schedule.spec.intervals[0].every == timedelta(hours=1)
             await schedule.trigger()
-            report = await _first_run(client, schedule)
+            report = await first_run(client, schedule, RetentionReport)
             await schedule.delete()
         assert [d.ref for d in report.deleted] == [old] and under(hub, old) == []
     finally:
         await env.shutdown()
-
-
-async def _first_run(client: Client, schedule: ScheduleHandle) -> RetentionReport:
-    deadline = asyncio.get_running_loop().time() + 30
-    while asyncio.get_running_loop().time() < deadline:
-        for action in (await schedule.describe()).info.recent_actions:
-            if isinstance(action.action, ScheduleActionExecutionStartWorkflow):
-                handle = client.get_workflow_handle(
-                    action.action.workflow_id, result_type=RetentionReport
-                )
-                return await handle.result()
-        await asyncio.sleep(0.2)
-    raise AssertionError("the schedule started no retention run")

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from tests.replay.record_histories import recorder_cli
+from tests.replay.record_histories import recorder_cli, settled
 
 # In every folder this module records, and in no other (test_replay.py tells them apart).
 FOLDER_TAG = "-campaigns-"
@@ -164,7 +164,7 @@ async def record_continue_as_new(out: Path, workdir: Path) -> list[Path]:
         rollout_runs = await run_ids(env.client, "rollout/rec-can/t_test/solver/1/a1")
         if len(rollout_runs) < 2:
             raise RuntimeError("the solver's rollout did not continue as new")
-        await asyncio.sleep(2)  # the watcher and the job workflows see the ends
+        await settled(env.client)  # the watcher and the job workflows see the ends
         return await save_all(env.client, "campaign_continue_as_new", out)
 
 
@@ -195,7 +195,7 @@ async def record_cancel(out: Path, workdir: Path) -> list[Path]:
         live = [v for v in stack.backend.views(now) if v.state.value in LIVE]
         if final.phase.value != "cancelled" or live:
             raise RuntimeError(f"the campaign did not end cancelled with no live job: {final}")
-        await asyncio.sleep(2)
+        await settled(env.client)
         return await save_all(env.client, "campaign_cancel", out)
 
 
@@ -231,7 +231,7 @@ async def record_reopen(out: Path, workdir: Path) -> list[Path]:
         unscored = first.counts[Outcome.unscored] == 1 and final.counts[Outcome.unscored] == 0
         if not unscored or answer.queued != 1 or final.phase.value != "completed":
             raise RuntimeError(f"the reopened campaign did not run its retry: {final}")
-        await asyncio.sleep(2)
+        await settled(env.client)
         return await save_all(env.client, "campaign_reopen", out)
 
 

@@ -82,6 +82,45 @@ async def save_all(client: Client, scenario: str, out: Path) -> list[Path]:
     return written
 
 
+async def settled(
+    client: Client, closed_types: Sequence[str] = ("JobWorkflow",), timeout_s: float = 120
+) -> None:
+    """Until every workflow of `closed_types` has closed and no open workflow has a workflow
+    task to run, on two looks in a row: whatever reached a workflow (a signal, a timer, an
+    activity's result) is in its history before the histories are saved. (A signal on its way
+    between two workflows is in neither's pending task, hence the second look.)"""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    quiet = 0
+    while quiet < 2:
+        busy = []
+        async for execution in client.list_workflows():
+            if execution.status is not WorkflowExecutionStatus.RUNNING:
+                continue
+            if execution.workflow_type in closed_types:
+                busy.append(execution.id)
+                continue
+            handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+            if (await handle.describe()).raw_description.HasField("pending_workflow_task"):
+                busy.append(execution.id)
+        quiet = 0 if busy else quiet + 1
+        if busy and asyncio.get_running_loop().time() > deadline:
+            raise RuntimeError(f"never settled: {busy}")
+        await asyncio.sleep(0.2)  # pacing between two looks
+
+
+async def activities_done(client: Client, workflow_id: str, activity: str) -> int:
+    """How many `activity` activities of the workflow have completed."""
+    scheduled: set[int] = set()
+    done = 0
+    async for event in client.get_workflow_handle(workflow_id).fetch_history_events():
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            if event.activity_task_scheduled_event_attributes.activity_type.name == activity:
+                scheduled.add(event.event_id)
+        elif event.HasField("activity_task_completed_event_attributes"):
+            done += event.activity_task_completed_event_attributes.scheduled_event_id in scheduled
+    return done
+
+
 def without_stack_traces(value: Any) -> Any:
     """The history with every failure's stack trace emptied: they name this machine's folders,
     and replay never reads them (it compares commands, not failures' texts)."""
@@ -183,7 +222,7 @@ async def record_reset(out: Path, workdir: Path) -> list[Path]:
             )
             await wait_state(client, second.episode_id, quick.data["job_id"], {"succeeded"})
             await session.execute_update(SessionWorkflow.close)
-            await asyncio.sleep(2)
+            await settled(client)
         return await save_all(env.client, "reset", out)
 
 
@@ -218,7 +257,7 @@ async def record_continue_as_new(out: Path, workdir: Path) -> list[Path]:
                 raise RuntimeError("the episode did not continue as new")
             await call(client, episode.episode_id, "jobs_status", job_id=job.data["job_id"])
             await call(client, episode.episode_id, "jobs_cancel", job_id=job.data["job_id"])
-            await asyncio.sleep(2)
+            await settled(client)
         return await save_all(env.client, "continue_as_new", out)
 
 
@@ -249,7 +288,17 @@ async def record_cancel_pending(out: Path, workdir: Path) -> list[Path]:
                 pass  # the cancellation was not confirmed in time: as it should
             else:
                 raise RuntimeError("the reset should have failed")
-            await asyncio.sleep(20)  # the job's workflow re-issues its cancel after 15 s
+            # The job's workflow re-issues its cancel after 15 s.
+            [job_workflow] = [
+                e.id async for e in client.list_workflows() if e.workflow_type == "JobWorkflow"
+            ]
+            for _ in range(600):
+                if await activities_done(client, job_workflow, "cancel_job") >= 2:
+                    break
+                await asyncio.sleep(0.1)  # pacing between two looks
+            else:
+                raise RuntimeError("the job's workflow did not ask for the cancel again")
+            await settled(client, closed_types=())
         return await save_all(env.client, "cancel_pending", out)
 
 
@@ -343,7 +392,7 @@ async def record_sent_again(out: Path, workdir: Path) -> list[Path]:
             if over.data.get("error", {}).get("type") != "episode_over":
                 raise RuntimeError(f"a call after the end was answered {over.data}")
             await closed(client, episode.workflow_id)
-            await asyncio.sleep(2)
+            await settled(client)
         return await save_all(env.client, "sent_again", out)
 
 
@@ -376,7 +425,7 @@ async def record_t0_artifact(out: Path, workdir: Path) -> list[Path]:
             finally:
                 server.should_exit = True
                 await serving
-            await asyncio.sleep(3)  # the watcher and the job workflows see the ends
+            await settled(env.client)  # the watcher and the job workflows see the ends
         return await save_all(env.client, "t0_artifact", out)
 
 
