@@ -40,6 +40,7 @@ from activities.backends.fake.backend import FakeBackend, FakeJobScript, FakeSce
 from posttrain_common.contracts.episode_calls import ToolCall, ToolResult
 from posttrain_common.keys import ServerKey
 from posttrain_common.settings import Settings
+from posttrain_server.shutdown import exit_now
 from posttrain_server.worker import build_worker
 from workflows.episode.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
 from workflows.episode.workflow import EpisodeWorkflow
@@ -272,10 +273,7 @@ def main() -> None:
         except TimeoutError:
             print(f"the benchmark did not finish within {RUN_LIMIT_S} s", file=sys.stderr)
             status = 1
-    # The SDK can abort at interpreter exit (temporalio/sdk-python#300): exit with our status.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    exit_now(status)
 
 
 if __name__ == "__main__":
