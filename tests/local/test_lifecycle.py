@@ -204,9 +204,8 @@ def test_an_evaluation_of_a_job_without_an_artifact_is_not_ready(jobs: Jobs) -> 
     asyncio.run(jobs.backend.cancel(running.ref, now()))
 
 
-def test_an_evaluators_declared_dependencies_are_installed_from_wheels_first(
-    state_dir: Path, tmp_path: Path
-) -> None:
+def jobs_with_a_probe_wheel(state_dir: Path, tmp_path: Path) -> Jobs:
+    """A backend whose only package index is a folder with the wheel of `pt-probe` 1.0."""
     from tests.launcher.conftest import make_wheel
     from tests.local.conftest import write_model
 
@@ -221,7 +220,13 @@ def test_an_evaluators_declared_dependencies_are_installed_from_wheels_first(
         no_index=True,
         bwrap=TEST_BWRAP,
     )
-    jobs = Jobs(backend, write_model(tmp_path / "model"))
+    return Jobs(backend, write_model(tmp_path / "model"))
+
+
+def test_an_evaluators_declared_dependencies_are_installed_from_wheels_first(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    jobs = jobs_with_a_probe_wheel(state_dir, tmp_path)
     agent = jobs.run("print('ok')")
     script = (
         "# /// script\n# dependencies = ['pt-probe==1.0']\n# ///\n"
@@ -239,21 +244,7 @@ def test_an_evaluators_declared_dependencies_are_installed_from_wheels_first(
 def test_an_agent_jobs_packages_come_from_wheels_in_the_install_phase(
     state_dir: Path, tmp_path: Path
 ) -> None:
-    from tests.launcher.conftest import make_wheel
-    from tests.local.conftest import write_model
-
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    make_wheel(wheels, "pt-probe", "1.0", "VALUE = 'probe-1.0'\n")
-    backend = LocalBackend(
-        state_dir,
-        job_python=JOB_PYTHON,
-        limits=SMALL,
-        find_links=[str(wheels)],
-        no_index=True,
-        bwrap=TEST_BWRAP,
-    )
-    jobs = Jobs(backend, write_model(tmp_path / "model"))
+    jobs = jobs_with_a_probe_wheel(state_dir, tmp_path)
     job = jobs.run(
         "import pt_probe\nprint('REPORT', '{\"v\": \"' + pt_probe.VALUE + '\"}')\n",
         dependencies=["pt-probe==1.0"],

@@ -35,8 +35,7 @@ from posttrain_common.keys import write_new_key
 from posttrain_server.temporal.dev_server import start_dev_command
 from tests.payload_limits import assert_no_violation_in
 from tests.waiting import eventually
-from tests.workflows.harness import Answer, write_task
-from workflows.episode.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+from tests.workflows.harness import Answer, reset_new_session, write_task
 from workflows.episode.workflow import EpisodeWorkflow
 
 # An update sent while no worker runs waits for the next one (start-up + sticky-queue timeout).
@@ -188,18 +187,7 @@ async def test_a_worker_killed_mid_episode_and_a_new_one_finish_the_same_episode
             return log.read_text(errors="replace")[-3000:] if log.exists() else ""
 
         with worker_process(env, log) as first:
-            session = await client.start_workflow(
-                SessionWorkflow.run,
-                SessionState(),
-                id=f"session-{uuid.uuid4().hex}",
-                task_queue=task_queue,
-            )
-            reset = await session.execute_update(
-                SessionWorkflow.reset,
-                ResetRequest(task_id="t_test"),
-                result_type=ResetResult,
-                rpc_timeout=UPDATE_RPC_TIMEOUT,
-            )
+            reset = await reset_new_session(client, task_queue, rpc_timeout=UPDATE_RPC_TIMEOUT)
             episode_id = reset.episode_id
             handle = client.get_workflow_handle(reset.workflow_id)
             submitted = await call(
