@@ -691,7 +691,7 @@ def test_without_the_attempt_clock_a_budget_counts_from_the_first_call_and_is_fo
     try:
         first = in_activity(timeout_s=10.0)
         assert first.run(calls.call_seconds) <= 10.0
-        time.sleep(0.2)
+        time.sleep(0.2)  # not a wait: the attempt's time passing is what is measured
         # A later call of the same attempt gets only what the attempt has left.
         assert first.run(calls.call_seconds) <= 9.8
         for _ in range(2):

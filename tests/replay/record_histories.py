@@ -44,6 +44,8 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFai
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from tests.waiting import eventually
+
 HERE = Path(__file__).parent
 DEFAULT_OUT = HERE / "histories"
 
@@ -249,12 +251,11 @@ async def record_continue_as_new(out: Path, workdir: Path) -> list[Path]:
             first_run = (await handle.describe()).run_id
             for _ in range(25):
                 await call(client, episode.episode_id, "task_info")
-            for _ in range(100):
-                if (await handle.describe()).run_id != first_run:
-                    break
-                await asyncio.sleep(0.1)
-            else:
-                raise RuntimeError("the episode did not continue as new")
+
+            async def continued() -> bool:
+                return (await handle.describe()).run_id != first_run
+
+            await eventually(continued, 10, "the episode to continue as new")
             await call(client, episode.episode_id, "jobs_status", job_id=job.data["job_id"])
             await call(client, episode.episode_id, "jobs_cancel", job_id=job.data["job_id"])
             await settled(client)
@@ -292,12 +293,11 @@ async def record_cancel_pending(out: Path, workdir: Path) -> list[Path]:
             [job_workflow] = [
                 e.id async for e in client.list_workflows() if e.workflow_type == "JobWorkflow"
             ]
-            for _ in range(600):
-                if await activities_done(client, job_workflow, "cancel_job") >= 2:
-                    break
-                await asyncio.sleep(0.1)  # pacing between two looks
-            else:
-                raise RuntimeError("the job's workflow did not ask for the cancel again")
+
+            async def asked_again() -> bool:
+                return await activities_done(client, job_workflow, "cancel_job") >= 2
+
+            await eventually(asked_again, 60, "the job's workflow to ask for the cancel again")
             await settled(client, closed_types=())
         return await save_all(env.client, "cancel_pending", out)
 
@@ -328,20 +328,20 @@ async def jobs_seen(client: Client, workflow_id: str, count: int) -> None:
     from workflows.episode.workflow import EpisodeWorkflow
 
     handle = client.get_workflow_handle(workflow_id)
-    for _ in range(300):
-        if len((await handle.query(EpisodeWorkflow.status)).jobs) >= count:
-            return
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"the episode never started {count} jobs")
+
+    async def started() -> bool:
+        return len((await handle.query(EpisodeWorkflow.status)).jobs) >= count
+
+    await eventually(started, 30, f"the episode to start {count} jobs")
 
 
 async def closed(client: Client, workflow_id: str) -> None:
     handle = client.get_workflow_handle(workflow_id)
-    for _ in range(600):
-        if (await handle.describe()).status is WorkflowExecutionStatus.COMPLETED:
-            return
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"{workflow_id} never completed")
+
+    async def completed() -> bool:
+        return (await handle.describe()).status is WorkflowExecutionStatus.COMPLETED
+
+    await eventually(completed, 60, f"{workflow_id} to complete")
 
 
 async def record_sent_again(out: Path, workdir: Path) -> list[Path]:
@@ -440,11 +440,7 @@ SCENARIOS = {
 
 async def started(server: Any) -> None:
     """Until uvicorn's server has started."""
-    for _ in range(500):
-        if server.started:
-            return
-        await asyncio.sleep(0.02)
-    raise RuntimeError("the gateway did not start")
+    await eventually(lambda: server.started, 10, "the gateway to start", every_s=0.02)
 
 
 Recorder = Callable[[Path, Path], Coroutine[Any, Any, list[Path]]]
