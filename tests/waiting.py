@@ -16,7 +16,9 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_until(check: Callable[[], T], timeout_s: float, what: str, *, every_s: float = 0.05) -> T:
+def wait_until(
+    check: Callable[[], T | None], timeout_s: float, what: str, *, every_s: float = 0.05
+) -> T:
     """The first truthy value `check()` returns; AssertionError naming `what` after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:

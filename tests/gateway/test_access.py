@@ -186,7 +186,9 @@ def test_neither_keys_nor_tokens_reach_the_log(server: ServerProcess) -> None:
     )
     line = f"/episodes/{episode['episode_id']}/mcp"  # written once the response is sent
     log = wait_until(
-        lambda: line in (text := server.log_path.read_text()) and text, 10, "the access log line"
+        lambda: text if line in (text := server.log_path.read_text()) else None,
+        10,
+        "the access log line",
     )
     assert KEY not in log and OTHER_KEY not in log and episode["episode_token"] not in log
 

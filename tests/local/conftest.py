@@ -80,7 +80,9 @@ class Jobs:
 
     def wait_end(self, ref: str, timeout: float = 30.0) -> BackendJob:
         return wait_until(
-            lambda: (v := self.view(ref)).state.terminal and v, timeout, f"job {ref} to end"
+            lambda: v if (v := self.view(ref)).state.terminal else None,
+            timeout,
+            f"job {ref} to end",
         )
 
     def logs(self, ref: str, tail: int = 200) -> list[str]:

@@ -250,7 +250,9 @@ time.sleep(600)  # hold everything while the test looks at the host
     free_before = os.statvfs(state_dir).f_bavail * os.statvfs(state_dir).f_frsize
     job = jobs.submit(script)
     report = wait_until(
-        lambda: logged(jobs, job.ref, "REPORT ") and jobs.report(job.ref), 20, "the job's report"
+        lambda: jobs.report(job.ref) if logged(jobs, job.ref, "REPORT ") else None,
+        20,
+        "the job's report",
     )
     free_during = os.statvfs(state_dir).f_bavail * os.statvfs(state_dir).f_frsize
     taken = allocated_bytes(jobs.folder(job.ref))

@@ -138,7 +138,9 @@ def test_a_job_whose_supervisor_was_killed_ends_failed_and_leaves_nothing_runnin
     wait_until(lambda: started(jobs, job.ref), 20, "the job to start")
     supervisor = json.loads((jobs.folder(job.ref) / "supervisor.json").read_text())
     os.kill(supervisor["pid"], 9)
-    ended = wait_until(lambda: (v := jobs.view(job.ref)).state.terminal and v, 20, "the job to end")
+    ended = wait_until(
+        lambda: v if (v := jobs.view(job.ref)).state.terminal else None, 20, "the job to end"
+    )
     assert ended.state.value == "failed"
     assert ended.message == "the job's supervisor stopped"
     wait_until(lambda: live_pids_of_uid(uid) == [], 5, "the job's processes to be gone")
