@@ -319,13 +319,20 @@ def samples(proc: Proc, kind: str, since: float, until: float) -> list[float]:
 Histogram = dict[str, dict[float, float]]  # metric -> upper bound -> cumulative count
 
 
+def metrics_text(proc: Proc) -> str | None:
+    """The process's Prometheus endpoint as text; None without one or when it does not answer."""
+    if proc.metrics_port is None:
+        return None
+    try:
+        return httpx.get(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return None
+
+
 def scrape(proc: Proc) -> Histogram:
     """Every histogram of the process's Prometheus endpoint, summed over label sets."""
-    if proc.metrics_port is None:
-        return {}
-    try:
-        text = httpx.get(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=5).text
-    except httpx.HTTPError:
+    text = metrics_text(proc)
+    if text is None:
         return {}
     found: Histogram = {}
     for line in text.splitlines():
@@ -346,11 +353,8 @@ def scrape(proc: Proc) -> Histogram:
 
 def labelled(proc: Proc, name: str, labels: tuple[str, ...]) -> dict[str, float]:
     """A counter of the process's Prometheus endpoint, summed by the values of `labels`."""
-    if proc.metrics_port is None:
-        return {}
-    try:
-        text = httpx.get(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=5).text
-    except httpx.HTTPError:
+    text = metrics_text(proc)
+    if text is None:
         return {}
     found: dict[str, float] = {}
     for line in text.splitlines():

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import shutil
 import statistics
 import sys
@@ -41,6 +40,7 @@ from activities.backends.hf.labels import LABEL_JOB, LABEL_KEY
 from posttrain_common.contracts.episode_calls import ToolCall
 from posttrain_common.keys import ServerKey
 from posttrain_common.settings import Settings
+from posttrain_server.shutdown import exit_now
 from posttrain_server.temporal.setup import add_search_attributes
 from posttrain_server.worker import build_worker
 from tests.hf.fake_hub import FakeHub, JobPlan, model_json
@@ -247,10 +247,7 @@ def main() -> None:
         except TimeoutError:
             print(f"the benchmark did not finish within {RUN_LIMIT_S} s", file=sys.stderr)
             status = 1
-    # The SDK can abort at interpreter exit (temporalio/sdk-python#300): exit with our status.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    exit_now(status)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,9 @@ from activities.backends.fake.backend import FakeBackend, FakeJobScript, FakeSce
 from posttrain_common.contracts.episode_calls import ToolCall, ToolResult
 from posttrain_common.keys import ServerKey
 from posttrain_common.settings import Settings
+from posttrain_server.shutdown import exit_now
 from posttrain_server.worker import build_worker
-from workflows.episode.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+from tests.workflows.harness import reset_new_session
 from workflows.episode.workflow import EpisodeWorkflow
 from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
@@ -142,15 +143,7 @@ async def episode_callers(client: Client, task_queue: str, n: int) -> list[Call]
 
     async def episode() -> Call:
         async with gate:
-            session = await client.start_workflow(
-                SessionWorkflow.run,
-                SessionState(),
-                id=f"session-{uuid.uuid4().hex}",
-                task_queue=task_queue,
-            )
-            reset = await session.execute_update(
-                SessionWorkflow.reset, ResetRequest(task_id=TASK_ID), result_type=ResetResult
-            )
+            reset = await reset_new_session(client, task_queue, TASK_ID)
             handle = client.get_workflow_handle(reset.workflow_id)
             episode_id = reset.episode_id
             submitted = await handle.execute_update(
@@ -272,10 +265,7 @@ def main() -> None:
         except TimeoutError:
             print(f"the benchmark did not finish within {RUN_LIMIT_S} s", file=sys.stderr)
             status = 1
-    # The SDK can abort at interpreter exit (temporalio/sdk-python#300): exit with our status.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    exit_now(status)
 
 
 if __name__ == "__main__":

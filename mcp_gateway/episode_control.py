@@ -17,7 +17,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from posttrain_common.contracts.episode_calls import EndRequest, EpisodeStatus
-from posttrain_common.failures import workflow_is_gone
+from posttrain_common.failures import EpisodeNotFound, workflow_is_gone
 from posttrain_env.models import EndReason
 from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import episode_workflow_id
@@ -26,10 +26,6 @@ from workflows.ids import episode_workflow_id
 # "ending" (the end itself is durable once the signal is in).
 END_WAIT = timedelta(seconds=30)
 EpisodeState = Literal["running", "ending", "ended"]
-
-
-class EpisodeNotFound(LookupError):
-    """Temporal knows no episode of this id (never started, or past its retention)."""
 
 
 class EpisodeControl:

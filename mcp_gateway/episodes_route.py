@@ -18,9 +18,10 @@ from fastapi.responses import JSONResponse
 
 from mcp_gateway.auth import episode_refusal
 from mcp_gateway.bounds import JSON_OBJECT_BODY, read_json_object
-from mcp_gateway.episode_control import EpisodeControl, EpisodeNotFound, episode_body, state_of
+from mcp_gateway.episode_control import EpisodeControl, episode_body, state_of
 from mcp_gateway.protocol import OpenEnvProtocol
 from mcp_gateway.refusals import refusal_body
+from posttrain_common.failures import EpisodeNotFound
 from posttrain_common.keys import ServerKey
 
 router = APIRouter()

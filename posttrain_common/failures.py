@@ -6,7 +6,9 @@ for the server's layers.
   their callers with `application_error`.
 - `NON_RETRYABLE`: every failure type that retrying cannot fix (the activities' retry policies).
 - `workflow_is_gone`, `update_failure` and `temporal_failure`: what Temporal's client errors
-  mean, read from their types, status codes and details, never from their message text.
+  mean, read from their types, status codes and details, never from their message text;
+  `running_description`, a workflow's description while it runs; `EpisodeNotFound`, what the
+  gateway and the operator's commands raise for an unknown episode.
 - The failures of the work around episodes (artifact rejected, agent, campaign), typed.
 
 Temporal's classes are imported where they are used, so that importing this module loads no
@@ -31,7 +33,11 @@ from posttrain_env.errors import (
 )
 
 if TYPE_CHECKING:
-    from temporalio.client import WorkflowUpdateFailedError
+    from temporalio.client import (
+        WorkflowExecutionDescription,
+        WorkflowHandle,
+        WorkflowUpdateFailedError,
+    )
     from temporalio.exceptions import ApplicationError, FailureError
     from temporalio.service import RPCError
 
@@ -114,6 +120,27 @@ def workflow_is_gone(err: Exception) -> bool:
         cause = err.cause
         return isinstance(cause, ApplicationError) and cause.type == UPDATE_ON_COMPLETED_WORKFLOW
     return False
+
+
+async def running_description(
+    handle: WorkflowHandle[Any, Any],
+) -> WorkflowExecutionDescription | None:
+    """The workflow's description while it runs; None once it has closed or never existed."""
+    from temporalio.client import WorkflowExecutionStatus
+    from temporalio.service import RPCError
+
+    try:
+        description = await handle.describe()
+    except RPCError as err:
+        if workflow_is_gone(err):
+            return None
+        raise
+    return description if description.status == WorkflowExecutionStatus.RUNNING else None
+
+
+class EpisodeNotFound(LookupError):
+    """Temporal knows no episode of this id (never started, or past its retention); the
+    gateway's `/episodes/<id>` routes answer 404, the operator's `episodes` commands exit 1."""
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,8 @@ folder (`POSTTRAIN_CAMPAIGNS_DIR`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +25,7 @@ from activities.campaigns.agent_turns import AgentTurnActivities
 from activities.campaigns.store import CampaignStore
 from posttrain_common.keys import KEY_FILE_SETTING, KEY_HEX_SETTING
 from posttrain_common.settings import Settings
+from posttrain_server.shutdown import stop_on_signals
 from posttrain_server.temporal.client import connect
 
 log = logging.getLogger(__name__)
@@ -93,10 +92,7 @@ async def run_agent_worker(turns_at_once: int = DEFAULT_TURNS_AT_ONCE) -> int:
         return 2
     client = await connect(settings)
     worker = build_agent_worker(client, settings, os.environ, turns_at_once=turns_at_once)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     log.info(
         "agent worker on task queue %r at %s (campaigns in %s)",
         settings.agent_task_queue,

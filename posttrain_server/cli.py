@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 
 from pydantic import ValidationError
 
 from activities.backends.registry import UnknownBackend
+from posttrain_server.shutdown import exit_now
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,10 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception:
         logging.exception("posttrain-env %s failed", args.command)
         status = 1
-    # The SDK can abort at interpreter exit (temporalio/sdk-python#300): exit with our status.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    exit_now(status)
 
 
 if __name__ == "__main__":

@@ -428,7 +428,7 @@ def config_from(args: argparse.Namespace, environment: Mapping[str, str]) -> Clu
 async def serve_cluster(config: ClusterConfig, out: TextIO = sys.stdout) -> int:
     """Run the topology until SIGINT/SIGTERM (or until every member has exited); the exit
     status: 0, or 1 when a member could not start or exited on its own."""
-    from posttrain_server.shutdown import ShutdownDeadline
+    from posttrain_server.shutdown import ShutdownDeadline, stop_on_signals
 
     def say(line: str) -> None:
         print(line, file=out, flush=True)
@@ -437,18 +437,10 @@ async def serve_cluster(config: ClusterConfig, out: TextIO = sys.stdout) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
     cluster = LocalCluster(config)
-    stop = asyncio.Event()
     # The stop below is bounded by construction; this is the backstop of the supervisor itself
     # (its children get SIGTERM from their parent-death signal if it has to exit this way).
     deadline = ShutdownDeadline("cluster-local", 29.0)
-
-    def stopping() -> None:
-        deadline.start()
-        stop.set()
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping)
+    stop = stop_on_signals(deadline)
     started = time.monotonic()
     starting = asyncio.create_task(cluster.start())
     stopped = asyncio.create_task(stop.wait())

@@ -17,12 +17,13 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import sys
 from types import FrameType
 
 from pydantic import ValidationError
+
+from posttrain_server.shutdown import exit_now
 
 log = logging.getLogger("posttrain_server.server")
 
@@ -156,10 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     add_server_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    status = run(args.host, args.port, with_worker=not args.no_worker)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    exit_now(run(args.host, args.port, with_worker=not args.no_worker))
 
 
 if __name__ == "__main__":

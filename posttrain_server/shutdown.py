@@ -10,10 +10,13 @@ process says so in its log and exits with status 1.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import signal
 import sys
 import threading
+from typing import NoReturn
 
 log = logging.getLogger(__name__)
 
@@ -46,3 +49,27 @@ class ShutdownDeadline:
             handler.flush()
         sys.stderr.flush()
         os._exit(1)
+
+
+def stop_on_signals(deadline: ShutdownDeadline | None = None) -> asyncio.Event:
+    """An event that SIGINT or SIGTERM sets on the running loop; the first also starts
+    `deadline`."""
+    stop = asyncio.Event()
+
+    def stopping() -> None:
+        if deadline is not None:
+            deadline.start()
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping)
+    return stop
+
+
+def exit_now(status: int) -> NoReturn:
+    """Flush and exit with `status` at once: the SDK can abort at interpreter exit
+    (temporalio/sdk-python#300), which would replace our status."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -27,7 +27,6 @@ from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel
-from temporalio.api.enums.v1 import WorkflowExecutionStatus
 from temporalio.client import (
     Client,
     Schedule,
@@ -50,7 +49,7 @@ from activities.ports import JobToWatch
 from posttrain_common.contracts.audit import AuditRecord
 from posttrain_common.contracts.episode_calls import EpisodeStatus, ToolCall, ToolResult
 from posttrain_common.contracts.episodes import Caps, ServerSpend
-from posttrain_common.failures import update_failure, workflow_is_gone
+from posttrain_common.failures import running_description, update_failure, workflow_is_gone
 from posttrain_common.keys import ServerKey
 from posttrain_common.settings import Settings
 from workflows.episode.workflow import EpisodeWorkflow
@@ -186,13 +185,7 @@ class TemporalEpisodeLiveness:
 
     async def is_running(self, episode_id: str) -> bool:
         handle = self._client.get_workflow_handle(episode_workflow_id(episode_id))
-        try:
-            description = await handle.describe()
-        except RPCError as err:
-            if workflow_is_gone(err):
-                return False
-            raise
-        return description.status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
+        return await running_description(handle) is not None
 
 
 class TemporalEpisodeCalls:

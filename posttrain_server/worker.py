@@ -4,10 +4,8 @@ the gateway unless `--no-worker`."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib.metadata
 import logging
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,7 +29,7 @@ from activities.records.retention import RetentionActivities
 from posttrain_common.keys import ServerKey, ServerKeyError
 from posttrain_common.settings import Settings
 from posttrain_server.deployment_key import check_deployment, resolve_server_key
-from posttrain_server.shutdown import ShutdownDeadline
+from posttrain_server.shutdown import ShutdownDeadline, stop_on_signals
 from posttrain_server.temporal.client import connect
 from posttrain_server.temporal.setup import require_search_attributes
 from posttrain_server.wiring import (
@@ -216,16 +214,8 @@ async def run_worker() -> None:
     except ServerKeyError as exc:
         refuse(exc)
     worker = build_worker(client, settings, backend, key=key.key)
-    stop = asyncio.Event()
     deadline = ShutdownDeadline("the worker")
-
-    def stopping() -> None:
-        deadline.start()
-        stop.set()
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping)
+    stop = stop_on_signals(deadline)
     log.info(
         "worker on task queue %r at %s (backend %s, key fingerprint %s)",
         settings.task_queue,

@@ -37,6 +37,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from posttrain_server.shutdown import exit_now
+
 if TYPE_CHECKING:
     from huggingface_hub import JobInfo
 
@@ -281,10 +283,7 @@ def main() -> None:
                 status = asyncio.run(smoke(args.namespace, not args.skip_dev_evaluate, Path(tmp)))
         except SystemExit as exc:
             print(exc.code, file=sys.stderr)
-    # The SDK can abort at interpreter exit (temporalio/sdk-python#300): exit with our status.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    exit_now(status)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,8 @@ from datetime import timedelta
 
 from temporalio.common import RetryPolicy
 
-from posttrain_env.errors import ErrorType
-
-# Errors that retrying cannot fix: every agent-facing error type.
-NON_RETRYABLE = [t.value for t in ErrorType]
+# NON_RETRYABLE, the failure types that retrying cannot fix: one list for every policy here.
+from posttrain_common.failures import NON_RETRYABLE
 
 # Starting a job: a few attempts with backoff (429/503), then hf_error to the agent.
 SUBMIT_TIMEOUT = timedelta(seconds=120)

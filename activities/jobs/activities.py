@@ -158,8 +158,7 @@ class JobsActivities(JobsApi):
         secrets: dict[str, str] = {}
         script = job.script
         if job.role is not JobRole.agent:
-            task = self._task(job.task_id)
-            script = self._evaluator_script(task)
+            task, script = self._evaluation(job.task_id)
             # The task's evaluation parameters (public: the same for every episode).
             env[TASK_PARAMS_ENV] = json.dumps(task.evaluation, sort_keys=True)
         if job.role is JobRole.grader:
@@ -168,18 +167,12 @@ class JobsActivities(JobsApi):
         fields = job.model_dump(exclude={"script"})
         return JobRequest(**fields, script=script, env=env, secrets=secrets)
 
-    def _task(self, task_id: str) -> TaskSpec:
+    def _evaluation(self, task_id: str) -> tuple[TaskSpec, str]:
+        """The task and its evaluator script, in one file: the shared evaluator helpers are
+        embedded (DESIGN §9, "Evaluators"). Raises not_allowed when either cannot be read."""
         try:
-            return load_task(task_id, self._tasks_dir)
-        except TaskSpecError as err:
-            raise ToolError(
-                ErrorType.not_allowed, f"evaluations are unavailable for this task: {err}"
-            ) from None
-
-    def _evaluator_script(self, task: TaskSpec) -> str:
-        try:
-            # One file: the shared evaluator helpers are embedded (DESIGN §9, "Evaluators").
-            return evaluator_script(task, self._tasks_dir)
+            task = load_task(task_id, self._tasks_dir)
+            return task, evaluator_script(task, self._tasks_dir)
         except TaskSpecError as err:
             raise ToolError(
                 ErrorType.not_allowed, f"evaluations are unavailable for this task: {err}"

@@ -16,7 +16,6 @@ from posttrain_common.campaigns.retry import Rebuilt, RetryOnly
 from posttrain_common.campaigns.spec import AgentSpec, CampaignSpec
 from posttrain_common.contracts.jobs import RepoRef
 from posttrain_env.agents.conversation import TaskBrief, Usage
-from posttrain_env.models import EndReason, ServiceSpend
 
 
 class TaskPlan(BaseModel):
@@ -94,13 +93,6 @@ class FinishAttempt(BaseModel):
 
     record: RolloutRecord
     episode_id: str | None = None
-
-
-class EpisodeFacts(BaseModel):
-    steps_used: int = 0
-    job_ids: list[str] = Field(default_factory=list)
-    service_spend: ServiceSpend | None = None
-    end_reason: EndReason | None = None
 
 
 class PickRetries(BaseModel):

@@ -23,6 +23,8 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from posttrain_common.failures import EpisodeNotFound
+
 if TYPE_CHECKING:
     from temporalio.client import Client
 
@@ -87,10 +89,6 @@ async def run_episodes_async(args: argparse.Namespace, settings: Settings) -> in
         print(f"posttrain-env episodes: {exc}", file=sys.stderr)
         return 1
     return 2
-
-
-class EpisodeNotFound(LookupError):
-    pass
 
 
 class InvalidRecord(ValueError):

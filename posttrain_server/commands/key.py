@@ -110,20 +110,12 @@ async def _deployment_client(settings: Settings) -> AsyncIterator[Client]:
 
 
 async def _recorded_fingerprint(client: Client, task_queue: str) -> str | None:
-    from temporalio.api.enums.v1 import WorkflowExecutionStatus
-    from temporalio.service import RPCError
-
-    from posttrain_common.failures import workflow_is_gone
+    from posttrain_common.failures import running_description
     from workflows.operations.deployment import MEMO_KEY_FINGERPRINT, deployment_workflow_id
 
     handle = client.get_workflow_handle(deployment_workflow_id(client.namespace, task_queue))
-    try:
-        description = await handle.describe()
-    except RPCError as err:
-        if workflow_is_gone(err):
-            return None
-        raise
-    if description.status != WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING:
+    description = await running_description(handle)
+    if description is None:
         return None
     return await description.memo_value(MEMO_KEY_FINGERPRINT, None, type_hint=str)
 

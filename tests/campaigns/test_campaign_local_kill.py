@@ -151,7 +151,9 @@ def test_local_campaign_survives_sigkilled_workers_with_one_folder_per_job(
     found = asyncio.run(playing_with_a_running_job(stack, timeout_s=300))
     rollout_id, before, running, still_running_at = found
     stack.kill()
-    time.sleep(3)  # (a query needs a worker: nothing can be asked of the rollout now)
+    # Not a wait: the outage is the scenario. The workers stay down a few seconds while the
+    # campaign is mid-play (and a query needs a worker: nothing could be asked meanwhile).
+    time.sleep(3)
     stack.start()
     followed = cli(stack, "status", CAMPAIGN, "--follow", timeout=900)
     assert followed.returncode == 0, (followed, stack.server.log())

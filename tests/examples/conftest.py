@@ -8,7 +8,7 @@ import pytest
 
 from activities.backends.fake.backend import FakeJobScript, FakeScenario
 from posttrain_common.contracts.jobs import JobRole
-from tests.gateway.server import ServerProcess
+from tests.gateway.server import ServerProcess, serving
 
 # Jobs of a few seconds, so a whole episode played by the example takes seconds of real time.
 QUICK = FakeScenario(
@@ -22,9 +22,4 @@ QUICK = FakeScenario(
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("server"), scenario=QUICK)
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+    yield from serving(tmp_path_factory, QUICK)

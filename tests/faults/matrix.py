@@ -19,13 +19,13 @@ import argparse
 import asyncio
 import contextlib
 import os
-import sys
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from posttrain_server.shutdown import exit_now
 from tests.faults.checks import check
 from tests.faults.player import Answer, Player
 from tests.faults.plays import (
@@ -203,6 +203,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    status = main()
-    sys.stdout.flush()
-    os._exit(status)  # the SDK can abort at interpreter exit (FACTS.md)
+    exit_now(main())

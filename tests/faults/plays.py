@@ -37,7 +37,8 @@ from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.models import EndReason, JobState
 from posttrain_server.cluster_local import Member
 from tests.faults.player import Answer, Player
-from tests.faults.topology import SETTLE_TIMEOUT_S, Target, Topology, eventually
+from tests.faults.topology import SETTLE_TIMEOUT_S, Target, Topology
+from tests.waiting import eventually
 from workflows.policies import SUBMIT_HEARTBEAT
 
 TASK = "t0_artifact"
@@ -259,7 +260,7 @@ class Context:
             status = await self.topology.status(self.fault.episode_id)
             return any(j["job_id"] == job_id and j["state"] == state.value for j in status.jobs)
 
-        await eventually(seen, f"the episode to see {job_id} {state.value}", SETTLE_TIMEOUT_S)
+        await eventually(seen, SETTLE_TIMEOUT_S, f"the episode to see {job_id} {state.value}")
 
     # -- pieces of plays -----------------------------------------------------------------------
 
@@ -311,7 +312,7 @@ async def play_b(ctx: Context) -> Expected:
     episode = await ctx.reset()
     job_id = await ctx.submit_job(ctx.scripts.long_run)
     running = ctx.backend_has(JobRole.agent, (JobState.running,))
-    await eventually(running, "the job to run", SETTLE_TIMEOUT_S)
+    await eventually(running, SETTLE_TIMEOUT_S, "the job to run")
     await ctx.fault.strike(ctx.player.next_gateway)  # between two calls
     waited = await ctx.player.wait_ended(job_id)
     assert waited.data["state"] == "succeeded", waited.data

@@ -5,11 +5,9 @@ topology serves every cell of a run: a killed process is started again before th
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,6 +30,7 @@ from tests.gateway.production import (
     cluster_environment,
     start_cluster,
 )
+from tests.waiting import eventually
 from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 
@@ -51,14 +50,6 @@ class BackendRecord:
     role: JobRole
     state: JobState
     running_s: float
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 class Topology:
@@ -214,4 +205,4 @@ class Topology:
             description = await handle.describe()
             return description.status is not WorkflowExecutionStatus.RUNNING
 
-        await eventually(closed, f"episode {episode_id}'s workflow to complete", SETTLE_TIMEOUT_S)
+        await eventually(closed, SETTLE_TIMEOUT_S, f"episode {episode_id}'s workflow to complete")

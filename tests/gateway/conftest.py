@@ -9,7 +9,7 @@ import pytest
 
 from activities.backends.fake.backend import FakeJobScript, FakeScenario
 from posttrain_common.contracts.jobs import JobRole
-from tests.gateway.server import ServerProcess
+from tests.gateway.server import ServerProcess, serving
 
 # Quick jobs so that whole episodes take seconds of real time on the dev server.
 QUICK = FakeScenario(
@@ -23,12 +23,7 @@ QUICK = FakeScenario(
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("server"), scenario=QUICK)
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+    yield from serving(tmp_path_factory, QUICK)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from posttrain_server.cluster_local import kill_group as kill_group
 from tests.gateway.mcp_helpers import SUBMIT, create_episode, data
 from tests.gateway.server import ServerProcess, frame, free_port, ws_url
 from tests.payload_limits import payload_limit_violations
+from tests.waiting import eventually
 from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 
@@ -170,14 +171,6 @@ async def seconds_to_exit(proc: subprocess.Popen[bytes], limit_s: float = 120) -
     with contextlib.suppress(subprocess.TimeoutExpired):
         await asyncio.to_thread(proc.wait, limit_s)
     return time.monotonic() - started
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 async def temporal_client(address: str) -> Client:

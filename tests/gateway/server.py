@@ -13,12 +13,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from openenv.core.env_server.mcp_types import CallToolAction
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -175,6 +176,14 @@ class ServerProcess:
         )
         return await handle.query(EpisodeWorkflow.status)
 
+    async def answered(self, episode_id: str, request_id: str) -> bool:
+        """Whether the episode has answered the request (its update has returned)."""
+        client = await Client.connect(self.temporal_address, data_converter=pydantic_data_converter)
+        handle = client.get_workflow_handle_for(
+            EpisodeWorkflow.run, episode_workflow_id(episode_id)
+        )
+        return await handle.query(EpisodeWorkflow.answered, request_id)
+
     def wait_status(
         self,
         episode_id: str,
@@ -190,6 +199,18 @@ class ServerProcess:
             if time.monotonic() > deadline:
                 raise AssertionError(f"episode {episode_id} never reached the state: {status}")
             time.sleep(0.2)
+
+
+def serving(
+    tmp_path_factory: pytest.TempPathFactory, scenario: FakeScenario
+) -> Iterator[ServerProcess]:
+    """The body of a module's server fixture: a server of `scenario`, stopped after the tests."""
+    proc = ServerProcess(tmp_path_factory.mktemp("server"), scenario=scenario)
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
 
 
 def ws_url(server: ServerProcess, query: str = "") -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from websockets.sync.client import connect as ws_connect
 from posttrain_env.tools import TOOLS
 from tests.gateway.conftest import QUICK
 from tests.gateway.server import ServerProcess, command, frame, ws_url
+from tests.waiting import wait_until
 
 KEY = "k-" + "a1b2c3d4" * 5
 OTHER_KEY = "k-" + "e5f6a7b8" * 5
@@ -184,10 +184,12 @@ def test_neither_keys_nor_tokens_reach_the_log(server: ServerProcess) -> None:
         json=tool_call("task_info"),
         headers={**MCP_ACCEPT, **bearer(episode["episode_token"])},
     )
-    deadline = time.monotonic() + 10  # the access line is written once the response is sent
-    while f"/episodes/{episode['episode_id']}/mcp" not in (log := server.log_path.read_text()):
-        assert time.monotonic() < deadline, "the call never reached the access log"
-        time.sleep(0.1)
+    line = f"/episodes/{episode['episode_id']}/mcp"  # written once the response is sent
+    log = wait_until(
+        lambda: text if line in (text := server.log_path.read_text()) else None,
+        10,
+        "the access log line",
+    )
     assert KEY not in log and OTHER_KEY not in log and episode["episode_token"] not in log
 
 

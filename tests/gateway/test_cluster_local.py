@@ -31,8 +31,9 @@ from posttrain_server.cluster_local import (
     our_command,
 )
 from tests.faults.player import Player
-from tests.gateway.production import SHUTDOWN_LIMIT_S, cluster_environment, eventually
+from tests.gateway.production import SHUTDOWN_LIMIT_S, cluster_environment
 from tests.gateway.server import free_port
+from tests.waiting import eventually
 from workflows.ids import episode_workflow_id
 
 SCENARIO = FakeScenario(

@@ -27,7 +27,6 @@ from posttrain_common.settings import Settings
 from posttrain_server.agent_worker import refusal
 from posttrain_server.deployment_key import resolve_server_key
 from tests.gateway.production import (
-    eventually,
     gateway,
     key_file,
     kill_group,
@@ -35,7 +34,8 @@ from tests.gateway.production import (
     start_worker,
 )
 from tests.gateway.server import ServerProcess
-from tests.workflows.harness import Answer, write_task
+from tests.waiting import eventually
+from tests.workflows.harness import Answer, reset_new_session, write_task
 from tests.workflows.test_worker_restart import call, dev_server
 from workflows.episode.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
 from workflows.episode.workflow import EpisodeWorkflow
@@ -364,15 +364,7 @@ async def test_a_grader_started_by_one_worker_is_scored_right_by_another_on_the_
         first = start_worker(env["a"], tmp_path / "worker-a.log")
         second = None
         try:
-            session = await client.start_workflow(
-                SessionWorkflow.run,
-                SessionState(),
-                id=f"session-{uuid.uuid4().hex}",
-                task_queue=queue,
-            )
-            reset = await session.execute_update(
-                SessionWorkflow.reset, ResetRequest(task_id="t_test"), result_type=ResetResult
-            )
+            reset = await reset_new_session(client, queue)
             handle = client.get_workflow_handle(reset.workflow_id)
             episode_id = reset.episode_id
             job = await call(

@@ -19,7 +19,7 @@ import tasks
 from activities.backends.fake.backend import FakeJobScript, FakeScenario
 from posttrain_common.contracts.jobs import JobRole
 from posttrain_common.keys import ServerKey
-from tests.gateway.server import ServerProcess
+from tests.gateway.server import ServerProcess, serving
 
 # Each test runs Inspect itself (an `inspect eval` process) through whole episodes: 15-35 s each
 # on 2 cores. With the other third-party clients, in the slow set (docs/clients.md).
@@ -39,12 +39,7 @@ FAKE = FakeScenario(
 
 @pytest.fixture(scope="module")
 def fake_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("server"), scenario=FAKE)
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+    yield from serving(tmp_path_factory, FAKE)
 
 
 def run_inspect(

@@ -27,7 +27,8 @@ from posttrain_common.contracts.jobs import JobRole
 from posttrain_common.keys import ServerKey
 from posttrain_common.version import installed_version
 from tests.gateway.mcp_helpers import SUBMIT, create_episode, data, mcp_session, wait_for_state
-from tests.gateway.server import ServerProcess
+from tests.gateway.server import ServerProcess, serving
+from tests.waiting import eventually
 from workflows.ids import episode_workflow_id
 
 # Evaluations long enough for a client to give up in the middle of one.
@@ -56,12 +57,7 @@ INITIALIZE = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("server"), scenario=SCENARIO)
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+    yield from serving(tmp_path_factory, SCENARIO)
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -85,15 +81,22 @@ async def succeeded_job(episode: dict[str, Any]) -> str:
     return job["job_id"]
 
 
-async def call_then_vanish(episode: dict[str, Any], tool: str, job_id: str) -> None:
-    """Make the call, and go away 2 s into it, as a client does when its timeout fires."""
+async def call_then_vanish(
+    server: ServerProcess, episode: dict[str, Any], tool: str, job_id: str, role: JobRole
+) -> None:
+    """Make the call, and go away once its evaluation job (of `role`) is started, as a client
+    does when its timeout fires."""
 
     async def call() -> None:
         async with mcp_session(episode) as session:
             await session.call_tool(tool, {"job_id": job_id})
 
     calling = asyncio.create_task(call())
-    await asyncio.sleep(2)
+    await eventually(
+        lambda: any(r.episode_id == episode["episode_id"] for r in server.requests(role)),
+        60,
+        f"the {tool} call to start its {role.value} job",
+    )
     assert not calling.done(), "the call ended before the client gave up"
     calling.cancel()
     with suppress(asyncio.CancelledError):
@@ -254,7 +257,7 @@ async def test_a_submit_sent_again_mid_grading_attaches_one_grader_one_reward(
     episode = await create_episode(server)
     episode_id = episode["episode_id"]
     job_id = await succeeded_job(episode)
-    await call_then_vanish(episode, "submit", job_id)
+    await call_then_vanish(server, episode, "submit", job_id, JobRole.grader)
     steps = (await server.episode_status(episode_id)).steps_used
     started = time.monotonic()
     async with mcp_session(episode) as session:
@@ -290,7 +293,7 @@ async def test_a_dev_evaluate_sent_again_attaches_and_is_charged_once(
     episode = await create_episode(server)
     episode_id = episode["episode_id"]
     job_id = await succeeded_job(episode)
-    await call_then_vanish(episode, "dev_evaluate", job_id)
+    await call_then_vanish(server, episode, "dev_evaluate", job_id, JobRole.dev)
     async with mcp_session(episode) as session:
         again = data(await session.call_tool("dev_evaluate", {"job_id": job_id}))
         assert again["score"] == 0.5 and again["cost_usd"] > 0, again
@@ -308,7 +311,8 @@ async def completed(server: ServerProcess, episode_id: str, timeout_s: float = 6
     """Wait until the episode's workflow has completed (every job final, the run returned)."""
     client = await Client.connect(server.temporal_address, data_converter=pydantic_data_converter)
     handle = client.get_workflow_handle(episode_workflow_id(episode_id))
-    deadline = time.monotonic() + timeout_s
-    while (await handle.describe()).status != WorkflowExecutionStatus.COMPLETED:
-        assert time.monotonic() < deadline, "the episode's workflow never completed"
-        await asyncio.sleep(0.2)
+
+    async def done() -> bool:
+        return (await handle.describe()).status == WorkflowExecutionStatus.COMPLETED
+
+    await eventually(done, timeout_s, "the episode's workflow to complete", every_s=0.2)

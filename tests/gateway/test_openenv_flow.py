@@ -4,10 +4,10 @@ Temporal dev server, in-process worker, fake backend), with the stock openenv 0.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from websockets.sync.client import connect as ws_connect
 from posttrain_common.contracts.jobs import JobRole
 from posttrain_env import PostTrainEnv
 from tests.gateway.server import ServerProcess, command, frame, ws_url
+from tests.waiting import wait_until
 
 SUBMIT_ARGS = {"script": "print('training')\n", "flavor": "cpu-basic", "timeout_minutes": 5}
 
@@ -248,11 +249,14 @@ def test_the_stock_generic_client_resets_and_closes_without_an_error_in_the_serv
     """`GenericEnvClient` drops its socket right after its close frame; our answering close
     met a closed connection and logged a traceback each time (issue 20)."""
     log_from = server.log_path.stat().st_size
+    episode_ids = []
     for _ in range(3):
         with GenericEnvClient(base_url=server.base_url).sync() as env:
             reset = env.reset(task_id="t0_artifact")
-            assert reset.observation["metadata"]["episode_id"].startswith("ep-")
-    time.sleep(1)  # the server has handled the closes by now
+            episode_ids.append(reset.observation["metadata"]["episode_id"])
+            assert episode_ids[-1].startswith("ep-")
+    for episode_id in episode_ids:  # each close ends its session's episode, then the socket
+        server.wait_status(episode_id, until=lambda s: s.done, timeout_s=30)
     with server.log_path.open("rb") as log:
         log.seek(log_from)
         written = log.read().decode(errors="replace")
@@ -352,7 +356,7 @@ def test_the_session_id_never_reaches_the_server_log(server: ServerProcess) -> N
 
 def test_posttrain_env_never_reads_a_late_reply_after_a_timeout(server: ServerProcess) -> None:
     with PostTrainEnv(base_url=server.base_url, message_timeout_s=4).sync() as env:
-        env.reset(task_id="t0_artifact")
+        episode_id = env.reset(task_id="t0_artifact").observation.metadata["episode_id"]
         job = env.step(
             CallToolAction(
                 tool_name="jobs_submit", arguments={**SUBMIT_ARGS, "script": "RUN_LONG = 1\n"}
@@ -366,10 +370,17 @@ def test_posttrain_env_never_reads_a_late_reply_after_a_timeout(server: ServerPr
             )
             state = waited.observation.result["data"]["state"]
         assert state == "running"
-        wait = CallToolAction(tool_name="jobs_wait", arguments={"job_id": job_id, "timeout_s": 8})
+        wait = CallToolAction(
+            tool_name="jobs_wait",
+            arguments={"job_id": job_id, "timeout_s": 8},
+            metadata={"request_id": "wait-8s"},
+        )
         with pytest.raises(TimeoutError):
             env.step(wait)  # the job runs for 10 minutes: this wait lasts 8 s, past the 4 s
-        time.sleep(6)  # the wait's reply has been sent by now, to the socket that was dropped
+        # The episode answers the wait at 8 s; the gateway sends it to the dropped socket.
+        wait_until(
+            lambda: asyncio.run(server.answered(episode_id, "wait-8s")), 30, "the wait's answer"
+        )
         status = env.step(CallToolAction(tool_name="jobs_status", arguments={"job_id": job_id}))
         assert status.observation.tool_name == "jobs_status"
         assert status.observation.result["data"]["job_id"] == job_id

@@ -34,6 +34,7 @@ from posttrain_env.limits import (
 )
 from tests.gateway.server import ServerProcess, frame, wait_until_ended, ws_url
 from tests.gateway.test_mcp_endpoint import create_episode, data, mcp_session
+from tests.waiting import wait_until
 from workflows.ids import episode_workflow_id
 
 SUBMIT = {"flavor": "cpu-basic", "timeout_minutes": 5}
@@ -191,10 +192,12 @@ def test_a_loud_local_jobs_logs_are_bounded_through_an_episode_and_survive_conti
             assert printed[-1].startswith("1999 ")  # the newest of the job's own lines
             assert json_size(printed[-1]) > MAX_LOG_LINE_BYTES - 16  # ... cut to 4 KiB
             assert answer["truncated"]["lines"] > 0 and answer["truncated"]["bytes"] > 0
-        deadline = time.monotonic() + 120
-        while asyncio.run(run_id_of(server, episode_id)) == first_run:
-            assert time.monotonic() < deadline, "the episode did not continue as new"
-            time.sleep(0.5)
+        wait_until(
+            lambda: asyncio.run(run_id_of(server, episode_id)) != first_run,
+            120,
+            "the episode to continue as new",
+            every_s=0.5,
+        )
         steps = env.state().step_count
         again = env.step(
             CallToolAction(

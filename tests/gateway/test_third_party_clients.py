@@ -24,7 +24,7 @@ from activities.backends.fake.backend import FakeJobScript, FakeScenario
 from posttrain_common.version import installed_version
 from tests.gateway.client_venvs import FASTMCP, OPENAI_AGENTS, client_python, inspector_cli
 from tests.gateway.mcp_helpers import SUBMIT, create_episode, data, mcp_session, wait_for_state
-from tests.gateway.server import ServerProcess
+from tests.gateway.server import ServerProcess, serving
 
 pytestmark = [pytest.mark.slow, pytest.mark.third_party_clients]
 
@@ -44,12 +44,7 @@ TOKEN_MESSAGE = "send `Authorization: Bearer <episode_token>` with this episode'
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("server"), scenario=SCENARIO)
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+    yield from serving(tmp_path_factory, SCENARIO)
 
 
 async def running_job(

@@ -37,21 +37,24 @@ def test_an_update_whose_poll_timed_out_is_waited_for_again_until_it_answers() -
 def test_a_caller_that_is_cancelled_is_not_kept_waiting() -> None:
     calls = 0
 
-    async def send() -> str:
-        nonlocal calls
-        calls += 1
-        if calls > 1:
-            return "sent again after the caller went away"
-        try:
-            await asyncio.Event().wait()  # an update that is slow to answer
-        except asyncio.CancelledError:
-            # What the SDK raises when the caller's wait is cancelled.
-            raise WorkflowUpdateRPCTimeoutOrCancelledError() from None
-        return "never reached"
-
     async def scenario() -> None:
+        sent = asyncio.Event()
+
+        async def send() -> str:
+            nonlocal calls
+            calls += 1
+            if calls > 1:
+                return "sent again after the caller went away"
+            sent.set()
+            try:
+                await asyncio.Event().wait()  # an update that is slow to answer
+            except asyncio.CancelledError:
+                # What the SDK raises when the caller's wait is cancelled.
+                raise WorkflowUpdateRPCTimeoutOrCancelledError() from None
+            return "never reached"
+
         waiting = asyncio.ensure_future(wait_out_slow_polls(send))
-        await asyncio.sleep(0)
+        await asyncio.wait_for(sent.wait(), 5)  # the update is out, waiting for its answer
         waiting.cancel()
         with pytest.raises(WorkflowUpdateRPCTimeoutOrCancelledError):
             await waiting

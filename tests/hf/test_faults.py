@@ -55,6 +55,7 @@ from tests.hf.fake_hub import T0, FakeHub, JobPlan
 from tests.hf.http_hub import HubHttp
 from tests.hf.slow_server import TLS_RECORD_HEADER, answering_server, trickling_server
 from tests.hf.stand_in import OneAttempt
+from tests.waiting import eventually
 from workflows.job.watcher import WatcherInput
 from workflows.policies import OBSERVE_TIMEOUT, READ_TIMEOUT, SUBMIT_TIMEOUT
 
@@ -92,13 +93,6 @@ def in_activity(attempt: int = 1, timeout_s: float = 15.0) -> ActivityEnvironmen
 
 def submit_job(n: int = 1) -> SubmitJob:
     return SubmitJob(**request(n=n).model_dump(exclude={"env", "secrets"}))
-
-
-async def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        await asyncio.sleep(0.01)
 
 
 async def timed(call: Awaitable[object]) -> tuple[float, BaseException | None]:
@@ -352,7 +346,9 @@ async def test_a_cancelled_call_starts_no_further_request(http_hub: HubHttp) -> 
     backend = http_backend(http_hub, limits=limits)
     hang = http_hub.hang("create_bucket")  # run_uv_job's first request
     submitting = asyncio.create_task(backend.submit(request()))
-    await eventually(lambda: bool(http_hub.requests_to("create_bucket")))
+    await eventually(
+        lambda: http_hub.requests_to("create_bucket"), 5, "a create_bucket request", every_s=0.01
+    )
     submitting.cancel()  # the activity was cancelled (or timed out) while its thread waits
     with pytest.raises(asyncio.CancelledError):
         await submitting
@@ -368,7 +364,9 @@ async def test_hung_hub_calls_leave_the_workers_other_threads_free(http_hub: Hub
     for _ in range(2):
         http_hub.hang("hardware")
     calls = [asyncio.create_task(backend._fetch_hardware()) for _ in range(2)]
-    await eventually(lambda: len(http_hub.requests_to("hardware")) == 2)
+    await eventually(
+        lambda: len(http_hub.requests_to("hardware")) == 2, 5, "two hardware requests", every_s=0.01
+    )
     # Every Hub thread is stuck; the loop's default executor (the SDK's, other activities')
     # is not.
     started = time.monotonic()
@@ -693,7 +691,7 @@ def test_without_the_attempt_clock_a_budget_counts_from_the_first_call_and_is_fo
     try:
         first = in_activity(timeout_s=10.0)
         assert first.run(calls.call_seconds) <= 10.0
-        time.sleep(0.2)
+        time.sleep(0.2)  # not a wait: the attempt's time passing is what is measured
         # A later call of the same attempt gets only what the attempt has left.
         assert first.run(calls.call_seconds) <= 9.8
         for _ in range(2):

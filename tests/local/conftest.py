@@ -8,8 +8,6 @@ import asyncio
 import os
 import secrets
 import textwrap
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from activities.backends.local.backend import LocalBackend, LocalLimits
 from job_launcher.trusted_lines import NONCE_ENV
 from posttrain_common.contracts.jobs import BackendJob, JobRole, RepoRef
 from tasks.registry import TASKS_DIR, evaluator_script, load_task
+from tests.waiting import wait_until
 
 JOB_PYTHON = "/usr/bin/python3"
 # Another bwrap to run these tests with (e.g. Debian's 0.8.0); unset: the backend's own choice.
@@ -39,17 +38,6 @@ SMALL = LocalLimits(
 
 def now() -> datetime:
     return datetime.now(UTC)
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
-    """Poll `check` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")
 
 
 class Jobs:
@@ -91,7 +79,11 @@ class Jobs:
         return asyncio.run(self.backend.observe([ref], now()))[ref]
 
     def wait_end(self, ref: str, timeout: float = 30.0) -> BackendJob:
-        return wait_for(lambda: (v := self.view(ref)).state.terminal and v, timeout)
+        return wait_until(
+            lambda: v if (v := self.view(ref)).state.terminal else None,
+            timeout,
+            f"job {ref} to end",
+        )
 
     def logs(self, ref: str, tail: int = 200) -> list[str]:
         return asyncio.run(self.backend.logs(ref, tail, now()))

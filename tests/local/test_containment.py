@@ -34,10 +34,10 @@ from tests.local.conftest import (
     leftovers,
     logged,
     now,
-    wait_for,
     write_model,
 )
 from tests.processes import live_pids_of_uid
+from tests.waiting import wait_until
 
 MIB = 1 << 20
 REPORT = "import json\ndef report(**v):\n    print('REPORT ' + json.dumps(v), flush=True)\n"
@@ -92,7 +92,7 @@ def test_this_machine_holds_every_limit_in_the_kernel(jobs: Jobs) -> None:
 
 def test_a_running_jobs_processes_are_in_its_own_groups_with_its_limits(jobs: Jobs) -> None:
     job = jobs.submit(SLEEPER)
-    wait_for(lambda: logged(jobs, job.ref, "started"))
+    wait_until(lambda: logged(jobs, job.ref, "started"), 20, "the job to start")
     spec = json.loads((jobs.folder(job.ref) / "job.json").read_text())
     resources = spec["resources"]
     groups = placements(jobs)
@@ -135,7 +135,7 @@ def test_a_job_past_its_memory_limit_is_killed_and_fails_saying_so_and_others_ru
         """,
         episode_id="ep-other",
     )
-    wait_for(lambda: logged(jobs, other.ref, "tick 3"))
+    wait_until(lambda: logged(jobs, other.ref, "tick 3"), 20, "the other job's tick 3")
     # Three processes of 128 MiB each: each far below any per-process limit, together past
     # the job's 256 MiB (the issue's three processes of 4 GiB, scaled down).
     hog = jobs.run(
@@ -162,7 +162,11 @@ def test_a_job_past_its_memory_limit_is_killed_and_fails_saying_so_and_others_ru
     assert usage["memory_peak_bytes"] <= 256 * MIB
     # The other episode's job was not touched: it is still running and still counting.
     seen = sum(line.startswith("tick") for line in jobs.logs(other.ref, 2000))
-    wait_for(lambda: sum(line.startswith("tick") for line in jobs.logs(other.ref, 2000)) > seen)
+    wait_until(
+        lambda: sum(line.startswith("tick") for line in jobs.logs(other.ref, 2000)) > seen,
+        20,
+        "the other job to count on",
+    )
     assert jobs.view(other.ref).state.value == "running"
     supervisor = json.loads((jobs.folder(other.ref) / "supervisor.json").read_text())
     assert Path(f"/proc/{supervisor['pid']}").exists()
@@ -195,7 +199,7 @@ def test_all_jobs_together_stay_within_their_share_of_the_machine_and_the_grower
         """,
         episode_id="ep-steady",
     )
-    wait_for(lambda: logged(jobs, steady.ref, "holding"))
+    wait_until(lambda: logged(jobs, steady.ref, "holding"), 20, "the steady job to hold")
     grower = jobs.run(
         """
         blocks = []
@@ -245,7 +249,11 @@ time.sleep(600)  # hold everything while the test looks at the host
     )
     free_before = os.statvfs(state_dir).f_bavail * os.statvfs(state_dir).f_frsize
     job = jobs.submit(script)
-    report = wait_for(lambda: logged(jobs, job.ref, "REPORT ") and jobs.report(job.ref))
+    report = wait_until(
+        lambda: jobs.report(job.ref) if logged(jobs, job.ref, "REPORT ") else None,
+        20,
+        "the job's report",
+    )
     free_during = os.statvfs(state_dir).f_bavail * os.statvfs(state_dir).f_frsize
     taken = allocated_bytes(jobs.folder(job.ref))
     cancelled = asyncio.run(jobs.backend.cancel(job.ref, now()))
@@ -296,7 +304,7 @@ def test_a_job_whose_disk_the_host_cannot_hold_beside_the_running_jobs_does_not_
     jobs = Jobs(backend, write_model(tmp_path / "model-src"))
     running = [jobs.submit(SLEEPER, episode_id=f"ep-{n}") for n in (1, 2)]
     for job in running:
-        wait_for(lambda job=job: logged(jobs, job.ref, "started"))
+        wait_until(lambda job=job: logged(jobs, job.ref, "started"), 20, f"{job.ref} to start")
     refused = jobs.run("print('the script ran')", episode_id="ep-3")
     assert refused.state.value == "failed"
     assert refused.message.startswith(
@@ -433,7 +441,7 @@ time.sleep(600)
     job = jobs.submit(script, timeout_s=15)
     uid = job_uid(jobs, job.ref)
     group = Path(placements(jobs)["pids"].job(job.ref))
-    wait_for(lambda: logged(jobs, job.ref, "REPORT "), timeout=15)
+    wait_until(lambda: logged(jobs, job.ref, "REPORT "), 15, "the job's report")
     # The job's own pids group refused the forks: it reached its limit and never went past
     # it. (How many processes it holds at one instant varies: one of the sandbox's may be
     # exiting; the kernel's counters are what the promise is about.)
@@ -518,7 +526,9 @@ def test_a_new_backend_releases_what_an_ended_job_left_behind(jobs: Jobs, state_
     job = jobs.run("print('done')")
     assert job.state.value == "succeeded"
     folder = jobs.folder(job.ref)
-    wait_for(lambda: not is_alive(read_json(folder / "supervisor.json")))
+    wait_until(
+        lambda: not is_alive(read_json(folder / "supervisor.json")), 20, "the supervisor to exit"
+    )
     # As if its supervisor had been killed while releasing: its groups and folders are back,
     # and groups where an earlier server (in another group of its own) had put it.
     earlier = f"posttrain-jobs-earlier-{secrets.token_hex(4)}"

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from activities.backends.local.cgroups import JobGroups
-from tests.local.conftest import Jobs, logged, now, trained_t0_artifact, wait_for
+from tests.local.conftest import Jobs, logged, now, trained_t0_artifact
+from tests.waiting import wait_until
 
 HOG = """
 import os, time
@@ -59,7 +60,11 @@ class PausedHog:
     def _signal(self, signum: int, stopped: bool) -> None:
         for pid in self.pids:
             os.kill(pid, signum)
-        wait_for(lambda: all(_is_stopped(pid) == stopped for pid in self.pids), timeout=10)
+        wait_until(
+            lambda: all(_is_stopped(pid) == stopped for pid in self.pids),
+            10,
+            f"the hog's processes stopped={stopped}",
+        )
 
 
 def _is_stopped(pid: int) -> bool:
@@ -120,7 +125,7 @@ def test_a_cpu_hog_leaves_another_episodes_dev_evaluation_within_3x_its_time_alo
         return time.monotonic() - started
 
     hog = jobs.submit(HOG, episode_id="ep-hog", timeout_s=300)
-    wait_for(lambda: logged(jobs, hog.ref, "spinning"))
+    wait_until(lambda: logged(jobs, hog.ref, "spinning"), 20, "the hog to spin")
     paused = PausedHog(jobs, hog.ref)
     pairs: list[tuple[str, float, float, float, float]] = []
     try:

@@ -30,10 +30,10 @@ from tests.local.conftest import (
     job_uid,
     leftovers,
     now,
-    wait_for,
     write_model,
 )
 from tests.processes import live_pids_of_uid
+from tests.waiting import wait_until
 
 SLEEPER = """
 import time
@@ -50,8 +50,8 @@ def test_cancelling_a_running_job_is_confirmed_and_reports_its_running_time(jobs
     job = jobs.submit(SLEEPER)
     assert job.state.value == "running"
     uid = job_uid(jobs, job.ref)
-    wait_for(lambda: started(jobs, job.ref))
-    time.sleep(0.5)
+    wait_until(lambda: started(jobs, job.ref), 20, "the job to start")
+    time.sleep(0.5)  # not a wait: the job runs 0.5 s, and its running time is checked below
     t0 = time.monotonic()
     cancelled = asyncio.run(jobs.backend.cancel(job.ref, now()))
     cancel_s = time.monotonic() - t0
@@ -117,7 +117,7 @@ def test_a_restarted_backend_sees_a_running_job_and_a_retried_submit_starts_no_s
     ref = proc.stdout.strip()
     assert ref == job_ref("ep-x/job/1")
     restarted = LocalBackend(state_dir, job_python=JOB_PYTHON, limits=SMALL, bwrap=TEST_BWRAP)
-    wait_for(lambda: started(jobs, ref))
+    wait_until(lambda: started(jobs, ref), 20, "the job to start")
     found = asyncio.run(restarted.find_by_key("ep-x/job/1", now()))
     assert found is not None and found.ref == ref and found.state.value == "running"
     resubmitted = asyncio.run(restarted.submit(request))
@@ -135,16 +135,18 @@ def test_a_job_whose_supervisor_was_killed_ends_failed_and_leaves_nothing_runnin
 ) -> None:
     job = jobs.submit(SLEEPER)
     uid = job_uid(jobs, job.ref)
-    wait_for(lambda: started(jobs, job.ref))
+    wait_until(lambda: started(jobs, job.ref), 20, "the job to start")
     supervisor = json.loads((jobs.folder(job.ref) / "supervisor.json").read_text())
     os.kill(supervisor["pid"], 9)
-    ended = wait_for(lambda: (v := jobs.view(job.ref)).state.terminal and v)
+    ended = wait_until(
+        lambda: v if (v := jobs.view(job.ref)).state.terminal else None, 20, "the job to end"
+    )
     assert ended.state.value == "failed"
     assert ended.message == "the job's supervisor stopped"
-    wait_for(lambda: live_pids_of_uid(uid) == [], timeout=5)
+    wait_until(lambda: live_pids_of_uid(uid) == [], 5, "the job's processes to be gone")
     # Its groups and folders are released by whoever recorded the end; its filesystems lived
     # only in the dead supervisor's mount namespace and went with it.
-    wait_for(lambda: leftovers(jobs, job.ref) == [], timeout=10)
+    wait_until(lambda: leftovers(jobs, job.ref) == [], 10, "the job's leftovers to be gone")
 
 
 EVALUATOR = """
@@ -204,9 +206,8 @@ def test_an_evaluation_of_a_job_without_an_artifact_is_not_ready(jobs: Jobs) -> 
     asyncio.run(jobs.backend.cancel(running.ref, now()))
 
 
-def test_an_evaluators_declared_dependencies_are_installed_from_wheels_first(
-    state_dir: Path, tmp_path: Path
-) -> None:
+def jobs_with_a_probe_wheel(state_dir: Path, tmp_path: Path) -> Jobs:
+    """A backend whose only package index is a folder with the wheel of `pt-probe` 1.0."""
     from tests.launcher.conftest import make_wheel
     from tests.local.conftest import write_model
 
@@ -221,7 +222,13 @@ def test_an_evaluators_declared_dependencies_are_installed_from_wheels_first(
         no_index=True,
         bwrap=TEST_BWRAP,
     )
-    jobs = Jobs(backend, write_model(tmp_path / "model"))
+    return Jobs(backend, write_model(tmp_path / "model"))
+
+
+def test_an_evaluators_declared_dependencies_are_installed_from_wheels_first(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    jobs = jobs_with_a_probe_wheel(state_dir, tmp_path)
     agent = jobs.run("print('ok')")
     script = (
         "# /// script\n# dependencies = ['pt-probe==1.0']\n# ///\n"
@@ -239,21 +246,7 @@ def test_an_evaluators_declared_dependencies_are_installed_from_wheels_first(
 def test_an_agent_jobs_packages_come_from_wheels_in_the_install_phase(
     state_dir: Path, tmp_path: Path
 ) -> None:
-    from tests.launcher.conftest import make_wheel
-    from tests.local.conftest import write_model
-
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    make_wheel(wheels, "pt-probe", "1.0", "VALUE = 'probe-1.0'\n")
-    backend = LocalBackend(
-        state_dir,
-        job_python=JOB_PYTHON,
-        limits=SMALL,
-        find_links=[str(wheels)],
-        no_index=True,
-        bwrap=TEST_BWRAP,
-    )
-    jobs = Jobs(backend, write_model(tmp_path / "model"))
+    jobs = jobs_with_a_probe_wheel(state_dir, tmp_path)
     job = jobs.run(
         "import pt_probe\nprint('REPORT', '{\"v\": \"' + pt_probe.VALUE + '\"}')\n",
         dependencies=["pt-probe==1.0"],

@@ -93,7 +93,7 @@ deeper, lines = run("deep", deep)
 out["deep"] = [deeper.state.value, (backend.jobs_dir / deeper.ref / "fs").exists()]
 out["not_enforced"] = backend.job_limits().not_enforced
 sleeper = asyncio.run(backend.submit(request("sleeper", "import time\ntime.sleep(600)\n")))
-time.sleep(0.5)
+time.sleep(0.5)  # not a wait: the job runs a while, then its running time is checked
 cancelled = asyncio.run(backend.cancel(sleeper.ref, datetime.now(UTC)))
 out["cancel"] = [cancelled.state.value, cancelled.running_s]
 print("RESULT " + json.dumps(out), flush=True)

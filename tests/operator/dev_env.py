@@ -8,9 +8,8 @@ import contextlib
 import io
 import json
 import os
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,16 +108,6 @@ class Operated:
 
     def handle(self, workflow_id: str) -> WorkflowHandle[Any, Any]:
         return self.client.get_workflow_handle(workflow_id)
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 60
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        await asyncio.sleep(0.5)
 
 
 @asynccontextmanager

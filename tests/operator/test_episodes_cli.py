@@ -17,7 +17,8 @@ from mcp_gateway.episode_calls import call_tool
 from posttrain_common.contracts.episode_calls import EndRequest, ToolCall
 from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.models import EndReason
-from tests.operator.dev_env import Operated, eventually, operated
+from tests.operator.dev_env import Operated, operated
+from tests.waiting import eventually
 from workflows.episode.workflow import EpisodeInput, EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 
@@ -79,7 +80,7 @@ async def test_an_unconfirmed_cancellation_is_found_with_its_backend_job_until_i
             assert done.status == 0, done.stderr
             return [row["episode_id"] for row in done.json()] == [episode_id]
 
-        await eventually(listed_as_stuck, "the episode is listed with --stuck 2s")
+        await eventually(listed_as_stuck, 60, "the episode is listed with --stuck 2s", every_s=0.5)
         (row,) = (await op.cli("episodes", "list", "--stuck", "2s", "--json")).json()
         (job,) = row["stuck_jobs"]
         ref = job["backend_job_id"]
@@ -120,7 +121,9 @@ async def test_an_unconfirmed_cancellation_is_found_with_its_backend_job_until_i
             done = await op.run("episodes", "list", "--stuck", "2s", "--json")
             return done.json() == []
 
-        await eventually(no_longer_stuck, "the confirmed cancellation leaves the stuck list")
+        await eventually(
+            no_longer_stuck, 60, "the confirmed cancellation leaves the stuck list", every_s=0.5
+        )
         found = listed(await op.temporal_list(stuck_query.replace(PLACEHOLDER, cutoff)))
         assert found == {}
 
@@ -128,7 +131,7 @@ async def test_an_unconfirmed_cancellation_is_found_with_its_backend_job_until_i
             rows = (await op.run("episodes", "list", "--state", "ended", "--json")).json()
             return [r["episode_id"] for r in rows] == [episode_id]
 
-        await eventually(ended, "the episode is ended once its job confirmed")
+        await eventually(ended, 60, "the episode is ended once its job confirmed", every_s=0.5)
 
 
 async def test_filters_find_exactly_their_episodes_and_the_pages_commands_run(
@@ -160,7 +163,9 @@ async def test_filters_find_exactly_their_episodes_and_the_pages_commands_run(
         async def settled() -> bool:
             return await ids("--state", "ended") == {cancelled.episode_id, timed_out.episode_id}
 
-        await eventually(settled, "the cancelled and the timed-out episodes are ended")
+        await eventually(
+            settled, 60, "the cancelled and the timed-out episodes are ended", every_s=0.5
+        )
         assert await ids("--task", "t_test") == {cancelled.episode_id, campaign_id}
         assert await ids("--task", "t_short") == {timed_out.episode_id}
         assert await ids("--end-reason", "cancelled") == {cancelled.episode_id}
@@ -215,4 +220,6 @@ async def test_filters_find_exactly_their_episodes_and_the_pages_commands_run(
         async def campaign_cancelled() -> bool:
             return await ids("--campaign", "c-1", "--end-reason", "cancelled") == {campaign_id}
 
-        await eventually(campaign_cancelled, "the page's cancel ended the campaign's episode")
+        await eventually(
+            campaign_cancelled, 60, "the page's cancel ended the campaign's episode", every_s=0.5
+        )

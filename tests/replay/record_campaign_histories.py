@@ -22,15 +22,15 @@ Scenarios:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from tests.replay.record_histories import recorder_cli
+from tests.replay.record_histories import recorder_cli, settled
+from tests.waiting import eventually
 
 # In every folder this module records, and in no other (test_replay.py tells them apart).
 FOLDER_TAG = "-campaigns-"
@@ -121,14 +121,6 @@ async def campaign_stack(env: Any, workdir: Path, fake: Any) -> AsyncIterator[St
         yield Stack(env.client, queue, agent_queue, backend, config.campaign_root)
 
 
-async def until(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 300) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise RuntimeError(f"never: {what}")
-        await asyncio.sleep(0.2)
-
-
 async def run_ids(client: Any, workflow_id: str) -> set[str]:
     return {e.run_id async for e in client.list_workflows(f"WorkflowId = '{workflow_id}'")}
 
@@ -155,7 +147,7 @@ async def record_continue_as_new(out: Path, workdir: Path) -> list[Path]:
             status: CampaignStatus = await handle.query(CampaignWorkflow.status)
             return status.counts[Outcome.unscored] >= 1
 
-        await until(unscored, "a rollout unscored")
+        await eventually(unscored, 300, "a rollout unscored", every_s=0.2)
         stack.backend.scenario = scenario(grader_fails=False)
         await handle.execute_update(CampaignWorkflow.retry, RetryRequest(only="unscored"))
         final = await handle.result()
@@ -164,7 +156,7 @@ async def record_continue_as_new(out: Path, workdir: Path) -> list[Path]:
         rollout_runs = await run_ids(env.client, "rollout/rec-can/t_test/solver/1/a1")
         if len(rollout_runs) < 2:
             raise RuntimeError("the solver's rollout did not continue as new")
-        await asyncio.sleep(2)  # the watcher and the job workflows see the ends
+        await settled(env.client)  # the watcher and the job workflows see the ends
         return await save_all(env.client, "campaign_continue_as_new", out)
 
 
@@ -188,14 +180,14 @@ async def record_cancel(out: Path, workdir: Path) -> list[Path]:
             views = stack.backend.views(datetime.datetime.now(datetime.UTC))
             return sum(v.state.value == "running" for v in views) == 2
 
-        await until(both_running, "two jobs running")
+        await eventually(both_running, 300, "two jobs running", every_s=0.2)
         await handle.execute_update(CampaignWorkflow.cancel)
         final = await handle.result()
         now = datetime.datetime.now(datetime.UTC)
         live = [v for v in stack.backend.views(now) if v.state.value in LIVE]
         if final.phase.value != "cancelled" or live:
             raise RuntimeError(f"the campaign did not end cancelled with no live job: {final}")
-        await asyncio.sleep(2)
+        await settled(env.client)
         return await save_all(env.client, "campaign_cancel", out)
 
 
@@ -231,7 +223,7 @@ async def record_reopen(out: Path, workdir: Path) -> list[Path]:
         unscored = first.counts[Outcome.unscored] == 1 and final.counts[Outcome.unscored] == 0
         if not unscored or answer.queued != 1 or final.phase.value != "completed":
             raise RuntimeError(f"the reopened campaign did not run its retry: {final}")
-        await asyncio.sleep(2)
+        await settled(env.client)
         return await save_all(env.client, "campaign_reopen", out)
 
 

@@ -44,6 +44,8 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFai
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from tests.waiting import eventually
+
 HERE = Path(__file__).parent
 DEFAULT_OUT = HERE / "histories"
 
@@ -80,6 +82,45 @@ async def save_all(client: Client, scenario: str, out: Path) -> list[Path]:
         path.write_text(json.dumps(without_stack_traces(json.loads(history.to_json()))) + "\n")
         written.append(path)
     return written
+
+
+async def settled(
+    client: Client, closed_types: Sequence[str] = ("JobWorkflow",), timeout_s: float = 120
+) -> None:
+    """Until every workflow of `closed_types` has closed and no open workflow has a workflow
+    task to run, on two looks in a row: whatever reached a workflow (a signal, a timer, an
+    activity's result) is in its history before the histories are saved. (A signal on its way
+    between two workflows is in neither's pending task, hence the second look.)"""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    quiet = 0
+    while quiet < 2:
+        busy = []
+        async for execution in client.list_workflows():
+            if execution.status is not WorkflowExecutionStatus.RUNNING:
+                continue
+            if execution.workflow_type in closed_types:
+                busy.append(execution.id)
+                continue
+            handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+            if (await handle.describe()).raw_description.HasField("pending_workflow_task"):
+                busy.append(execution.id)
+        quiet = 0 if busy else quiet + 1
+        if busy and asyncio.get_running_loop().time() > deadline:
+            raise RuntimeError(f"never settled: {busy}")
+        await asyncio.sleep(0.2)  # pacing between two looks
+
+
+async def activities_done(client: Client, workflow_id: str, activity: str) -> int:
+    """How many `activity` activities of the workflow have completed."""
+    scheduled: set[int] = set()
+    done = 0
+    async for event in client.get_workflow_handle(workflow_id).fetch_history_events():
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            if event.activity_task_scheduled_event_attributes.activity_type.name == activity:
+                scheduled.add(event.event_id)
+        elif event.HasField("activity_task_completed_event_attributes"):
+            done += event.activity_task_completed_event_attributes.scheduled_event_id in scheduled
+    return done
 
 
 def without_stack_traces(value: Any) -> Any:
@@ -183,7 +224,7 @@ async def record_reset(out: Path, workdir: Path) -> list[Path]:
             )
             await wait_state(client, second.episode_id, quick.data["job_id"], {"succeeded"})
             await session.execute_update(SessionWorkflow.close)
-            await asyncio.sleep(2)
+            await settled(client)
         return await save_all(env.client, "reset", out)
 
 
@@ -210,15 +251,14 @@ async def record_continue_as_new(out: Path, workdir: Path) -> list[Path]:
             first_run = (await handle.describe()).run_id
             for _ in range(25):
                 await call(client, episode.episode_id, "task_info")
-            for _ in range(100):
-                if (await handle.describe()).run_id != first_run:
-                    break
-                await asyncio.sleep(0.1)
-            else:
-                raise RuntimeError("the episode did not continue as new")
+
+            async def continued() -> bool:
+                return (await handle.describe()).run_id != first_run
+
+            await eventually(continued, 10, "the episode to continue as new")
             await call(client, episode.episode_id, "jobs_status", job_id=job.data["job_id"])
             await call(client, episode.episode_id, "jobs_cancel", job_id=job.data["job_id"])
-            await asyncio.sleep(2)
+            await settled(client)
         return await save_all(env.client, "continue_as_new", out)
 
 
@@ -249,7 +289,16 @@ async def record_cancel_pending(out: Path, workdir: Path) -> list[Path]:
                 pass  # the cancellation was not confirmed in time: as it should
             else:
                 raise RuntimeError("the reset should have failed")
-            await asyncio.sleep(20)  # the job's workflow re-issues its cancel after 15 s
+            # The job's workflow re-issues its cancel after 15 s.
+            [job_workflow] = [
+                e.id async for e in client.list_workflows() if e.workflow_type == "JobWorkflow"
+            ]
+
+            async def asked_again() -> bool:
+                return await activities_done(client, job_workflow, "cancel_job") >= 2
+
+            await eventually(asked_again, 60, "the job's workflow to ask for the cancel again")
+            await settled(client, closed_types=())
         return await save_all(env.client, "cancel_pending", out)
 
 
@@ -279,20 +328,20 @@ async def jobs_seen(client: Client, workflow_id: str, count: int) -> None:
     from workflows.episode.workflow import EpisodeWorkflow
 
     handle = client.get_workflow_handle(workflow_id)
-    for _ in range(300):
-        if len((await handle.query(EpisodeWorkflow.status)).jobs) >= count:
-            return
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"the episode never started {count} jobs")
+
+    async def started() -> bool:
+        return len((await handle.query(EpisodeWorkflow.status)).jobs) >= count
+
+    await eventually(started, 30, f"the episode to start {count} jobs")
 
 
 async def closed(client: Client, workflow_id: str) -> None:
     handle = client.get_workflow_handle(workflow_id)
-    for _ in range(600):
-        if (await handle.describe()).status is WorkflowExecutionStatus.COMPLETED:
-            return
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"{workflow_id} never completed")
+
+    async def completed() -> bool:
+        return (await handle.describe()).status is WorkflowExecutionStatus.COMPLETED
+
+    await eventually(completed, 60, f"{workflow_id} to complete")
 
 
 async def record_sent_again(out: Path, workdir: Path) -> list[Path]:
@@ -343,7 +392,7 @@ async def record_sent_again(out: Path, workdir: Path) -> list[Path]:
             if over.data.get("error", {}).get("type") != "episode_over":
                 raise RuntimeError(f"a call after the end was answered {over.data}")
             await closed(client, episode.workflow_id)
-            await asyncio.sleep(2)
+            await settled(client)
         return await save_all(env.client, "sent_again", out)
 
 
@@ -376,7 +425,7 @@ async def record_t0_artifact(out: Path, workdir: Path) -> list[Path]:
             finally:
                 server.should_exit = True
                 await serving
-            await asyncio.sleep(3)  # the watcher and the job workflows see the ends
+            await settled(env.client)  # the watcher and the job workflows see the ends
         return await save_all(env.client, "t0_artifact", out)
 
 
@@ -391,11 +440,7 @@ SCENARIOS = {
 
 async def started(server: Any) -> None:
     """Until uvicorn's server has started."""
-    for _ in range(500):
-        if server.started:
-            return
-        await asyncio.sleep(0.02)
-    raise RuntimeError("the gateway did not start")
+    await eventually(lambda: server.started, 10, "the gateway to start", every_s=0.02)
 
 
 Recorder = Callable[[Path, Path], Coroutine[Any, Any, list[Path]]]

@@ -187,6 +187,24 @@ class Episode:
         raise AssertionError(f"job {job_id} did not finish: {result.data}")
 
 
+async def reset_new_session(
+    client: Client, task_queue: str, task_id: str = "t_test", rpc_timeout: timedelta | None = None
+) -> ResetResult:
+    """Start a session and reset it: its first episode, as the gateway starts one."""
+    session = await client.start_workflow(
+        SessionWorkflow.run,
+        SessionState(),
+        id=f"session-{uuid.uuid4().hex}",
+        task_queue=task_queue,
+    )
+    return await session.execute_update(
+        SessionWorkflow.reset,
+        ResetRequest(task_id=task_id),
+        result_type=ResetResult,
+        rpc_timeout=rpc_timeout,
+    )
+
+
 @dataclass
 class Harness:
     env: WorkflowEnvironment

@@ -14,14 +14,19 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import UpdateWorkflowExecutionLifecycleStage
+from temporalio.api.update.v1 import UpdateRef, WaitPolicy
+from temporalio.api.workflowservice.v1 import PollWorkflowExecutionUpdateRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.backends.fake.backend import FakeBackend, FakeJobScript, FakeScenario
 from posttrain_common.contracts.episode_calls import EpisodeStatus, ToolCall, ToolResult
@@ -29,29 +34,20 @@ from posttrain_common.contracts.jobs import JobRole
 from posttrain_common.keys import write_new_key
 from posttrain_server.temporal.dev_server import start_dev_command
 from tests.payload_limits import assert_no_violation_in
-from tests.workflows.harness import Answer, write_task
-from workflows.episode.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+from tests.waiting import eventually
+from tests.workflows.harness import Answer, reset_new_session, write_task
 from workflows.episode.workflow import EpisodeWorkflow
 
 # An update sent while no worker runs waits for the next one (start-up + sticky-queue timeout).
 UPDATE_RPC_TIMEOUT = timedelta(seconds=60)
 SCRIPT = "print('training')\n"
+ADMITTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ADMITTED
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
-    """Poll `check` until it holds; fail naming `what` after `timeout_s`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not await check():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 def stop(proc: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGTERM) -> None:
@@ -135,6 +131,26 @@ async def call(
     return Answer.of(result, "step")
 
 
+async def admitted(client: Client, workflow_id: str, update_id: str) -> bool:
+    """Whether the server holds the update (it is admitted even while no worker runs)."""
+    request = PollWorkflowExecutionUpdateRequest(
+        namespace=client.namespace,
+        update_ref=UpdateRef(
+            workflow_execution=WorkflowExecution(workflow_id=workflow_id), update_id=update_id
+        ),
+        wait_policy=WaitPolicy(lifecycle_stage=ADMITTED),
+    )
+    try:
+        await client.workflow_service.poll_workflow_execution_update(
+            request, retry=False, timeout=timedelta(seconds=2)
+        )
+    except RPCError as err:
+        if err.status is RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
+
+
 async def test_a_worker_killed_mid_episode_and_a_new_one_finish_the_same_episode_with_the_same_result(  # noqa: E501
     tmp_path: Path,
 ) -> None:
@@ -171,18 +187,7 @@ async def test_a_worker_killed_mid_episode_and_a_new_one_finish_the_same_episode
             return log.read_text(errors="replace")[-3000:] if log.exists() else ""
 
         with worker_process(env, log) as first:
-            session = await client.start_workflow(
-                SessionWorkflow.run,
-                SessionState(),
-                id=f"session-{uuid.uuid4().hex}",
-                task_queue=task_queue,
-            )
-            reset = await session.execute_update(
-                SessionWorkflow.reset,
-                ResetRequest(task_id="t_test"),
-                result_type=ResetResult,
-                rpc_timeout=UPDATE_RPC_TIMEOUT,
-            )
+            reset = await reset_new_session(client, task_queue, rpc_timeout=UPDATE_RPC_TIMEOUT)
             episode_id = reset.episode_id
             handle = client.get_workflow_handle(reset.workflow_id)
             submitted = await call(
@@ -208,7 +213,11 @@ async def test_a_worker_killed_mid_episode_and_a_new_one_finish_the_same_episode
         waiting = asyncio.create_task(
             call(handle, episode_id, "r2", "jobs_wait", job_id=job_id, timeout_s=30)
         )
-        await asyncio.sleep(0)  # let the update go out before the new worker exists
+        await eventually(
+            lambda: admitted(client, reset.workflow_id, f"{episode_id}:r2"),
+            15,
+            "the server to hold the jobs_wait update",
+        )
         assert not waiting.done()
         with worker_process(env, log):
             waited = await waiting

@@ -1,0 +1,51 @@
+"""Waiting in tests: on a condition, with a timeout, never for a guessed while.
+
+`wait_until` (sync tests) and `eventually` (async tests) look at `check` until it holds and fail
+naming `what` once `timeout_s` has passed. The pause between two looks is pacing, not a wait:
+how long a test takes depends on when the condition holds, not on a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(
+    check: Callable[[], T | None], timeout_s: float, what: str, *, every_s: float = 0.05
+) -> T:
+    """The first truthy value `check()` returns; AssertionError naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(every_s)
+
+
+async def eventually(
+    check: Callable[[], Awaitable[object]] | Callable[[], object],
+    timeout_s: float,
+    what: str,
+    *,
+    every_s: float = 0.1,
+) -> None:
+    """Return once `check()` (awaited if it is a coroutine function) is truthy; AssertionError
+    naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        await asyncio.sleep(every_s)
