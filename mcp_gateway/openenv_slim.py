@@ -25,25 +25,10 @@ module is as usual. If openenv is already loaded, it does nothing.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import sys
-from collections.abc import Sequence
-from importlib.machinery import ModuleSpec
 from types import ModuleType
 
-HIDDEN = "gradio"
-
-
-class _HideGradio(importlib.abc.MetaPathFinder):
-    def find_spec(
-        self,
-        fullname: str,
-        path: Sequence[str] | None,
-        target: ModuleType | None = None,
-    ) -> ModuleSpec | None:
-        if fullname == HIDDEN or fullname.startswith(HIDDEN + "."):
-            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
-        return None  # every other module: the usual finders
+from posttrain_env.openenv_light import gradio_hidden
 
 
 class FastmcpLeftOut:
@@ -80,14 +65,12 @@ def load() -> None:
     """Import `openenv.core` (and its wire types) without Gradio's web UI or fastmcp."""
     if "openenv.core" in sys.modules:
         return
-    finder = _HideGradio()
     stand_ins = {} if "fastmcp" in sys.modules else _stand_ins()
     sys.modules.update(stand_ins)
-    sys.meta_path.insert(0, finder)
     try:
-        importlib.import_module("openenv.core")
+        with gradio_hidden():
+            importlib.import_module("openenv.core")
     finally:
-        sys.meta_path.remove(finder)
         for name, module in stand_ins.items():
             if sys.modules.get(name) is module:
                 del sys.modules[name]

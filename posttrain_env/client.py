@@ -25,6 +25,10 @@ import uuid
 from typing import Any
 from urllib.parse import urlencode
 
+from posttrain_env import openenv_light
+
+openenv_light.load()  # before the first import of openenv: without its Gradio web UI
+
 from openenv.core.client_types import StepResult
 from openenv.core.env_server.mcp_types import CallToolAction
 from openenv.core.env_server.types import Observation

@@ -16,6 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
+from posttrain_env import openenv_light
+
+openenv_light.load()  # before the first import of openenv: without its Gradio web UI
+
 from openenv.core.env_server.mcp_types import CallToolAction
 from pydantic import BaseModel, ValidationError
 

@@ -41,6 +41,20 @@ def test_the_gateway_and_the_demo_load_no_gradio(code: str) -> None:
     assert packages_loaded_by(code) == []
 
 
+def test_the_client_and_its_agents_load_openenv_without_its_web_ui() -> None:
+    """What an agent's process imports (issue 25: the client's own start-up): openenv's client
+    and wire types, not Gradio (it was 4 s of the client's 5.8 s import, 2,458 modules), and
+    Gradio stays importable afterwards."""
+    code = (
+        "from posttrain_env import PostTrainEnv\n"
+        "import posttrain_env.agents.play\n"
+        "from openenv.core.env_server.mcp_types import CallToolAction\n"
+        "assert PostTrainEnv.__name__ and CallToolAction.__name__\n"
+    )
+    assert packages_loaded_by(code, ("gradio", "gradio_client", "pandas", "matplotlib")) == []
+    assert packages_loaded_by(f"{code}import gradio\n", ("gradio",)) == ["gradio"]
+
+
 def test_the_demo_module_itself_loads_neither_openenv_nor_temporal() -> None:
     watch = ("openenv", "temporalio", "mcp", "fastapi", "uvicorn")
     assert packages_loaded_by("import posttrain_server.demo", watch) == []
