@@ -329,6 +329,9 @@ def test_http_routes_are_bound_to_a_session(server: ServerProcess) -> None:
     assert "t0_artifact" in unknown_task.json()["detail"]["message"]
 
 
+# OpenEnv's own command line, as third-party clients are (the slow set): it loads the whole of
+# openenv, Gradio included, 25-40 s of a loaded run.
+@pytest.mark.slow
 def test_openenv_validate_url_passes(server: ServerProcess) -> None:
     done = subprocess.run(
         [*command("openenv"), "validate", "--url", server.base_url, "--json"],
