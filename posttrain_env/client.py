@@ -25,9 +25,9 @@ import uuid
 from typing import Any
 from urllib.parse import urlencode
 
-from posttrain_env import openenv_light
+from posttrain_env.openenv_light import load as load_openenv
 
-openenv_light.load()  # before the first import of openenv: without its Gradio web UI
+load_openenv()  # before the first import of openenv: without its Gradio web UI
 
 from openenv.core.client_types import StepResult
 from openenv.core.env_server.mcp_types import CallToolAction

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from posttrain_env import openenv_light
+from posttrain_env.openenv_light import load as load_openenv
 
-openenv_light.load()  # before the first import of openenv: without its Gradio web UI
+load_openenv()  # before the first import of openenv: without its Gradio web UI
 
 from openenv.core.env_server.mcp_types import CallToolAction
 from pydantic import BaseModel, ValidationError
