@@ -381,8 +381,12 @@ def test_posttrain_env_never_reads_a_late_reply_after_a_timeout(server: ServerPr
         with pytest.raises(TimeoutError):
             env.step(wait)  # the job runs for 10 minutes: this wait lasts 8 s, past the 4 s
         # The episode answers the wait at 8 s; the gateway sends it to the dropped socket.
+        # Each look connects a Temporal client: twice a second, not the default 20 times.
         wait_until(
-            lambda: asyncio.run(server.answered(episode_id, "wait-8s")), 30, "the wait's answer"
+            lambda: asyncio.run(server.answered(episode_id, "wait-8s")),
+            30,
+            "the wait's answer",
+            every_s=0.5,
         )
         status = env.step(CallToolAction(tool_name="jobs_status", arguments={"job_id": job_id}))
         assert status.observation.tool_name == "jobs_status"

@@ -193,7 +193,12 @@ async def test_a_jobs_history_stays_under_30_events_across_a_6_hour_job(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     six_hours = FakeJobScript(run_s=6 * 3600)
-    async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[six_hours])) as h:
+    # The watcher looks every 5 minutes here, not every 30 s: the job's history must not grow
+    # with its duration whatever the interval (a look that signalled the job without a change
+    # would still pass 30 events, 72 looks over 6 hours), and 720 looks cost 30 s of CPU.
+    async with running_worker(
+        time_skipping_env, tmp_path, FakeScenario(jobs=[six_hours]), watch_interval_s=300.0
+    ) as h:
         write_task(
             tmp_path / "tasks",
             "t_long",
@@ -203,7 +208,7 @@ async def test_a_jobs_history_stays_under_30_events_across_a_6_hour_job(
         )
         ep = await h.episode("t_long")
         job_id = await ep.submit_job(timeout_minutes=7 * 60)
-        await ep.skip(timedelta(hours=6, minutes=5))
+        await ep.skip(timedelta(hours=6, minutes=11))  # past the first look after its end
         done = await ep.call("jobs_status", job_id=job_id)
         assert done.data["state"] == "succeeded"
         history = await h.client.get_workflow_handle(f"{ep.handle.id}/job/1").fetch_history()
