@@ -51,7 +51,6 @@ LONGEST_FIRST = (
     "tests/gateway/test_openenv_flow.py",
     "tests/gateway/test_payload_bounds.py",
     "tests/gateway/test_mcp_endpoint.py",
-    "tests/local/test_cpu_fairness.py",
     "tests/local/test_containment.py",
     "tests/backends/test_conformance.py",
     "tests/test_benchmarks_run.py",

@@ -165,7 +165,9 @@ def test_an_ngram_across_a_chunk_boundary_is_found() -> None:
 
 
 def test_evidence_is_capped_in_matches_places_and_snippet() -> None:
-    items = [ItemText(f"q{n}", f"item number {n} " + "word " * 400) for n in range(80)]
+    # Each item is longer than a snippet may be, so the snippet cap has something to cut.
+    items = [ItemText(f"q{n}", f"item number {n} " + "word " * 80) for n in range(80)]
+    assert all(len(item.text) > 1.2 * MAX_CONTAMINATION_SNIPPET_CHARS for item in items)
     scan = Scan(items, 13, 0.5)
     for n in range(MAX_CONTAMINATION_PLACES + 3):
         scan.feed_text(f"source-{n}", " ".join(item.text for item in items))

@@ -78,6 +78,9 @@ def load_average() -> str:
     return f"load {fields[0]}, runnable {fields[3]}"
 
 
+# A measurement that loads the machine on purpose (a hog spinning for 30-45 s beside 21
+# evaluations): in the slow set, where fewer tests share the cores with it.
+@pytest.mark.slow
 def test_a_cpu_hog_leaves_another_episodes_dev_evaluation_within_3x_its_time_alone(
     jobs: Jobs,
 ) -> None:
