@@ -14,6 +14,8 @@ import statistics
 import time
 from pathlib import Path
 
+import pytest
+
 from activities.backends.local.cgroups import JobGroups
 from tests.local.conftest import Jobs, logged, now, trained_t0_artifact
 from tests.waiting import wait_until
