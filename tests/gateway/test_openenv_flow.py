@@ -358,7 +358,9 @@ def test_the_session_id_never_reaches_the_server_log(server: ServerProcess) -> N
 
 
 def test_posttrain_env_never_reads_a_late_reply_after_a_timeout(server: ServerProcess) -> None:
-    with PostTrainEnv(base_url=server.base_url, message_timeout_s=4).sync() as env:
+    # 10 s: every call before the wait must come back within it, loaded suite or not (4 s once
+    # timed out a submit in an eight-worker run); the wait below lasts twice as long.
+    with PostTrainEnv(base_url=server.base_url, message_timeout_s=10).sync() as env:
         episode_id = env.reset(task_id="t0_artifact").observation.metadata["episode_id"]
         job = env.step(
             CallToolAction(
@@ -375,16 +377,16 @@ def test_posttrain_env_never_reads_a_late_reply_after_a_timeout(server: ServerPr
         assert state == "running"
         wait = CallToolAction(
             tool_name="jobs_wait",
-            arguments={"job_id": job_id, "timeout_s": 8},
-            metadata={"request_id": "wait-8s"},
+            arguments={"job_id": job_id, "timeout_s": 20},
+            metadata={"request_id": "wait-20s"},
         )
         with pytest.raises(TimeoutError):
-            env.step(wait)  # the job runs for 10 minutes: this wait lasts 8 s, past the 4 s
-        # The episode answers the wait at 8 s; the gateway sends it to the dropped socket.
+            env.step(wait)  # the job runs for 10 minutes: this wait lasts 20 s, past the 10 s
+        # The episode answers the wait at 20 s; the gateway sends it to the dropped socket.
         # Each look connects a Temporal client: twice a second, not the default 20 times.
         wait_until(
-            lambda: asyncio.run(server.answered(episode_id, "wait-8s")),
-            30,
+            lambda: asyncio.run(server.answered(episode_id, "wait-20s")),
+            40,
             "the wait's answer",
             every_s=0.5,
         )
