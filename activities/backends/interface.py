@@ -11,10 +11,11 @@ conformance suite).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -156,6 +157,17 @@ class Capabilities(BaseModel):
 
 def no_interceptors() -> Sequence[Interceptor]:
     return ()
+
+
+def built_by(module: str) -> Callable[[Settings, ServerKey], JobsBackend]:
+    """The `build(settings, key)` of `module` (a backend's factory), imported only when a backend
+    is built: a declaration is read by processes that run no job (the gateway's)."""
+
+    def build(settings: Settings, key: ServerKey) -> JobsBackend:
+        factory: Any = importlib.import_module(module)
+        return factory.build(settings, key)
+
+    return build
 
 
 @dataclass(frozen=True)

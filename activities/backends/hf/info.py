@@ -7,21 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from activities.backends.interface import BackendInfo, Capabilities
+from activities.backends.interface import BackendInfo, Capabilities, built_by
 
 if TYPE_CHECKING:
     from temporalio.worker import Interceptor
-
-    from activities.backends.interface import JobsBackend
-    from posttrain_common.keys import ServerKey
-    from posttrain_common.settings import Settings
-
-
-def _build(settings: Settings, key: ServerKey) -> JobsBackend:
-    # Imported here: the declaration is read by processes that run no job (the gateway's).
-    from activities.backends.hf.factory import build
-
-    return build(settings, key)
 
 
 def _interceptors() -> Sequence[Interceptor]:
@@ -37,6 +26,6 @@ BACKEND = BackendInfo(
     # One listing call per look for every live job: every 30 s keeps a deployment within the
     # Hub's rate limits (DESIGN §3).
     capabilities=Capabilities(spends_money=True, watch_interval_s=30.0, reaps_orphans=True),
-    build=_build,
+    build=built_by("activities.backends.hf.factory"),
     interceptors=_interceptors,
 )

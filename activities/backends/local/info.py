@@ -4,22 +4,7 @@ backend's code."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from activities.backends.interface import BackendInfo, Capabilities
-
-if TYPE_CHECKING:
-    from activities.backends.interface import JobsBackend
-    from posttrain_common.keys import ServerKey
-    from posttrain_common.settings import Settings
-
-
-def _build(settings: Settings, key: ServerKey) -> JobsBackend:
-    # Imported here: the declaration is read by processes that run no job (the gateway's).
-    from activities.backends.local.factory import build
-
-    return build(settings, key)
-
+from activities.backends.interface import BackendInfo, Capabilities, built_by
 
 BACKEND = BackendInfo(
     name="local",
@@ -27,5 +12,5 @@ BACKEND = BackendInfo(
     # Local jobs are files: look every 2 s, and again at once after a change (short jobs end
     # in well under a second).
     capabilities=Capabilities(spends_money=False, watch_interval_s=2.0, brisk_look_s=0.1),
-    build=_build,
+    build=built_by("activities.backends.local.factory"),
 )
