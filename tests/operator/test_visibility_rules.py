@@ -20,15 +20,15 @@ from workflows.operations.visibility import (
 )
 
 
-def test_thirteen_attributes_with_at_most_ten_keywords_as_sql_visibility_allows() -> None:
+def test_fourteen_attributes_with_at_most_ten_keywords_as_sql_visibility_allows() -> None:
     names = [key.name for key in sa.SEARCH_ATTRIBUTES]
-    assert len(names) == len(set(names)) == 13
+    assert len(names) == len(set(names)) == 14
     keywords = [k for k in sa.SEARCH_ATTRIBUTES if sa.type_name(k) == "Keyword"]
     assert len(keywords) == 9
     assert sa.type_name(sa.REWARD) == "Double" and sa.type_name(sa.STEPS_USED) == "Int"
     assert sa.type_name(sa.CANCEL_PENDING_SINCE) == "Datetime"
     flags = sa.dev_server_flags()
-    assert flags[:2] == ["--search-attribute", "PtTask=Keyword"] and len(flags) == 26
+    assert flags[:2] == ["--search-attribute", "PtTask=Keyword"] and len(flags) == 28
 
 
 def test_a_running_episode_shows_task_state_and_spend_and_no_reward() -> None:

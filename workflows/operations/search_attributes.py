@@ -32,6 +32,8 @@ BACKEND_JOB_ID = SearchAttributeKey.for_keyword("PtBackendJobId")
 # Others
 REWARD = SearchAttributeKey.for_float("PtReward")  # absent while there is none
 SPEND_MICRO_USD = SearchAttributeKey.for_int("PtSpendMicroUsd")  # settled spend
+# Held for jobs not yet settled (an episode's; 0 once every job is final).
+RESERVED_MICRO_USD = SearchAttributeKey.for_int("PtReservedMicroUsd")
 STEPS_USED = SearchAttributeKey.for_int("PtStepsUsed")
 # When the oldest cancellation not yet confirmed was asked for; absent when none is pending.
 CANCEL_PENDING_SINCE = SearchAttributeKey.for_datetime("PtCancelPendingSince")
@@ -48,6 +50,7 @@ SEARCH_ATTRIBUTES: Sequence[SearchAttributeKey[Any]] = (
     BACKEND_JOB_ID,
     REWARD,
     SPEND_MICRO_USD,
+    RESERVED_MICRO_USD,
     STEPS_USED,
     CANCEL_PENDING_SINCE,
 )
