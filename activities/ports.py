@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from posttrain_common.contracts.audit import AuditRecord
 from posttrain_common.contracts.episode_calls import EpisodeStatus, ToolCall, ToolResult
 from posttrain_common.contracts.episodes import Caps, ServerSpend
+from posttrain_common.contracts.reconcile import FindStranded, StrandedRun, StrandedSearch
 
 
 class JobToWatch(BaseModel):
@@ -77,4 +78,15 @@ class EpisodeCalls(Protocol):
 
     async def is_running(self, episode_id: str) -> bool:
         """True while the episode's workflow runs (every call it accepted gets an answer)."""
+        ...
+
+
+class StrandedWorkflows(Protocol):
+    async def find(self, request: FindStranded) -> StrandedSearch:
+        """Runs of our workflows on this task queue closed from outside (terminated, timed
+        out) that nothing has wound down yet, parents first."""
+        ...
+
+    async def wind_down(self, run: StrandedRun) -> str:
+        """Start it again to end (or hand its state to the running singleton); what was done."""
         ...

@@ -124,6 +124,9 @@ class Settings(BaseSettings):
     # behind a proxy. Requests naming any other Host or Origin are refused (DNS rebinding).
     allowed_hosts: str = ""
     cancel_confirm_s: int = Field(default=120, gt=0)
+    # How often the reconciler (and, on Hugging Face, the orphan reaper) runs: a workflow
+    # terminated from outside is wound down within one period (docs/operations.md).
+    reaper_every_s: float = Field(default=600.0, ge=1.0, le=86_400.0)
     job_python: str = "/usr/bin/python3"
     # Folders of wheels that local jobs and evaluators install from besides PyPI (comma-
     # separated), e.g. a CPU build of torch; the server's setting, never anything a job sets.

@@ -195,6 +195,9 @@ class EndReason(enum.StrEnum):
     score_failed = "score_failed"
     reset = "reset"
     cancelled = "cancelled"
+    # An operator ended it: `posttrain-env episodes cancel|end`, or a cancel or terminate of its
+    # workflow through Temporal (the UI, `temporal workflow cancel`). Reward None.
+    cancelled_by_operator = "cancelled_by_operator"
     # A rollout's agent stopped without submitting (or ran out of turns or of its LLM budget):
     # reward 0, as for the other limits. Only the grader's failure gives reward None.
     abandoned = "abandoned"

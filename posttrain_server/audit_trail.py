@@ -57,17 +57,36 @@ async def read_trail(client: Client, episode_id: str) -> AuditRecord:
     sizes are the backend's to add). Raises RPCError (NOT_FOUND) for an unknown episode."""
     workflow_id = episode_workflow_id(episode_id)
     described = await client.get_workflow_handle(workflow_id).describe()
-    run_id: str | None = described.raw_description.workflow_execution_info.first_run_id or None
-    trail = _Trail()
+    chains = [described.raw_description.workflow_execution_info.first_run_id or described.run_id]
+    # A run the reconciler started after the last one was terminated: that one's chain first.
     for _ in range(MAX_RUNS):
-        handle = client.get_workflow_handle(workflow_id, run_id=run_id)
-        next_run: str | None = None
-        async for event in handle.fetch_history_events():
-            next_run = await _take(client, trail, event) or next_run
-        if next_run is None:
+        previous = await _wound_down_from(client, workflow_id, chains[0])
+        if previous is None:
             break
-        run_id = next_run
+        before = await client.get_workflow_handle(workflow_id, run_id=previous).describe()
+        chains.insert(0, before.raw_description.workflow_execution_info.first_run_id or previous)
+    trail = _Trail()
+    for first_run in chains:
+        run_id: str | None = first_run
+        for _ in range(MAX_RUNS):
+            handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+            next_run: str | None = None
+            async for event in handle.fetch_history_events():
+                next_run = await _take(client, trail, event) or next_run
+            if next_run is None:
+                break
+            run_id = next_run
     return _finish(trail)
+
+
+async def _wound_down_from(client: Client, workflow_id: str, run_id: str | None) -> str | None:
+    """The terminated run that the run `run_id` winds down (None: it winds down none)."""
+    handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+    async for event in handle.fetch_history_events(page_size=1):
+        attrs = event.workflow_execution_started_event_attributes
+        (inp,) = await client.data_converter.decode(attrs.input.payloads, [EpisodeInput])
+        return inp.wind_down.previous_run_id if inp.wind_down else None
+    return None
 
 
 async def _take(client: Client, trail: _Trail, event: HistoryEvent) -> str | None:
@@ -93,6 +112,8 @@ async def _take(client: Client, trail: _Trail, event: HistoryEvent) -> str | Non
         )
     elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
         request = event.workflow_execution_update_accepted_event_attributes.accepted_request
+        if request.input.name != "call_tool":
+            return None  # an operator's repair: the record has it from the episode itself
         (call,) = await decode(request.input.args.payloads, [ToolCall])
         arguments = dict(call.arguments)
         script = arguments.get("script")

@@ -236,18 +236,24 @@ def retention_schedule_id(namespace: str, task_queue: str) -> str:
 
 
 async def ensure_reaper_schedule(
-    client: Client, task_queue: str, every: timedelta = REAPER_EVERY
+    client: Client,
+    task_queue: str,
+    every: timedelta = REAPER_EVERY,
+    *,
+    orphans: bool = True,
 ) -> str:
-    """Create the Schedule that runs ReaperWorkflow every `every` (kept if it exists already).
+    """Create the Schedule that runs ReaperWorkflow every `every` (kept if it exists already):
+    the reconciler, and the orphan reaper when `orphans` (the backend lists its live jobs).
     Returns its id."""
     action = ScheduleActionStartWorkflow(
         ReaperWorkflow.run,
-        ReaperInput(),
+        # The watcher's and the account's closed runs are merged for about two periods.
+        ReaperInput(orphans=orphans, singleton_lookback_s=2.5 * every.total_seconds()),
         id=f"posttrain-reaper-run/{client.namespace}/{task_queue}",
         task_queue=task_queue,
     )
     schedule_id = reaper_schedule_id(client.namespace, task_queue)
-    return await _ensure_schedule(client, schedule_id, action, every, "orphan reaper")
+    return await _ensure_schedule(client, schedule_id, action, every, "reconciler")
 
 
 async def ensure_retention_schedule(
@@ -288,12 +294,14 @@ async def _ensure_schedule(
 
 
 def schedule_reaper_soon(
-    client: Client, task_queue: str, every: timedelta = REAPER_EVERY
+    client: Client, task_queue: str, every: timedelta = REAPER_EVERY, *, orphans: bool = True
 ) -> asyncio.Task[str] | None:
     """Create the reaper's Schedule in the background of the running event loop (the worker is
     built synchronously); a failure is logged, and the next worker start tries again. None when
     no loop runs (nothing is attempted)."""
-    return _soon(ensure_reaper_schedule(client, task_queue, every), "the orphan reaper")
+    return _soon(
+        ensure_reaper_schedule(client, task_queue, every, orphans=orphans), "the reconciler"
+    )
 
 
 def schedule_retention_soon(

@@ -8,6 +8,7 @@ import importlib.metadata
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn, cast
 
@@ -24,11 +25,13 @@ from activities.contamination.activities import ContaminationActivities
 from activities.episodes.activities import EpisodeActivities, EpisodeConfig
 from activities.jobs.activities import JobsActivities
 from activities.jobs.reaper import ReaperActivities
+from activities.jobs.reconciler import ReconcilerActivities
 from activities.records.audit import AuditActivities
 from activities.records.retention import RetentionActivities
 from posttrain_common.keys import ServerKey, ServerKeyError
 from posttrain_common.settings import Settings
 from posttrain_server.deployment_key import check_deployment, resolve_server_key
+from posttrain_server.reconcile import TemporalStrandedWorkflows
 from posttrain_server.shutdown import ShutdownDeadline, stop_on_signals
 from posttrain_server.temporal.client import connect
 from posttrain_server.temporal.setup import require_search_attributes
@@ -75,6 +78,7 @@ WORKFLOWS: Sequence[type] = (
     CampaignWorkflow,
     RolloutWorkflow,
     RetentionWorkflow,
+    ReaperWorkflow,
 )
 
 
@@ -157,10 +161,13 @@ def build_worker(
     # Every backend that keeps job folders has them swept (the fake keeps none).
     if settings.retention_policy.deletes_anything and not isinstance(storage, NoStorage):
         schedule_retention_soon(client, queue)
+    # The reconciler runs on every backend; the orphan reaper where the backend lists its jobs.
+    reconciler = ReconcilerActivities(TemporalStrandedWorkflows(client, queue))
+    activities += [reconciler.find_stranded_workflows, reconciler.wind_down_workflow]
+    reaper_every = timedelta(seconds=settings.reaper_every_s)
+    schedule_reaper_soon(client, queue, reaper_every, orphans=capabilities.reaps_orphans)
     if capabilities.reaps_orphans:
         reaper = ReaperActivities(cast(OrphanSource, backend), TemporalEpisodeLiveness(client))
-        schedule_reaper_soon(client, queue)
-        workflows.append(ReaperWorkflow)
         activities += [reaper.find_orphan_jobs, reaper.cancel_orphan_job]
     interceptors: list[Interceptor] = list(info.interceptors())
     return Worker(

@@ -49,6 +49,14 @@ class AuditActivities(AuditApi):
             record.end = request.end
             record.ended_at = request.now
         record.contamination = request.contamination
+        record.operator_actions = request.operator_actions
+        for job in record.jobs:
+            if request.settled_micro_usd and job.job_id in request.settled_micro_usd:
+                job.settled_micro_usd = request.settled_micro_usd[job.job_id]
+            if request.final_states and job.job_id in request.final_states:
+                job.final_state = request.final_states[job.job_id]
+        if request.final_spend_micro_usd is not None:
+            record.final_spend_micro_usd = request.final_spend_micro_usd
         await self._add_installed(record, request.now)
         await self._add_artifact_sizes(record)
         return await asyncio.to_thread(write_record, self._folder, record)

@@ -44,6 +44,7 @@ from posttrain_common.contracts.jobs import (
     ScoreResult,
     SubmitJob,
 )
+from posttrain_common.contracts.reconcile import FindStranded, StrandedRun, StrandedSearch
 from posttrain_common.contracts.retention import RetentionReport, SweepRetention
 
 
@@ -112,6 +113,20 @@ class ReaperApi:
 
     @activity.defn
     async def cancel_orphan_job(self, orphan: OrphanJob) -> BackendJob:
+        raise Unimplemented
+
+
+class ReconcilerApi:
+    """Find runs of our workflows closed from outside, and wind each down
+    (`activities.jobs.reconciler.ReconcilerActivities`)."""
+
+    @activity.defn
+    async def find_stranded_workflows(self, request: FindStranded) -> StrandedSearch:
+        raise Unimplemented
+
+    @activity.defn
+    async def wind_down_workflow(self, run: StrandedRun) -> str:
+        """What was done, in words."""
         raise Unimplemented
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from posttrain_common.contracts.contamination import ContaminationReport
+from posttrain_common.contracts.operator import OperatorAction
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("audit.schema.json")
@@ -112,6 +113,9 @@ class AuditRecord(BaseModel):
     # The grader-side contamination check (tasks with a `[contamination]` table, episodes
     # ended by `submit`): its counts and its evidence, which may quote test items.
     contamination: ContaminationReport | None = None
+    # What operators did to the episode (repairs, a cancel or terminate through Temporal), with
+    # who and why, oldest first.
+    operator_actions: list[OperatorAction] = Field(default_factory=list)
 
 
 def audit_schema() -> dict[str, Any]:
@@ -131,3 +135,10 @@ class WriteAudit(BaseModel):
     now: datetime  # workflow time: what the backend's reads are asked at (fakes need it)
     # The contamination check's report (bounded: posttrain_common/contracts/contamination.py).
     contamination: ContaminationReport | None = None
+    operator_actions: list[OperatorAction] = Field(default_factory=list)
+    # The ledger's word on money, which the history alone cannot always tell (a job settled at
+    # its worst case, or at the minutes an operator read on the provider's console): each
+    # settled job's cost, and the total. None from episodes recorded before it was sent.
+    settled_micro_usd: dict[str, int] | None = None
+    final_spend_micro_usd: int | None = None
+    final_states: dict[str, str] | None = None  # job id -> its final state

@@ -3,8 +3,9 @@
     posttrain-env episodes list [--task T] [--state S] [--end-reason R] [--since 2d]
                                 [--stuck 10m] [--campaign C] [--limit N] [--json]
     posttrain-env episodes show <episode_id> [--json]
-    posttrain-env episodes cancel <episode_id>
     posttrain-env episodes export <episode_id>
+    posttrain-env episodes cancel | end | retry-cancel | confirm-cancelled ...
+                                                      (the repairs: `episode_repair.py`)
 
 Built on the search attributes episodes and jobs upsert
 (`workflows/operations/search_attributes.py`),
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from posttrain_common.settings import Settings
 
 _EPISODE_ID = re.compile(r"ep-[0-9a-f]{16}")
-EPISODES_HELP = "list, show, cancel and export episodes (the operator's view)"
+EPISODES_HELP = "list, show, export and repair episodes (the operator's view and tools)"
 STATUS_QUERY_TIMEOUT = timedelta(seconds=10)
 
 
@@ -54,10 +55,9 @@ def add_episodes_commands(subparsers: argparse._SubParsersAction) -> None:  # py
         "export", help="the episode's audit record as JSON, validated against its schema"
     )
     export.add_argument("episode_id")
-    cancel = commands.add_parser(
-        "cancel", help="end an episode now (reward None; its jobs are cancelled and confirmed)"
-    )
-    cancel.add_argument("episode_id")
+    from posttrain_server.commands.episode_repair import add_repair_commands
+
+    add_repair_commands(commands)
 
 
 def run_episodes(args: argparse.Namespace) -> int:
@@ -69,6 +69,7 @@ def run_episodes(args: argparse.Namespace) -> int:
 
 async def run_episodes_async(args: argparse.Namespace, settings: Settings) -> int:
     from posttrain_server.commands.episode_queries import FilterError
+    from posttrain_server.commands.episode_repair import REPAIRS, run_repair
 
     try:
         client = await operator_client(settings)
@@ -76,8 +77,8 @@ async def run_episodes_async(args: argparse.Namespace, settings: Settings) -> in
             return await list_episodes(client, args)
         if args.episodes_command == "show":
             return await show_episode(client, settings, args.episode_id, as_json=args.json)
-        if args.episodes_command == "cancel":
-            return await cancel_episode(client, args.episode_id)
+        if args.episodes_command in REPAIRS:
+            return await run_repair(client, args)
         if args.episodes_command == "export":
             record = await export_record(client, settings, args.episode_id)
             print(json.dumps(record, indent=2))
@@ -331,29 +332,3 @@ def validate_record(record: dict[str, Any]) -> None:
         raise InvalidRecord(
             f"the audit record breaks its schema at {where}: {err.message}"
         ) from None
-
-
-# -- cancel ------------------------------------------------------------------------------------
-
-
-async def cancel_episode(client: Client, episode_id: str) -> int:
-    """Signal the episode's end as an operator's cancel (reward None, jobs cancelled)."""
-    from temporalio.service import RPCError, RPCStatusCode
-
-    from posttrain_common.contracts.episode_calls import EndRequest
-    from posttrain_env.models import EndReason
-    from workflows.episode.workflow import EpisodeWorkflow
-    from workflows.ids import episode_workflow_id
-
-    handle = client.get_workflow_handle(episode_workflow_id(episode_id))
-    try:
-        await handle.signal(EpisodeWorkflow.end_requested, EndRequest(reason=EndReason.cancelled))
-    except RPCError as err:
-        if err.status is RPCStatusCode.NOT_FOUND:  # never existed, or already closed
-            raise EpisodeNotFound(f"no running episode {episode_id!r}") from None
-        raise
-    print(
-        f"episode {episode_id}: cancel requested (reward None; its jobs are being cancelled; "
-        f"`posttrain-env episodes show {episode_id}` follows it)"
-    )
-    return 0

@@ -95,6 +95,20 @@ class Operated:
         assert proc.returncode == 0, err.decode()
         return out.decode()
 
+    async def temporal(self, *args: str) -> Done:
+        """`temporal <args> --address <this server>`, as an operator types it."""
+        proc = await asyncio.create_subprocess_exec(
+            binary("temporal"),
+            *args,
+            "--address",
+            self.address,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+        assert proc.returncode is not None
+        return Done(proc.returncode, out.decode(), err.decode())
+
     async def reset(self, task_id: str = "t_test") -> ResetResult:
         session = await self.client.start_workflow(
             SessionWorkflow.run,
@@ -112,8 +126,13 @@ class Operated:
 
 @asynccontextmanager
 async def operated(
-    tmp_path: Path, scenario: FakeScenario, tasks: dict[str, dict[str, Any]] | None = None
+    tmp_path: Path,
+    scenario: FakeScenario,
+    tasks: dict[str, dict[str, Any]] | None = None,
+    *,
+    reaper_every_s: float = 600.0,
 ) -> AsyncIterator[Operated]:
+    """`reaper_every_s`: the reconciler's Schedule period (a test of it sets a short one)."""
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=binary("temporal"),
@@ -126,7 +145,11 @@ async def operated(
         for task_id, limits in (tasks or {"t_test": {}}).items():
             write_task(tasks_dir, task_id, **limits)
         settings = Settings(
-            state_dir=tmp_path / "state", backend="fake", watch_interval_s=1, cancel_confirm_s=5
+            state_dir=tmp_path / "state",
+            backend="fake",
+            watch_interval_s=1,
+            cancel_confirm_s=5,
+            reaper_every_s=reaper_every_s,
         )
         backend = FakeBackend(settings.state_dir / "fake", scenario)
         queue = f"tq-{uuid.uuid4().hex[:12]}"

@@ -13,6 +13,7 @@ ended `abandoned` (reward 0). The attempt's record is appended, then the campaig
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
@@ -53,6 +54,10 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.policies import READ_RETRY, READ_TIMEOUT
     from workflows.waiting import Alarm, wait_until
+
+# A cancel of a rollout from outside (the Temporal UI, `temporal workflow cancel`) ends it as the
+# campaign's cancel does. Histories recorded before this closed at such a cancel, and replay so.
+ROLLOUT_OUTSIDE_CANCEL_PATCH = "pt-rollout-outside-cancel-1"
 
 # The server-wide caps refused the episode: try again after this long, doubling up to the cap.
 CAPACITY_RETRY_S = 30
@@ -103,6 +108,14 @@ class RolloutWorkflow:
             await self._play()
         except AttemptFailed as failed:
             self._s.error, self._s.play_end = failed.error, "error"
+        except asyncio.CancelledError:
+            if not workflow.patched(ROLLOUT_OUTSIDE_CANCEL_PATCH):
+                raise
+            # Cancelled through Temporal (the UI, `temporal workflow cancel`): as the campaign's
+            # cancel: its episode ends (its jobs are cancelled) and the attempt is recorded.
+            workflow.logger.warning("rollout %s was cancelled from outside", inp.rollout_id)
+            self._s.cancel_requested = True
+            self._s.play_end = "cancelled"
         await self._close_episode()
         record = attempt_record(inp, self._s, workflow.now())
         await workflow.execute_activity_method(
@@ -132,6 +145,12 @@ class RolloutWorkflow:
     def episode_closed(self, closed: EpisodeClosed) -> None:
         if closed.episode_id == self._s.episode_id and not closed.unconfirmed:
             self._s.closed = closed
+
+    @workflow.query
+    def resume_input(self) -> RolloutInput:
+        """What a new run needs to go on from here (the reconciler starts one, cancelling, when
+        this run was terminated from outside)."""
+        return self._inp.model_copy(update={"carry": self._s})
 
     @workflow.signal
     def cancel(self) -> None:

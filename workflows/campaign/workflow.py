@@ -148,6 +148,12 @@ class CampaignWorkflow:
     def status(self) -> CampaignStatus:
         return status(self._inp, self._s)
 
+    @workflow.query
+    def resume_input(self) -> CampaignInput:
+        """What a new run needs to go on from here (the reconciler starts one, cancelling, when
+        this run was terminated from outside)."""
+        return next_run(self._inp, self._s)
+
     # -- the plan ------------------------------------------------------------------------------
 
     async def _plan(self) -> bool:

@@ -153,6 +153,24 @@ class EpisodeJobs:
         except FailureError:
             pass  # the job's workflow already finished; its final snapshot is on the way
 
+    async def retry_cancel(self, record: JobRecord) -> None:
+        """Have the job's workflow ask the backend to cancel again now (an operator)."""
+        handle = workflow.get_external_workflow_handle(record.workflow_id)
+        try:
+            await handle.signal(JobWorkflow.retry_cancel_now)
+        except FailureError:
+            workflow.logger.warning(
+                "job %s: its workflow is not running; the reconciler restarts it", record.job_id
+            )
+
+    async def tell_gone(self, record: JobRecord, reason: str) -> None:
+        """Tell the job's workflow an operator attested the job is gone (it stops following)."""
+        handle = workflow.get_external_workflow_handle(record.workflow_id)
+        try:
+            await handle.signal(JobWorkflow.confirmed_gone, reason)
+        except FailureError:
+            pass  # its workflow is not running: nothing follows the job any more
+
     async def cancel_every_live_job(self) -> None:
         for record in list(self._s.jobs.values()):
             if record.live:

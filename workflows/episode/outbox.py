@@ -64,6 +64,16 @@ class EpisodeOutbox:
                     ),
                     now=workflow.now(),
                     contamination=self._s.contamination,
+                    operator_actions=self._s.operator_actions,
+                    settled_micro_usd={
+                        r.job_id: r.settlement.cost_micro_usd
+                        for r in self._s.jobs.values()
+                        if r.settlement is not None
+                    },
+                    final_spend_micro_usd=self._s.ledger.settled_micro_usd,
+                    final_states={
+                        r.job_id: r.state.value for r in self._s.jobs.values() if r.final
+                    },
                 ),
                 start_to_close_timeout=AUDIT_TIMEOUT,
                 retry_policy=READ_RETRY,

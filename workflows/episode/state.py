@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from posttrain_common.contracts.contamination import ContaminationReport
 from posttrain_common.contracts.episode_calls import ToolResult
 from posttrain_common.contracts.jobs import JobRole, ScoreResult
+from posttrain_common.contracts.operator import OperatorAction
 from posttrain_env.models import BoundedText, EpisodeEnd, JobState
 from workflows.episode.ledger import Ledger, Settlement
 
@@ -70,3 +71,5 @@ class EpisodeCarry(BaseModel):
     # The contamination check's report, kept for the audit record (its evidence may quote test
     # items: it is never part of an answer, a query or the end).
     contamination: ContaminationReport | None = None
+    # What operators did (bounded: MAX_OPERATOR_ACTIONS), for the audit record.
+    operator_actions: list[OperatorAction] = Field(default_factory=list)

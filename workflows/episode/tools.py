@@ -93,8 +93,13 @@ REPEATS_TAKE_NO_STEP = "repeated-long-calls-take-no-step"
 INTERRUPTED_BY = {
     EndReason.reset: "the episode was reset",
     EndReason.cancelled: "the episode was cancelled (its session closed, or an operator)",
+    EndReason.cancelled_by_operator: "the episode was cancelled by an operator",
     EndReason.abandoned: "the episode was abandoned (DELETE /episodes/<episode_id>)",
 }
+# Only a reset or a cancel interrupts a grading; the deadline does not.
+GRADING_INTERRUPTED_BY = frozenset(
+    {EndReason.reset, EndReason.cancelled, EndReason.cancelled_by_operator}
+)
 
 
 def handles(
@@ -273,10 +278,7 @@ class EpisodeTools:
         await workflow.wait_condition(
             lambda: (
                 grader.final
-                or (
-                    self._s.end is not None
-                    and self._s.end.reason in (EndReason.reset, EndReason.cancelled)
-                )
+                or (self._s.end is not None and self._s.end.reason in GRADING_INTERRUPTED_BY)
             )
         )
         score = grader.score
@@ -384,7 +386,7 @@ class EpisodeTools:
     def _grading_interrupted(self) -> bool:
         """Only a reset or an operator's cancel interrupts grading; the deadline does not."""
         end = self._s.end
-        return end is not None and end.reason in (EndReason.reset, EndReason.cancelled)
+        return end is not None and end.reason in GRADING_INTERRUPTED_BY
 
     async def _dev_evaluation_answer(self, job: JobRecord, evaluation: JobRecord) -> Answer:
         await workflow.wait_condition(lambda: evaluation.final or self._s.end is not None)

@@ -12,6 +12,7 @@ grows long.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from pydantic import BaseModel
@@ -26,11 +27,26 @@ with workflow.unsafe.imports_passed_through():
         episode_over,
     )
     from posttrain_common.contracts.episodes import EpisodeSetup
+    from posttrain_common.contracts.operator import (
+        OperatorAction,
+        OperatorOutcome,
+        OperatorRequest,
+    )
     from posttrain_env.errors import ErrorType, ToolError
     from posttrain_env.models import ContaminationSummary, EndReason, EpisodeEnd
     from posttrain_env.tools import oversized_error
     from workflows.episode.jobs import EpisodeJobs
     from workflows.episode.ledger import Ledger
+    from workflows.episode.operator import (
+        TEMPORAL_CANCEL_REASON,
+        WIND_DOWN_REASON,
+        WindDown,
+        action_of,
+        confirm_gone,
+        pending_cancellations,
+        refusal,
+        remember_action,
+    )
     from workflows.episode.outbox import EpisodeOutbox
     from workflows.episode.payload_guard import bounded_answer, fit_carry
     from workflows.episode.recent import remember, was_dropped
@@ -46,11 +62,17 @@ with workflow.unsafe.imports_passed_through():
 
 
 AUDIT_PATCH = "pt-audit-1"
+# A cancel of the episode's workflow from outside (the Temporal UI, `temporal workflow cancel`)
+# ends it as an operator's cancel and lets it close as usual. Histories recorded before this
+# closed at such a cancel, and replay so.
+OUTSIDE_CANCEL_PATCH = "pt-outside-cancel-1"
 
 
 class EpisodeInput(BaseModel):
     setup: EpisodeSetup
     carry: EpisodeCarry | None = None
+    # Set by the reconciler when the last run was terminated from outside: end and close.
+    wind_down: WindDown | None = None
 
 
 @workflow.defn
@@ -72,6 +94,18 @@ class EpisodeWorkflow:
     @workflow.run
     async def run(self, inp: EpisodeInput) -> EpisodeEnd:
         self._jobs.visible = self._visibility.enable(episode_memo(self._setup))
+        if inp.wind_down is not None:
+            await self._wind_down(inp.wind_down)
+        while True:
+            try:
+                return await self._live()
+            except asyncio.CancelledError:
+                if not workflow.patched(OUTSIDE_CANCEL_PATCH):
+                    raise
+                # Temporal delivers a workflow's cancellation once: the next pass runs to its end.
+                await self._cancelled_from_outside()
+
+    async def _live(self) -> EpisodeEnd:
         while True:
             self._show()
             timer = next_timer(self._setup, self._s, self._outbox.reply, workflow.now())
@@ -165,6 +199,54 @@ class EpisodeWorkflow:
         await self._end(request.reason, 0.0 if request.reason is EndReason.abandoned else None)
         self._show()
 
+    @workflow.update
+    async def operator_action(self, request: OperatorRequest) -> OperatorOutcome:
+        """An operator's repair (`posttrain-env episodes retry-cancel|confirm-cancelled|end`),
+        kept with who asked and why for the audit record."""
+        action = action_of(request, workflow.now())
+        if request.action == "retry_cancel":
+            pending = pending_cancellations(self._s)
+            for record in pending:
+                await self._jobs.retry_cancel(record)
+            action.jobs = [r.job_id for r in pending]
+            message = f"asked the backend again to cancel {', '.join(action.jobs)}"
+        elif request.action == "confirm_cancelled":
+            record = self._s.jobs[request.job_id or ""]
+            settlement = confirm_gone(
+                self._s,
+                record,
+                request.minutes,
+                f"cancellation confirmed by {request.by}: {request.reason}",
+            )
+            action.settled_micro_usd = settlement.cost_micro_usd if settlement else 0
+            await self._jobs.tell_gone(record, request.reason)
+            await self._jobs.account_report()
+            how = "its worst case" if request.minutes is None else f"{request.minutes} min"
+            message = (
+                f"job {record.job_id} confirmed cancelled and settled at {how} "
+                f"({action.settled_micro_usd} micro-USD)"
+            )
+        else:
+            action.jobs = [r.job_id for r in self._s.jobs.values() if r.live]
+            await self._end(EndReason.cancelled_by_operator, None)
+            message = "ended (cancelled_by_operator); its live jobs are being cancelled"
+        remember_action(self._s, action)
+        self._rearm = True
+        self._show()
+        return OperatorOutcome(episode_id=self._setup.episode_id, action=action, message=message)
+
+    @operator_action.validator
+    def _operator_action_applies(self, request: OperatorRequest) -> None:
+        why = refusal(self._setup.episode_id, self._s, request)
+        if why is not None:
+            raise ValueError(why)
+
+    @workflow.query
+    def resume_input(self) -> EpisodeInput:
+        """What a new run needs to go on from here (the reconciler starts one, with `wind_down`,
+        when this run was terminated from outside)."""
+        return EpisodeInput(setup=self._setup, carry=self._s)
+
     @workflow.query
     def status(self) -> EpisodeStatus:
         return episode_status(self._setup, self._s, workflow.now())
@@ -207,6 +289,38 @@ class EpisodeWorkflow:
             self._rearm = True
             workflow.logger.info("episode %s ended: %s", self._setup.episode_id, reason.value)
         await self._jobs.cancel_every_live_job()
+
+    async def _cancelled_from_outside(self) -> None:
+        """A cancel through Temporal: end as an operator's cancel (an episode ended already has
+        its unconfirmed cancellations asked again now)."""
+        workflow.logger.warning(
+            "episode %s was cancelled through Temporal: ending it and cancelling its jobs",
+            self._setup.episode_id,
+        )
+        live = [r.job_id for r in self._s.jobs.values() if r.live]
+        self._remember("temporal_cancel", "temporal", TEMPORAL_CANCEL_REASON, live)
+        for record in pending_cancellations(self._s):
+            await self._jobs.retry_cancel(record)
+        await self._end(EndReason.cancelled_by_operator, None)
+        self._show()
+
+    async def _wind_down(self, wind_down: WindDown) -> None:
+        """The reconciler started this run because the last one was terminated: take what the
+        jobs reported meanwhile, then end as an operator's cancel."""
+        for snap in wind_down.reports:
+            self._jobs.take(snap)
+        live = [r.job_id for r in self._s.jobs.values() if r.live]
+        self._remember("wind_down", "reconciler", WIND_DOWN_REASON, live)
+        workflow.logger.warning(
+            "episode %s: %s; live jobs %s", self._setup.episode_id, WIND_DOWN_REASON, live
+        )
+        await self._end(EndReason.cancelled_by_operator, None)
+
+    def _remember(self, verb: Any, by: str, reason: str, jobs: list[str]) -> None:
+        remember_action(
+            self._s,
+            OperatorAction(action=verb, by=by, reason=reason, at=workflow.now(), jobs=jobs),
+        )
 
     def _show(self, *, closing: bool = False) -> None:
         """Keep the operator's search attributes current (upserts only what matters)."""

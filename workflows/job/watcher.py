@@ -6,6 +6,7 @@ watch, so nothing keeps polling under time skipping.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from pydantic import BaseModel, Field
@@ -20,6 +21,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.job.workflow import JobSnapshot, JobWorkflow
     from workflows.policies import OBSERVE_TIMEOUT, PERSISTENT_RETRY
     from workflows.waiting import Alarm, wait_until
+
+# A cancel of the watcher from outside (the Temporal UI, `temporal workflow cancel`) is not
+# obeyed: nothing would follow its jobs to their ends. It continues as new with them.
+WATCHER_OUTSIDE_CANCEL_PATCH = "pt-watcher-outside-cancel-1"
 
 
 class WatchRequest(BaseModel):
@@ -52,6 +57,21 @@ class WatcherWorkflow:
 
     @workflow.run
     async def run(self, inp: WatcherInput) -> None:
+        self._inp = inp
+        try:
+            await self._run(inp)
+        except asyncio.CancelledError:
+            if not workflow.patched(WATCHER_OUTSIDE_CANCEL_PATCH):
+                raise
+            workflow.logger.warning(
+                "the job watcher was cancelled from outside; it goes on with %d jobs (a "
+                "watcher is never cancelled: its jobs would go unwatched)",
+                len(self._watched),
+            )
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            workflow.continue_as_new(self.resume_input())
+
+    async def _run(self, inp: WatcherInput) -> None:
         self._watched.update(inp.watched)
         gap = inp.min_interval_s or inp.interval_s
         while True:
@@ -84,9 +104,20 @@ class WatcherWorkflow:
         """A `jobs_wait` is pending: look sooner than the interval."""
         self._look_now = True
 
+    @workflow.signal
+    def forget(self, ref: str) -> None:
+        """An operator attested this job is gone: stop following it."""
+        self._watched.pop(ref, None)
+
     @workflow.query
     def watched(self) -> list[str]:
         return sorted(self._watched)
+
+    @workflow.query
+    def resume_input(self) -> WatcherInput:
+        """What a new run needs to go on where this one stopped (the reconciler starts one when
+        this run was terminated from outside)."""
+        return self._inp.model_copy(update={"watched": dict(self._watched)})
 
     async def _observe_once(self) -> None:
         refs = sorted(self._watched)

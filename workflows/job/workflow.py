@@ -56,6 +56,10 @@ WATCHER_REPORT_FIRST_PATCH = "pt-watcher-report-first-1"
 # A cancellation not yet confirmed is asked for again after this long, doubling up to the cap.
 CANCEL_REISSUE_S = 15
 CANCEL_REISSUE_MAX_S = 600
+# A cancel of this workflow from outside (the Temporal UI, `temporal workflow cancel`) cancels
+# the backend job and reports its end, as a cancel from the episode does. Histories recorded
+# before this closed at such a cancel, and replay so.
+OUTSIDE_CANCEL_PATCH = "pt-outside-cancel-1"
 
 
 class JobInput(JobSpec):
@@ -66,6 +70,10 @@ class JobInput(JobSpec):
     # history holds no patch marker and no memo event: it stays within ~30 events). False in
     # the inputs of jobs recorded before, which replay without upserts.
     visible: bool = False
+    # Started again by the reconciler after its run was terminated from outside: find the job
+    # (the submit is keyed by this workflow's id, so it is never started twice), cancel it at
+    # once, and report its end to the episode.
+    wind_down: bool = False
 
 
 class JobSnapshot(BaseModel):
@@ -105,14 +113,59 @@ class JobWorkflow:
         self._watcher_has_it = False
         self._cancel_requested_at: datetime | None = None
         self._visibility = Visibility()
+        # Set by `retry_cancel_now` (an operator): ask the backend again without waiting out
+        # the backoff.
+        self._reissue_now = False
+        # Set by `confirmed_gone` (an operator attests the job is gone): stop following it.
+        self._gone: str | None = None
 
     @workflow.run
     async def run(self, inp: JobInput) -> JobSnapshot:
         self._inp = inp
         if inp.visible:
             self._visibility.enable_unpatched(job_start_attributes(inp))
+        if inp.wind_down:
+            self._cancel_requested = True
+            self._message = "its workflow was terminated from outside; the reconciler cancelled it"
         try:
-            started = await workflow.execute_activity_method(
+            return await self._run()
+        except asyncio.CancelledError:
+            if not workflow.patched(OUTSIDE_CANCEL_PATCH):
+                raise
+        # Cancelled through Temporal: nothing may be left running or unreported. Temporal
+        # delivers a workflow's cancellation once, so what follows runs to its end.
+        workflow.logger.warning(
+            "job %s of episode %s: its workflow was cancelled from outside; cancelling the "
+            "backend job",
+            inp.job_id,
+            inp.episode_id,
+        )
+        self._message = "its workflow was cancelled from outside (Temporal); the job was cancelled"
+        self._cancel_requested = True
+        return await self._wind_down()
+
+    async def _run(self) -> JobSnapshot:
+        started = await self._submit()
+        if isinstance(started, JobSnapshot):
+            return await self._finish(started)
+        return await self._follow(started)
+
+    async def _wind_down(self) -> JobSnapshot:
+        """After a cancel from outside: find the job if the submit's answer was not taken yet,
+        cancel it, confirm its end, and report it."""
+        if self._job is None:
+            return await self._run()
+        await self._follow_until_terminal()
+        await self._let_the_watcher_see_the_end()
+        score = await self._score() if self._state is JobState.succeeded else None
+        return await self._finish(self._snapshot(final=True, score=score))
+
+    async def _submit(self) -> BackendJob | JobSnapshot:
+        """Start the job, or find it (the submit is keyed by this workflow's id); the final
+        snapshot when it could not start."""
+        inp = self._inp
+        try:
+            return await workflow.execute_activity_method(
                 JobsApi.submit_job,
                 self._submit_request(),
                 start_to_close_timeout=SUBMIT_TIMEOUT,
@@ -122,30 +175,28 @@ class JobWorkflow:
         except ActivityError as err:
             rejected = artifact_rejection(err)
             if rejected is not None:  # the evaluated artifact's fault: it scores 0, as invalid
-                return await self._finish(
-                    JobSnapshot(
-                        job_id=inp.job_id,
-                        state=JobState.failed,
-                        score=ScoreResult(
-                            score=0.0,
-                            valid=True,
-                            reason=rejected,
-                            details={"artifact_valid": False, "reason": rejected},
-                        ),
-                        message=rejected,
-                        final=True,
-                    )
-                )
-            error = tool_error_of(err)
-            return await self._finish(
-                JobSnapshot(
+                return JobSnapshot(
                     job_id=inp.job_id,
                     state=JobState.failed,
-                    error=error.envelope(),
-                    message=error.message,
+                    score=ScoreResult(
+                        score=0.0,
+                        valid=True,
+                        reason=rejected,
+                        details={"artifact_valid": False, "reason": rejected},
+                    ),
+                    message=rejected,
                     final=True,
                 )
+            error = tool_error_of(err)
+            return JobSnapshot(
+                job_id=inp.job_id,
+                state=JobState.failed,
+                error=error.envelope(),
+                message=error.message,
+                final=True,
             )
+
+    async def _follow(self, started: BackendJob) -> JobSnapshot:
         # submit_job registered the job with the watcher unless it had already ended.
         held = not started.state.terminal
         await self._apply(started, report=True)  # the episode waits for this first report
@@ -174,9 +225,28 @@ class JobWorkflow:
     def cancel(self) -> None:
         self._cancel_requested = True
 
+    @workflow.signal
+    def retry_cancel_now(self) -> None:
+        """An operator: ask the backend to cancel again now, not after the backoff."""
+        if self._cancel_requested:
+            self._reissue_now = True
+
+    @workflow.signal
+    def confirmed_gone(self, reason: str) -> None:
+        """An operator attests the job is gone (the provider's console says so): stop following
+        it. The episode has settled it already (`posttrain-env episodes confirm-cancelled`)."""
+        if not self._state.terminal:
+            self._gone = reason
+
     @workflow.query
     def snapshot(self) -> JobSnapshot:
         return self._snapshot(final=False)
+
+    @workflow.query
+    def resume_input(self) -> JobInput:
+        """The input of a run that winds this one down (the reconciler starts one when this run
+        was terminated from outside): find the job, cancel it, report its end."""
+        return self._inp.model_copy(update={"wind_down": True})
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -195,24 +265,45 @@ class JobWorkflow:
         reissue_s = CANCEL_REISSUE_S
         reissue_alarm = Alarm()
         while not self._state.terminal:
+            if self._gone is not None:
+                await self._take_operator_word(self._gone)
+                return
             if self._cancel_requested and cancel_sent_at is None:
                 cancel_sent_at = workflow.now()
                 await self._request_cancel()
                 continue
             if cancel_sent_at is None:
                 await workflow.wait_condition(
-                    lambda: bool(self._inbox) or self._cancel_requested or guard.done()
+                    lambda: (
+                        bool(self._inbox)
+                        or self._cancel_requested
+                        or guard.done()
+                        or self._gone is not None
+                    )
                 )
+                if self._gone is not None:
+                    continue
                 if not self._inbox and not self._cancel_requested:
                     # The job overstayed its own timeout unreported: stop it.
                     self._message = "the job overstayed its timeout and was cancelled"
                     self._cancel_requested = True
                     continue
             else:
-                if not await reissue_alarm.wait(lambda: bool(self._inbox), reissue_s):
-                    # Still not confirmed: ask again, less often each time.
+                if not await reissue_alarm.wait(
+                    lambda: bool(self._inbox) or self._reissue_now or self._gone is not None,
+                    reissue_s,
+                ) or (self._reissue_now and not self._inbox):
+                    if self._gone is not None:
+                        continue
+                    # Still not confirmed: ask again, less often each time (an operator's
+                    # `retry-cancel` asks now and starts the backoff over).
+                    if self._reissue_now:
+                        reissue_s = CANCEL_REISSUE_S
+                    else:
+                        reissue_s = min(reissue_s * 2, CANCEL_REISSUE_MAX_S)
+                    self._reissue_now = False
+                    self._warn_unconfirmed()
                     cancel_sent_at = workflow.now()
-                    reissue_s = min(reissue_s * 2, CANCEL_REISSUE_MAX_S)
                     await self._request_cancel()
                     continue
             inbox, self._inbox = self._inbox, []
@@ -220,6 +311,31 @@ class JobWorkflow:
                 await self._apply(job)
             if workflow.info().is_continue_as_new_suggested():
                 workflow.logger.warning("job %s history is long", self._inp.job_id)
+
+    def _warn_unconfirmed(self) -> None:
+        """Every re-issued cancel is logged: an operator's alert may point here."""
+        asked = self._cancel_requested_at or workflow.now()
+        workflow.logger.warning(
+            "cancellation of job %s (episode %s, backend job %s) still unconfirmed after %d s; "
+            "asking again",
+            self._inp.job_id,
+            self._inp.episode_id,
+            self._job.ref if self._job else None,
+            int((workflow.now() - asked).total_seconds()),
+        )
+
+    async def _take_operator_word(self, reason: str) -> None:
+        """The operator attested the job is gone: it ends `cancelled` as far as we know, and the
+        watcher stops following it."""
+        self._state = JobState.cancelled
+        self._message = f"cancellation confirmed by an operator: {reason}"
+        if self._job is not None and self._watcher_has_it:
+            handle = workflow.get_external_workflow_handle(self._inp.watcher_workflow_id)
+            try:
+                await handle.signal("forget", self._job.ref)
+            except FailureError:
+                pass
+        self._watcher_has_it = False
 
     async def _let_the_watcher_see_the_end(self) -> None:
         if self._watcher_has_it:

@@ -7,6 +7,8 @@ activities), their exposure reported and their retirement announced by Signals.
 
 from __future__ import annotations
 
+import asyncio
+
 from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
@@ -15,6 +17,10 @@ with workflow.unsafe.imports_passed_through():
     from posttrain_env.errors import ErrorType
     from posttrain_env.models import usd
     from workflows.ids import SIGNAL_EXPOSURE, SIGNAL_RETIRE
+
+# A cancel of the account from outside (the Temporal UI, `temporal workflow cancel`) is not
+# obeyed: the server-wide caps would forget every live episode. It continues as new.
+ACCOUNT_OUTSIDE_CANCEL_PATCH = "pt-account-outside-cancel-1"
 
 
 class Admission(BaseModel):
@@ -44,9 +50,24 @@ class AccountWorkflow:
 
     @workflow.run
     async def run(self, state: AccountState) -> None:
-        await workflow.wait_condition(lambda: workflow.info().is_continue_as_new_suggested())
+        try:
+            await workflow.wait_condition(lambda: workflow.info().is_continue_as_new_suggested())
+        except asyncio.CancelledError:
+            if not workflow.patched(ACCOUNT_OUTSIDE_CANCEL_PATCH):
+                raise
+            workflow.logger.warning(
+                "the server-wide account was cancelled from outside; it goes on with %d live "
+                "episodes (it is never cancelled: the caps would forget them)",
+                len(self._live),
+            )
         await workflow.wait_condition(workflow.all_handlers_finished)
-        workflow.continue_as_new(AccountState(live=self._live))
+        workflow.continue_as_new(self.resume_input())
+
+    @workflow.query
+    def resume_input(self) -> AccountState:
+        """What a new run needs to go on from here (the reconciler merges it into the running
+        account when this run was terminated from outside)."""
+        return AccountState(live=dict(self._live))
 
     @workflow.update
     def admit(self, admission: Admission) -> None:
@@ -89,6 +110,11 @@ class AccountWorkflow:
     def exposure(self, exposure: Exposure) -> None:
         if exposure.episode_id in self._live:
             self._live[exposure.episode_id] = exposure.committed_micro_usd
+
+    @workflow.signal
+    def adopt(self, exposure: Exposure) -> None:
+        """A live episode a terminated run of the account counted (the reconciler)."""
+        self._live.setdefault(exposure.episode_id, exposure.committed_micro_usd)
 
     @workflow.signal(name=SIGNAL_RETIRE)
     def retire(self, episode_id: str) -> None:

@@ -1,0 +1,199 @@
+"""A cancel or terminate of our workflows through the Temporal CLI, as an operator would type it,
+on the real dev server with the fake backend: no job is left running on the backend, no money
+is left reserved, and the episode's audit record says what happened."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from activities.records.audit import record_path
+from mcp_gateway.episode_calls import call_tool
+from posttrain_common.contracts.episode_calls import EpisodeStatus, ToolCall
+from posttrain_common.contracts.jobs import JobRole
+from posttrain_env.models import JobState
+from tests.operator.dev_env import Operated, operated
+from tests.waiting import eventually
+from workflows.episode.workflow import EpisodeWorkflow
+from workflows.ids import episode_workflow_id, job_workflow_id
+
+# A job that runs for an hour unless cancelled; its cancellation is confirmed 2 s after asked.
+LONG = FakeScenario(
+    jobs=[FakeJobScript(role=JobRole.agent, queue_s=0, run_s=3600, cancel_confirm_after_s=2)]
+)
+# The reconciler's period in these tests: a terminated workflow is wound down within it.
+PERIOD_S = 3.0
+
+
+async def start_job(op: Operated) -> tuple[str, str, str]:
+    """An episode with one running job: (episode id, job id, backend ref)."""
+    episode_id = (await op.reset()).episode_id
+    call = ToolCall(
+        request_id="r1",
+        tool="jobs_submit",
+        arguments={"script": "print('x')\n", "flavor": "cpu-basic", "timeout_minutes": 60},
+        path="mcp",
+    )
+    result = await call_tool(op.client, episode_id, call)
+    assert "error" not in result.data, result.data
+    job_id = result.data["job_id"]
+    (view,) = op.backend.views(datetime.now(UTC))
+
+    async def running() -> bool:
+        (now,) = op.backend.views(datetime.now(UTC))
+        return now.state is JobState.running
+
+    await eventually(running, 30, "the job runs on the backend", every_s=0.2)
+    return episode_id, job_id, view.ref
+
+
+async def status(op: Operated, episode_id: str) -> EpisodeStatus:
+    handle = op.client.get_workflow_handle_for(EpisodeWorkflow.run, episode_workflow_id(episode_id))
+    return await handle.query(EpisodeWorkflow.status)
+
+
+def backend_state(op: Operated, ref: str) -> JobState:
+    (job,) = [j for j in op.backend.views(datetime.now(UTC)) if j.ref == ref]
+    return job.state
+
+
+async def audit_record(op: Operated, episode_id: str) -> dict[str, Any]:
+    path = record_path(op.state_dir / "audit", episode_id)
+    await eventually(lambda: path.exists(), 60, "the audit record is written", every_s=0.2)
+    return json.loads(path.read_text())
+
+
+async def workflow_status(op: Operated, workflow_id: str) -> str:
+    described = await op.handle(workflow_id).describe()
+    assert described.status is not None
+    return described.status.name
+
+
+async def test_cancelling_a_job_workflow_cancels_its_backend_job_and_settles_it(
+    tmp_path: Path,
+) -> None:
+    async with operated(tmp_path, LONG) as op:
+        episode_id, _job_id, ref = await start_job(op)
+        job_workflow = job_workflow_id(episode_id, 1)
+
+        done = await op.temporal("workflow", "cancel", "--workflow-id", job_workflow)
+        assert done.status == 0, done.stderr
+
+        async def settled() -> bool:
+            s = await status(op, episode_id)
+            (job,) = s.jobs
+            return job["state"] == "cancelled" and s.service_spend.reserved.usd == 0
+
+        await eventually(settled, 60, "the episode settled the cancelled job", every_s=0.5)
+        assert backend_state(op, ref) is JobState.cancelled
+        assert await workflow_status(op, job_workflow) == "COMPLETED"
+        s = await status(op, episode_id)
+        assert s.end is None  # the episode goes on: only that job was cancelled
+        assert s.service_spend.settled.jobs == 1 and s.service_spend.settled.usd > 0
+        (job,) = s.jobs
+        assert "cancelled from outside" in job["message"]
+
+        ended = await op.cli("episodes", "end", episode_id, "--reason", "test over")
+        assert ended.status == 0, ended.stderr
+        record = await audit_record(op, episode_id)
+        (audited,) = record["jobs"]
+        assert audited["final_state"] == "cancelled" and audited["settled_micro_usd"] > 0
+        assert record["end"]["reason"] == "cancelled_by_operator"
+        assert [a["action"] for a in record["operator_actions"]] == ["end"]
+
+
+async def test_cancelling_an_episode_workflow_ends_it_as_an_operator_would(
+    tmp_path: Path,
+) -> None:
+    async with operated(tmp_path, LONG) as op:
+        episode_id, job_id, ref = await start_job(op)
+        workflow_id = episode_workflow_id(episode_id)
+
+        done = await op.temporal("workflow", "cancel", "--workflow-id", workflow_id)
+        assert done.status == 0, done.stderr
+
+        record = await audit_record(op, episode_id)
+        assert record["end"] == {
+            "reason": "cancelled_by_operator",
+            "reward": None,
+            "invalid_score": None,
+        }
+        (action,) = record["operator_actions"]
+        assert action["action"] == "temporal_cancel" and action["jobs"] == [job_id]
+        assert record["jobs"][0]["final_state"] == "cancelled"
+        assert record["final_spend_micro_usd"] == record["jobs"][0]["settled_micro_usd"] > 0
+        assert backend_state(op, ref) is JobState.cancelled
+
+        async def closed() -> bool:
+            return await workflow_status(op, workflow_id) == "COMPLETED"
+
+        await eventually(closed, 30, "the episode's workflow closes", every_s=0.2)
+        s = await status(op, episode_id)  # a closed episode still answers its status
+        assert s.service_spend.reserved.usd == 0 and s.service_spend.final is True
+        listed = (await op.run("episodes", "list", "--state", "ended", "--json")).json()
+        assert [row["episode_id"] for row in listed] == [episode_id]
+
+
+async def test_a_terminated_job_workflow_is_wound_down_by_the_reconciler(tmp_path: Path) -> None:
+    async with operated(tmp_path, LONG, reaper_every_s=PERIOD_S) as op:
+        episode_id, _job_id, ref = await start_job(op)
+        job_workflow = job_workflow_id(episode_id, 1)
+
+        done = await op.temporal(
+            "workflow", "terminate", "--workflow-id", job_workflow, "--reason", "operator test"
+        )
+        assert done.status == 0, done.stderr
+        assert backend_state(op, ref) is JobState.running  # a terminated workflow runs no code
+
+        async def settled() -> bool:
+            s = await status(op, episode_id)
+            return s.jobs[0]["state"] == "cancelled" and s.service_spend.reserved.usd == 0
+
+        await eventually(settled, 60, "the reconciler wound the job down", every_s=0.5)
+        assert backend_state(op, ref) is JobState.cancelled
+        assert await workflow_status(op, job_workflow) == "COMPLETED"  # its new run
+        assert "terminated from outside" in (await status(op, episode_id)).jobs[0]["message"]
+
+
+async def test_a_terminated_episode_is_ended_by_the_reconciler_and_its_jobs_cancelled(
+    tmp_path: Path,
+) -> None:
+    async with operated(tmp_path, LONG, reaper_every_s=PERIOD_S) as op:
+        episode_id, job_id, ref = await start_job(op)
+        workflow_id = episode_workflow_id(episode_id)
+
+        done = await op.temporal(
+            "workflow", "terminate", "--workflow-id", workflow_id, "--reason", "operator test"
+        )
+        assert done.status == 0, done.stderr
+
+        record = await audit_record(op, episode_id)
+        assert record["end"]["reason"] == "cancelled_by_operator"
+        (action,) = record["operator_actions"]
+        assert action["action"] == "wind_down" and action["by"] == "reconciler"
+        assert action["jobs"] == [job_id]
+        assert backend_state(op, ref) is JobState.cancelled
+        s = await status(op, episode_id)
+        assert s.service_spend.reserved.usd == 0 and s.service_spend.final is True
+        assert record["final_spend_micro_usd"] > 0
+
+
+async def test_an_episode_and_its_job_both_terminated_are_both_wound_down(
+    tmp_path: Path,
+) -> None:
+    async with operated(tmp_path, LONG, reaper_every_s=PERIOD_S) as op:
+        episode_id, _job_id, ref = await start_job(op)
+        for workflow_id in (job_workflow_id(episode_id, 1), episode_workflow_id(episode_id)):
+            done = await op.temporal(
+                "workflow", "terminate", "--workflow-id", workflow_id, "--reason", "both"
+            )
+            assert done.status == 0, done.stderr
+
+        record = await audit_record(op, episode_id)
+        assert record["jobs"][0]["final_state"] == "cancelled"
+        assert backend_state(op, ref) is JobState.cancelled
+        s = await status(op, episode_id)
+        assert s.service_spend.reserved.usd == 0 and s.service_spend.final is True

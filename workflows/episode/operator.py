@@ -1,0 +1,114 @@
+"""An operator's repairs of an episode: when each applies, and what it does to the carry (pure).
+
+`retry_cancel` asks the backend again, now, to cancel every job whose cancellation is not yet
+confirmed; `confirm_cancelled` takes the operator's word that a job is gone and settles it (at
+its worst case, or at the minutes the operator read on the provider's console); `end` ends a
+running episode as an operator's cancel. `refusal` says why a request does not apply (the
+update's validator raises it, so a refusal leaves no trace in history).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from posttrain_common.contracts.jobs import JobRole
+from posttrain_common.contracts.operator import (
+    MAX_OPERATOR_ACTIONS,
+    OperatorAction,
+    OperatorRequest,
+)
+from posttrain_env.models import JobState, usd
+from workflows.episode.ledger import Settlement
+from workflows.episode.state import EpisodeCarry, JobRecord
+from workflows.job.workflow import JobSnapshot
+
+TEMPORAL_CANCEL_REASON = "its workflow was cancelled through Temporal (the UI, CLI or an SDK)"
+WIND_DOWN_REASON = (
+    "its workflow was terminated through Temporal; the reconciler started it again to end it"
+)
+
+
+class WindDown(BaseModel):
+    """Given to a run the reconciler starts after the last one was terminated from outside:
+    end the episode as an operator's cancel, after taking these reports (the final snapshots of
+    job workflows that completed while no run of the episode was there to hear them)."""
+
+    reports: list[JobSnapshot] = Field(default_factory=list)
+    previous_run_id: str | None = None  # the terminated run (its record continues here)
+
+
+def pending_cancellations(carry: EpisodeCarry) -> list[JobRecord]:
+    return [r for r in carry.jobs.values() if r.live and r.state is JobState.cancelling]
+
+
+def refusal(episode_id: str, carry: EpisodeCarry, request: OperatorRequest) -> str | None:
+    """Why `request` does not apply to this episode now (None: it does)."""
+    if request.action == "retry_cancel":
+        if not pending_cancellations(carry):
+            live = [f"{r.job_id} ({r.state.value})" for r in carry.jobs.values() if r.live]
+            jobs = f"live jobs: {', '.join(live)}" if live else "no job is live"
+            return f"episode {episode_id} has no cancellation pending, nothing to retry ({jobs})"
+        return None
+    if request.action == "confirm_cancelled":
+        record = carry.jobs.get(request.job_id or "")
+        if record is None:
+            known = ", ".join(carry.jobs) or "none"
+            return f"episode {episode_id} has no job {request.job_id!r} (its jobs: {known})"
+        if record.final:
+            cost = record.settlement.cost_micro_usd if record.settlement else 0
+            return (
+                f"job {record.job_id} is final already ({record.state.value}, settled at "
+                f"${usd(cost):.6f}): nothing to confirm"
+            )
+        if record.state is not JobState.cancelling and carry.end is None:
+            return (
+                f"job {record.job_id} is {record.state.value} and no cancellation was asked "
+                f"for: end the episode first (`posttrain-env episodes end {episode_id}`)"
+            )
+        return None
+    if carry.end is not None:
+        return (
+            f"episode {episode_id} has ended already ({carry.end.reason.value}); for a job "
+            "whose cancellation is stuck use `episodes retry-cancel` or `confirm-cancelled`"
+        )
+    return None
+
+
+def confirm_gone(
+    carry: EpisodeCarry, record: JobRecord, minutes: int | None, message: str
+) -> Settlement | None:
+    """Make `record` final as cancelled on the operator's word and settle it: at `minutes` billed
+    minutes when given, else at its whole reservation (its real running time is unknown). A
+    grader job holds no money and settles nothing."""
+    settlement = None
+    if record.role is not JobRole.grader and record.job_id in carry.ledger.reservations:
+        if minutes is None:
+            settlement = carry.ledger.settle_at_reservation(record.job_id)
+        else:
+            settlement = carry.ledger.settle(record.job_id, minutes * 60)
+            record.running_s = float(minutes * 60)
+    record.settlement = settlement
+    record.state = JobState.cancelled
+    record.message = message
+    record.final = True
+    record.version += 1
+    return settlement
+
+
+def remember_action(carry: EpisodeCarry, action: OperatorAction) -> None:
+    """Keep `action` for the record; the oldest go past MAX_OPERATOR_ACTIONS."""
+    carry.operator_actions.append(action)
+    del carry.operator_actions[:-MAX_OPERATOR_ACTIONS]
+
+
+def action_of(request: OperatorRequest, now: datetime) -> OperatorAction:
+    return OperatorAction(
+        action=request.action,
+        by=request.by,
+        reason=request.reason,
+        at=now,
+        job_id=request.job_id,
+        minutes=request.minutes,
+    )
