@@ -61,7 +61,7 @@ FEATURE_FOLDERS = {
     "activities": {"backends", "jobs", "episodes", "campaigns", "contamination", "records"},
 }
 SHARED_MODULES = {
-    "workflows": {"__init__", "ids", "policies", "waiting", "history"},
+    "workflows": {"__init__", "ids", "policies", "waiting", "history", "cancellation"},
     "activities": {"__init__", "heartbeat", "ports"},
 }
 

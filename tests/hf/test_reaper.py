@@ -88,7 +88,10 @@ async def reap_beside_episodes(
             StandInEpisode.run, True, id=episode_workflow_id(CLOSED), task_queue=queue
         )
         handle = await client.start_workflow(
-            ReaperWorkflow.run, ReaperInput(), id=f"reaper-{queue}", task_queue=queue
+            ReaperWorkflow.run,
+            ReaperInput(reconcile=False),
+            id=f"reaper-{queue}",
+            task_queue=queue,
         )
         report = await handle.result()
         assert report.checked == 3
@@ -115,7 +118,10 @@ async def test_a_dry_run_only_reports(
         activities=[reaper.find_orphan_jobs, reaper.cancel_orphan_job],
     ):
         report = await client.execute_workflow(
-            ReaperWorkflow.run, ReaperInput(dry_run=True), id=f"r-{queue}", task_queue=queue
+            ReaperWorkflow.run,
+            ReaperInput(dry_run=True, reconcile=False),
+            id=f"r-{queue}",
+            task_queue=queue,
         )
     assert len(report.orphans) == 3 and not report.cancelled  # no episode workflow exists
     assert all(stage(hub, ref) == "RUNNING" for ref in refs.values())

@@ -25,6 +25,7 @@ from posttrain_common.settings import Settings
 from posttrain_server.cli import build_parser
 from posttrain_server.commands.episodes import run_episodes_async
 from posttrain_server.temporal.client import core_runtime
+from posttrain_server.wiring import make_backend
 from posttrain_server.worker import build_worker
 from tests.conftest import binary
 from tests.gateway.server import command
@@ -48,7 +49,7 @@ class Operated:
     client: Client
     address: str
     task_queue: str
-    backend: FakeBackend
+    backend: Any  # the FakeBackend; a LocalBackend with `operated(local=True)`
     state_dir: Path
 
     async def cli(self, *args: str) -> Done:
@@ -127,12 +128,15 @@ class Operated:
 @asynccontextmanager
 async def operated(
     tmp_path: Path,
-    scenario: FakeScenario,
+    scenario: FakeScenario | None = None,
     tasks: dict[str, dict[str, Any]] | None = None,
     *,
     reaper_every_s: float = 600.0,
+    local: bool = False,
 ) -> AsyncIterator[Operated]:
-    """`reaper_every_s`: the reconciler's Schedule period (a test of it sets a short one)."""
+    """`reaper_every_s`: the reconciler's Schedule period (a test of it sets a short one).
+    `local`: the local backend (real sandboxed jobs) and the shipped tasks instead of the fake
+    and `tasks`."""
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=binary("temporal"),
@@ -141,19 +145,21 @@ async def operated(
         search_attributes=SEARCH_ATTRIBUTES,
     )
     try:
-        tasks_dir = tmp_path / "tasks"
+        tasks_dir: Path | None = tmp_path / "tasks"
         for task_id, limits in (tasks or {"t_test": {}}).items():
-            write_task(tasks_dir, task_id, **limits)
+            write_task(tmp_path / "tasks", task_id, **limits)
         settings = Settings(
             state_dir=tmp_path / "state",
-            backend="fake",
+            backend="local" if local else "fake",
             watch_interval_s=1,
             cancel_confirm_s=5,
             reaper_every_s=reaper_every_s,
         )
-        backend = FakeBackend(settings.state_dir / "fake", scenario)
         queue = f"tq-{uuid.uuid4().hex[:12]}"
         key = ServerKey.load_or_create(settings.server_key_path)
+        backend: Any = FakeBackend(settings.state_dir / "fake", scenario or FakeScenario())
+        if local:
+            backend, tasks_dir = make_backend(settings, key), None
         worker = build_worker(
             env.client, settings, backend, key=key, task_queue=queue, tasks_dir=tasks_dir
         )

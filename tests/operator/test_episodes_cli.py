@@ -73,7 +73,7 @@ async def test_an_unconfirmed_cancellation_is_found_with_its_backend_job_until_i
 
         cancelled = await op.cli("episodes", "cancel", episode_id)
         assert cancelled.status == 0, cancelled.stderr
-        assert "cancel requested" in cancelled.stdout
+        assert "ended (cancelled_by_operator)" in cancelled.stdout
 
         async def listed_as_stuck() -> bool:
             done = await op.run("episodes", "list", "--stuck", "2s", "--json")
@@ -87,7 +87,7 @@ async def test_an_unconfirmed_cancellation_is_found_with_its_backend_job_until_i
         assert ref and ref in {r.key for r in op.backend.requests()} | {ref}
         assert job["workflow_id"] == f"{episode_workflow_id(episode_id)}/job/1"
         assert job["pending_s"] >= 2 and row["state"] == "ending"
-        assert row["end_reason"] == "cancelled" and row["reward"] is None
+        assert row["end_reason"] == "cancelled_by_operator" and row["reward"] is None
         # Pending for seconds, not a minute: --stuck 1m does not list it yet.
         assert (await op.run("episodes", "list", "--stuck", "1m", "--json")).json() == []
         table = await op.cli("episodes", "list", "--stuck", "2s")
@@ -218,7 +218,8 @@ async def test_filters_find_exactly_their_episodes_and_the_pages_commands_run(
         assert "already registered" in (await op.cli("temporal", "setup")).stdout
 
         async def campaign_cancelled() -> bool:
-            return await ids("--campaign", "c-1", "--end-reason", "cancelled") == {campaign_id}
+            reason = "cancelled_by_operator"
+            return await ids("--campaign", "c-1", "--end-reason", reason) == {campaign_id}
 
         await eventually(
             campaign_cancelled, 60, "the page's cancel ended the campaign's episode", every_s=0.5

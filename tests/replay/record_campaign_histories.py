@@ -18,6 +18,8 @@ Scenarios:
   rollout cancelled, every episode ended, every job cancelled).
 - `campaign_reopen`: a finished campaign with an unscored rollout, started again by `campaign
   retry` (it rebuilds its counters from its records and runs only the retry).
+- `campaign_outside_cancel`: a rollout's workflow and then the campaign's cancelled through
+  Temporal (the UI's "Request Cancellation").
 """
 
 from __future__ import annotations
@@ -93,7 +95,9 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def campaign_stack(env: Any, workdir: Path, fake: Any) -> AsyncIterator[Stack]:
+async def campaign_stack(
+    env: Any, workdir: Path, fake: Any, *, reaper_every_s: float = 600.0
+) -> AsyncIterator[Stack]:
     from activities.backends.fake.backend import FakeBackend
     from posttrain_common.keys import ServerKey
     from posttrain_common.settings import Settings
@@ -109,6 +113,7 @@ async def campaign_stack(env: Any, workdir: Path, fake: Any) -> AsyncIterator[St
         backend="fake",
         campaigns_dir=workdir / "campaigns",
         watch_interval_s=1.0,
+        reaper_every_s=reaper_every_s,
     )
     backend = FakeBackend(config.state_dir / "fake", fake)
     queue, agent_queue = f"record-{uuid.uuid4().hex[:8]}", f"agents-{uuid.uuid4().hex[:8]}"
@@ -227,10 +232,47 @@ async def record_reopen(out: Path, workdir: Path) -> list[Path]:
         return await save_all(env.client, "campaign_reopen", out)
 
 
+async def record_outside_cancel(out: Path, workdir: Path) -> list[Path]:
+    """Cancels through Temporal (the UI's "Request Cancellation"): one rollout's workflow (its
+    episode ends, its attempt is recorded `cancelled`), then the campaign's."""
+    from tests.replay.record_histories import dev_server, save_all
+    from workflows.campaign.contract import CampaignPhase
+
+    spec = {
+        "name": "outside",
+        "tasks": ["t_test"],
+        "agents": [scripted("slow", LONG)],
+        "epochs": 3,
+        "concurrency": 2,
+        "budget_usd": 20.0,
+    }
+    env = await dev_server()
+    async with env, campaign_stack(env, workdir, scenario(long=True)) as stack:
+        handle = await stack.start("rec-outside", spec)
+
+        async def both_running() -> bool:
+            views = stack.backend.views(datetime.datetime.now(datetime.UTC))
+            return sum(v.state.value == "running" for v in views) == 2
+
+        await eventually(both_running, 300, "two jobs running", every_s=0.2)
+        query = "WorkflowType = 'RolloutWorkflow' AND ExecutionStatus = 'Running'"
+        first = sorted([e.id async for e in stack.client.list_workflows(query)])[0]
+        await stack.client.get_workflow_handle(first).cancel()
+        await handle.cancel()
+        final = await handle.result()
+        now = datetime.datetime.now(datetime.UTC)
+        live = [v for v in stack.backend.views(now) if v.state.value in LIVE]
+        if final.phase is not CampaignPhase.cancelled or live:
+            raise RuntimeError(f"the campaign did not end cancelled with no live job: {final}")
+        await settled(env.client)
+        return await save_all(env.client, "campaign_outside_cancel", out)
+
+
 SCENARIOS = {
     "campaign_continue_as_new": record_continue_as_new,
     "campaign_cancel": record_cancel,
     "campaign_reopen": record_reopen,
+    "campaign_outside_cancel": record_outside_cancel,
 }
 
 

@@ -22,6 +22,8 @@ Scenarios:
   `dev_evaluate` and a `submit` each sent again while they run (the second attaches to the
   first's work), the grader's contamination check, the audit record; then, while a cancelled job
   keeps the episode open, a `submit` sent again and another call after the end.
+- `outside_cancel`: cancels through Temporal (the UI's "Request Cancellation"): a job's
+  workflow, the watcher, the account, then the episode's workflow.
 """
 
 from __future__ import annotations
@@ -429,12 +431,51 @@ async def record_t0_artifact(out: Path, workdir: Path) -> list[Path]:
         return await save_all(env.client, "t0_artifact", out)
 
 
+async def record_outside_cancel(out: Path, workdir: Path) -> list[Path]:
+    """Cancels through Temporal, as the UI's "Request Cancellation" sends them: a job's
+    workflow (its backend job is cancelled and its end reported), then the episode's (it ends as
+    an operator's cancel), then the watcher and the account (both go on, as new)."""
+    from activities.backends.fake.backend import FakeJobScript, FakeScenario
+    from workflows.ids import account_workflow_id, episode_workflow_id, watcher_workflow_id
+
+    scenario = FakeScenario(jobs=[FakeJobScript(queue_s=0, run_s=3600, cancel_confirm_after_s=1)])
+    env = await dev_server()
+    caps = {"max_live_episodes": 10, "spend_cap_usd": 100.0}
+    async with env:
+        async with fake_stack(env, workdir, scenario, **caps) as (client, queue):
+            episode = await session_reset(client, queue, "outside-cancel")
+            episode_id = episode.episode_id
+            for n in (1, 2):
+                job = await call(
+                    client,
+                    episode_id,
+                    "jobs_submit",
+                    script=f"print({n})\n",
+                    flavor="cpu-basic",
+                    timeout_minutes=60,
+                )
+                job_id = job.data["job_id"]
+                await wait_state(client, episode_id, job_id, {"running"})
+                if n == 1:
+                    await client.get_workflow_handle(
+                        f"{episode_workflow_id(episode_id)}/job/1"
+                    ).cancel()
+                    await wait_state(client, episode_id, job_id, {"cancelled"})
+            await client.get_workflow_handle(watcher_workflow_id(client.namespace, queue)).cancel()
+            await client.get_workflow_handle(account_workflow_id(client.namespace, queue)).cancel()
+            await client.get_workflow_handle(episode_workflow_id(episode_id)).cancel()
+            await closed(client, episode_workflow_id(episode_id))
+            await settled(client)
+        return await save_all(env.client, "outside_cancel", out)
+
+
 SCENARIOS = {
     "t0_artifact": record_t0_artifact,
     "reset": record_reset,
     "continue_as_new": record_continue_as_new,
     "cancel_pending": record_cancel_pending,
     "sent_again": record_sent_again,
+    "outside_cancel": record_outside_cancel,
 }
 
 

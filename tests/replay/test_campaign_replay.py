@@ -29,13 +29,22 @@ def test_a_campaign_recording_is_kept() -> None:
     assert RECORDINGS, "no folder of campaign histories"
 
 
+# The scenarios of the first recording; later ones (`campaign_outside_cancel`) may be recorded
+# in a folder of their own (campaign_continue_as_new cannot be recorded again since issue 25).
+FIRST_SCENARIOS = {"campaign_continue_as_new", "campaign_cancel", "campaign_reopen"}
+
+
 @pytest.mark.parametrize("folder", RECORDINGS, ids=lambda p: p.name)
 def test_every_campaign_scenario_and_workflow_type_is_recorded(folder: Path) -> None:
     found = recorded(folder)
-    assert {scenario for scenario, _ in found} == set(SCENARIOS)
-    for scenario in SCENARIOS:
+    scenarios = {scenario for scenario, _ in found}
+    assert scenarios <= set(SCENARIOS)
+    assert FIRST_SCENARIOS <= scenarios or not FIRST_SCENARIOS & scenarios
+    for scenario in scenarios:
         types = {t for s, t in found if s == scenario}
         assert {"CampaignWorkflow", "RolloutWorkflow", "EpisodeWorkflow", "JobWorkflow"} <= types
+    if "campaign_continue_as_new" not in scenarios:
+        return
     # The campaign continued as new (two runs, each its own history), and a rollout did too.
     runs = [p for p in folder.glob("campaign_continue_as_new--CampaignWorkflow--*.json")]
     assert len(runs) >= 2
@@ -44,6 +53,11 @@ def test_every_campaign_scenario_and_workflow_type_is_recorded(folder: Path) -> 
         for p in folder.glob("campaign_continue_as_new--RolloutWorkflow--*.json")
     ]
     assert "EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW" in rollouts
+
+
+def test_every_campaign_scenario_is_recorded_somewhere() -> None:
+    everywhere = set().union(*({s for s, _ in recorded(folder)} for folder in RECORDINGS))
+    assert everywhere == set(SCENARIOS)
 
 
 @pytest.mark.slow  # minutes of real turns, jobs or recordings: the slow set

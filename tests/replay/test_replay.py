@@ -56,14 +56,18 @@ def patch_ids_in_code() -> set[str]:
             if isinstance(target, ast.Name)
         }
         for node in ast.walk(tree):
-            if not (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "patched"
-                and node.args
-            ):
+            if not isinstance(node, ast.Call):
                 continue
-            arg = node.args[0]
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else None
+            name = node.func.id if isinstance(node.func, ast.Name) else name
+            if name == "patched" and node.args:
+                arg = node.args[0]
+                if path.name == "cancellation.py":
+                    continue  # `reraise_cancel(err, patch)`: its callers name the patch
+            elif name == "reraise_cancel" and len(node.args) == 2:
+                arg = node.args[1]
+            else:
+                continue
             if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                 ids.add(arg.value)
             elif isinstance(arg, ast.Name) and arg.id in constants:

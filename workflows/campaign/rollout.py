@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         RolloutStatus,
     )
     from workflows.campaign.rollout_rules import attempt_record, rollout_result
+    from workflows.cancellation import reraise_cancel
     from workflows.episode.workflow import EpisodeInput, EpisodeWorkflow
     from workflows.history import history_is_long
     from workflows.ids import (
@@ -111,20 +112,40 @@ class RolloutWorkflow:
         except asyncio.CancelledError:
             if not workflow.patched(ROLLOUT_OUTSIDE_CANCEL_PATCH):
                 raise
-            # Cancelled through Temporal (the UI, `temporal workflow cancel`): as the campaign's
-            # cancel: its episode ends (its jobs are cancelled) and the attempt is recorded.
-            workflow.logger.warning("rollout %s was cancelled from outside", inp.rollout_id)
-            self._s.cancel_requested = True
+            self._cancelled_from_outside()
+        try:
+            return await self._finish()
+        except asyncio.CancelledError:
+            if not workflow.patched(ROLLOUT_OUTSIDE_CANCEL_PATCH):
+                raise
+            # Temporal delivers a workflow's cancellation once: this pass runs to its end.
+            self._cancelled_from_outside()
+            return await self._finish()
+
+    def _cancelled_from_outside(self) -> None:
+        """Cancelled through Temporal (the UI, `temporal workflow cancel`): as the campaign's
+        cancel: its episode ends (its jobs are cancelled) and the attempt is recorded."""
+        workflow.logger.warning("rollout %s was cancelled from outside", self._inp.rollout_id)
+        self._s.cancel_requested = True
+        if self._s.play_end is None:
             self._s.play_end = "cancelled"
+
+    async def _finish(self) -> RolloutResult:
+        """End the episode, record the attempt and tell the campaign."""
+        inp = self._inp
         await self._close_episode()
         record = attempt_record(inp, self._s, workflow.now())
-        await workflow.execute_activity_method(
-            CampaignsApi.finish_attempt,
-            FinishAttempt(record=record, episode_id=self._s.episode_id),
-            start_to_close_timeout=READ_TIMEOUT,
-            heartbeat_timeout=CALL_HEARTBEAT,
-            retry_policy=STORE_RETRY,
-        )
+        try:
+            await workflow.execute_activity_method(
+                CampaignsApi.finish_attempt,
+                FinishAttempt(record=record, episode_id=self._s.episode_id),
+                start_to_close_timeout=READ_TIMEOUT,
+                heartbeat_timeout=CALL_HEARTBEAT,
+                retry_policy=STORE_RETRY,
+            )
+        except ActivityError as err:
+            reraise_cancel(err, ROLLOUT_OUTSIDE_CANCEL_PATCH)
+            raise
         result = rollout_result(record, self._s)
         try:
             await workflow.get_external_workflow_handle(inp.campaign_workflow_id).signal(
@@ -221,6 +242,7 @@ class RolloutWorkflow:
                 retry_policy=TURN_RETRY,
             )
         except ActivityError as err:
+            reraise_cancel(err, ROLLOUT_OUTSIDE_CANCEL_PATCH)
             raise AttemptFailed(_record_error(err, AGENT_FAILED)) from None
         s.turns = number
         s.usage = s.usage + summary.usage
@@ -278,6 +300,7 @@ class RolloutWorkflow:
                 retry_policy=STORE_RETRY,
             )
         except ActivityError as err:
+            reraise_cancel(err, ROLLOUT_OUTSIDE_CANCEL_PATCH)
             raise AttemptFailed(_record_error(err, "tool_call_failed")) from None
 
     # -- the episode ---------------------------------------------------------------------------
@@ -303,6 +326,7 @@ class RolloutWorkflow:
                 )
                 break
             except ActivityError as err:
+                reraise_cancel(err, ROLLOUT_OUTSIDE_CANCEL_PATCH)
                 error = tool_error_of(err)
                 if error.type not in CAPACITY_ERRORS:
                     failure = RecordError(type=error.type.value, message=error.message)

@@ -17,11 +17,16 @@ with workflow.unsafe.imports_passed_through():
     from posttrain_common.contracts.audit import AuditEnd, WriteAudit
     from posttrain_common.contracts.episode_calls import EpisodeClosed, ToolAnswered
     from posttrain_common.contracts.episodes import EpisodeSetup
+    from workflows.cancellation import reraise_cancel
     from workflows.episode.rules import service_spend, unconfirmed
     from workflows.episode.state import EpisodeCarry
     from workflows.episode.timing import SessionReply, close_needs_announcing, reply_is_due
     from workflows.ids import SIGNAL_EPISODE_CLOSED, SIGNAL_TOOL_ANSWERED
     from workflows.policies import AUDIT_TIMEOUT, READ_RETRY
+
+# The episode's outside-cancel patch (workflows/episode/workflow.py): an audit write cancelled
+# with the episode is written again, not given up.
+OUTSIDE_CANCEL_PATCH = "pt-outside-cancel-1"
 
 
 class EpisodeOutbox:
@@ -79,6 +84,7 @@ class EpisodeOutbox:
                 retry_policy=READ_RETRY,
             )
         except ActivityError as err:
+            reraise_cancel(err, OUTSIDE_CANCEL_PATCH)  # the run writes it again after a cancel
             workflow.logger.warning("no audit record for %s: %s", self._setup.episode_id, err)
 
     def _closed(self, unconfirmed_jobs: list[str]) -> EpisodeClosed:

@@ -11,12 +11,13 @@ from datetime import timedelta
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
-from temporalio.exceptions import FailureError
+from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from posttrain_common.contracts.activities import JobsApi
     from posttrain_common.contracts.jobs import BackendJob, ObserveJobs
     from posttrain_env.models import JobState
+    from workflows.cancellation import reraise_cancel
     from workflows.ids import SIGNAL_JOB_CHANGED, SIGNAL_LOOK_NOW
     from workflows.job.workflow import JobSnapshot, JobWorkflow
     from workflows.policies import OBSERVE_TIMEOUT, PERSISTENT_RETRY
@@ -121,12 +122,16 @@ class WatcherWorkflow:
 
     async def _observe_once(self) -> None:
         refs = sorted(self._watched)
-        observed: dict[str, BackendJob] = await workflow.execute_activity_method(
-            JobsApi.observe_jobs,
-            ObserveJobs(refs=refs, now=workflow.now()),
-            start_to_close_timeout=OBSERVE_TIMEOUT,
-            retry_policy=PERSISTENT_RETRY,
-        )
+        try:
+            observed: dict[str, BackendJob] = await workflow.execute_activity_method(
+                JobsApi.observe_jobs,
+                ObserveJobs(refs=refs, now=workflow.now()),
+                start_to_close_timeout=OBSERVE_TIMEOUT,
+                retry_policy=PERSISTENT_RETRY,
+            )
+        except ActivityError as err:
+            reraise_cancel(err, WATCHER_OUTSIDE_CANCEL_PATCH)
+            raise
         for ref, job in observed.items():
             request = self._watched.get(ref)
             if request is None or job.state.value == request.state:

@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from posttrain_common.failures import artifact_rejection, tool_error_of
     from posttrain_env.models import JobState
+    from workflows.cancellation import reraise_cancel
     from workflows.ids import SIGNAL_JOB_CHANGED, SIGNAL_LOOK_NOW
     from workflows.operations import search_attributes as sa
     from workflows.operations.visibility import (
@@ -173,6 +174,7 @@ class JobWorkflow:
                 retry_policy=SUBMIT_RETRY,
             )
         except ActivityError as err:
+            reraise_cancel(err, OUTSIDE_CANCEL_PATCH)
             rejected = artifact_rejection(err)
             if rejected is not None:  # the evaluated artifact's fault: it scores 0, as invalid
                 return JobSnapshot(
@@ -357,6 +359,7 @@ class JobWorkflow:
                 retry_policy=PERSISTENT_RETRY,
             )
         except ActivityError as err:
+            reraise_cancel(err, OUTSIDE_CANCEL_PATCH)
             self._message = tool_error_of(err).message
             return
         await self._apply(job)
@@ -385,6 +388,7 @@ class JobWorkflow:
                 retry_policy=READ_RETRY,
             )
         except ActivityError as err:
+            reraise_cancel(err, OUTSIDE_CANCEL_PATCH)
             self._message = f"could not read the evaluation's log: {tool_error_of(err).message}"
             return None
 
