@@ -226,7 +226,12 @@ def metrics_url(host: str, port: int) -> str:
 
 @contextlib.asynccontextmanager
 async def serving_worker_metrics(
-    settings: Settings, client: Client, backend: str, *, port: int | None = None
+    settings: Settings,
+    client: Client,
+    backend: str,
+    *,
+    port: int | None = None,
+    every_s: float = VISIBILITY_EVERY_S,
 ) -> AsyncIterator[str | None]:
     """The worker's series while inside: its info gauge, the visibility collector, and the HTTP
     endpoint on `port` (None: none; `server` serves them on the gateway's /metrics). Yields the
@@ -243,7 +248,7 @@ async def serving_worker_metrics(
             ) from None
         url = metrics_url(settings.metrics_host, port)
     metrics.WORKER_INFO.labels(backend).set(1)
-    collector = asyncio.create_task(VisibilityCollector(client, backend).run())
+    collector = asyncio.create_task(VisibilityCollector(client, backend, every_s).run())
     try:
         yield url
     finally:
@@ -252,5 +257,5 @@ async def serving_worker_metrics(
             await collector
         metrics.WORKER_INFO.remove(backend)
         if server is not None:
-            server.shutdown()
+            await asyncio.to_thread(server.shutdown)  # waits out its poll (0.5 s)
             server.server_close()
