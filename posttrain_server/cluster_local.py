@@ -285,6 +285,10 @@ class LocalCluster:
         # A Temporal of the environment's own (its address, namespace, TLS, API key) is not
         # this one: every TEMPORAL_ setting is replaced by the local server's address.
         env = {k: v for k, v in config.environment.items() if not k.startswith("TEMPORAL_")}
+        # Ports of one process each: the workers' are set per worker; the SDK's own metrics
+        # (one port for every process here) are left to a production topology.
+        for name in ("POSTTRAIN_WORKER_METRICS_PORT", "POSTTRAIN_TEMPORAL_METRICS_PORT"):
+            env.pop(name, None)
         env["TEMPORAL_ADDRESS"] = config.temporal_address
         env["POSTTRAIN_STATE_DIR"] = str(config.state_dir)
         if not env.get(KEY_HEX_SETTING):

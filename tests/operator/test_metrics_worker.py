@@ -14,6 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from temporalio import activity, workflow
+from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
@@ -22,6 +23,7 @@ from temporalio.worker import Worker
 
 from posttrain_common import metrics
 from posttrain_common.settings import Settings
+from posttrain_server.temporal.client import connect, sdk_metrics_address
 from posttrain_server.worker_metrics import (
     ActivityMetricsInterceptor,
     MetricsEndpointError,
@@ -209,3 +211,25 @@ async def test_a_visibility_read_that_fails_is_counted_and_logged_once_never_rai
     assert after - before == 2
     warned = [r for r in caplog.records if "could not be read" in r.getMessage()]
     assert len(warned) == 1
+
+
+# -- the SDK's own metrics --------------------------------------------------------------------
+
+
+async def test_the_sdk_serves_its_own_metrics_where_the_setting_says(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    port = free_port()
+    address = time_skipping_env.client.service_client.config.target_host
+    settings = Settings(
+        **{"TEMPORAL_ADDRESS": address},  # type: ignore[arg-type]
+        state_dir=tmp_path,
+        temporal_metrics_port=port,
+    )
+    assert sdk_metrics_address(settings) == f"127.0.0.1:{port}"
+    client = await connect(settings)
+    await client.workflow_service.get_system_info(GetSystemInfoRequest())
+    async with httpx.AsyncClient() as http:
+        answer = await http.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+    assert answer.status_code == 200
+    assert "temporal_request" in answer.text
