@@ -81,7 +81,13 @@ async def connect(settings: Settings) -> Client:
     api_key = settings.temporal_api_key
     address = sdk_metrics_address(settings)
     # Called without an argument when there is none: bench/_probe.py swaps in its own runtime.
-    runtime = core_runtime() if address is None else core_runtime(address)
+    try:
+        runtime = core_runtime() if address is None else core_runtime(address)
+    except ValueError as exc:  # the SDK's word for a port it cannot bind
+        raise SystemExit(
+            f"cannot serve the Temporal SDK's metrics on {address} "
+            f"(POSTTRAIN_TEMPORAL_METRICS_PORT, POSTTRAIN_METRICS_HOST): {exc}"
+        ) from None
     return await Client.connect(
         settings.temporal_address,
         namespace=settings.temporal_namespace,

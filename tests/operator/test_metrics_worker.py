@@ -4,6 +4,7 @@ backend errors, and a visibility read that fails is counted, never raised."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import uuid
@@ -233,3 +234,14 @@ async def test_the_sdk_serves_its_own_metrics_where_the_setting_says(
         answer = await http.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
     assert answer.status_code == 200
     assert "temporal_request" in answer.text
+
+
+def test_a_taken_sdk_metrics_port_stops_the_process_with_the_setting_to_change(
+    tmp_path: Path,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        settings = Settings(state_dir=tmp_path, temporal_metrics_port=taken.getsockname()[1])
+        with pytest.raises(SystemExit, match="POSTTRAIN_TEMPORAL_METRICS_PORT"):
+            asyncio.run(connect(settings))
