@@ -2,7 +2,7 @@
 
     uv run python bench/gateway_latency.py [--shape allinone|split] [--workers 2]
         [--levels 1,50] [--calls 600] [--live 100,300,1000] [--interval 5] [--duration 60]
-        [--cold] [--order interleaved|sequential] [--stacks]
+        [--cold] [--order interleaved|sequential] [--stacks] [--metrics on|off]
 
 The server runs in its own processes, in one of the production shapes (`bench/_topology.py`):
 `allinone` is `posttrain-env server` (gateway, in-process worker, embedded file-backed Temporal);
@@ -392,6 +392,8 @@ async def bench(topology: Topology, args: argparse.Namespace) -> None:
 
 def settings_env(args: argparse.Namespace) -> dict[str, str]:
     env = {}
+    if args.metrics is not None:
+        env["POSTTRAIN_METRICS"] = args.metrics
     if args.watch_interval:
         env["POSTTRAIN_WATCH_INTERVAL_S"] = str(args.watch_interval)
     if args.continue_as_new_events:
@@ -425,6 +427,13 @@ def main() -> None:
         help="split: also each session's first call through a restarted gateway (cold cache)",
     )
     parser.add_argument("--stacks", action="store_true", help="print where loops stalled")
+    parser.add_argument(
+        "--metrics",
+        choices=("on", "off"),
+        default=None,
+        help="POSTTRAIN_METRICS of the server's processes (default: theirs, on): the cost of "
+        "the gateway's metrics is the difference between two runs",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the state dir (logs, probes)")
     args = parser.parse_args()
     args.levels = [int(x) for x in args.levels.split(",") if x]

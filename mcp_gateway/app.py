@@ -26,6 +26,7 @@ from mcp_gateway.episode_control import EpisodeControl
 from mcp_gateway.episode_mcp import EpisodeMcp
 from mcp_gateway.episodes_route import router as episodes_router
 from mcp_gateway.guard import HostOriginGuard
+from mcp_gateway.metrics import GatewayMetrics, metrics_endpoint
 from mcp_gateway.openenv_ws import serve_openenv_ws
 from mcp_gateway.protocol import OpenEnvProtocol
 from mcp_gateway.sessions import Sessions
@@ -82,7 +83,7 @@ def create_app(settings: Settings, client: Client, key: ServerKey) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.key = key
-        app.state.protocol = OpenEnvProtocol(Sessions(client, settings.task_queue), key)
+        app.state.protocol = OpenEnvProtocol(Sessions(client, settings.task_queue), key, metrics)
         app.state.episodes = EpisodeControl(client)
         async with episode_mcp.serving(client, key):
             yield
@@ -91,14 +92,17 @@ def create_app(settings: Settings, client: Client, key: ServerKey) -> FastAPI:
     app = FastAPI(
         title="posttrain_env", version=VERSION, lifespan=lifespan, max_body_size=MAX_BODY_BYTES
     )
+    metrics = GatewayMetrics(enabled=settings.metrics)
     # The standard MCP endpoint of each episode, behind its episode token (not the API keys).
-    episode_mcp = EpisodeMcp()
+    episode_mcp = EpisodeMcp(metrics)
     # Its route lifts the app's body limit (a route's limit replaces the app's): the endpoint
     # applies the same one itself, and answers 413 as a JSON-RPC error, which MCP clients show.
     app.router.routes.append(
         Route("/episodes/{episode_id}/mcp", endpoint=episode_mcp, max_body_size=sys.maxsize)
     )
     app.include_router(episodes_router)
+    if settings.metrics:  # behind the API keys like every route (Prometheus sends a bearer key)
+        app.add_api_route("/metrics", metrics_endpoint, methods=["GET"], include_in_schema=False)
 
     def protocol(request: Request) -> OpenEnvProtocol:
         return request.app.state.protocol

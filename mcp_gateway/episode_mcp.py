@@ -45,6 +45,7 @@ from temporalio.service import RPCError
 from mcp_gateway.auth import episode_refusal, headers_of
 from mcp_gateway.bounds import MalformedJson, parse_json, read_bounded_body
 from mcp_gateway.episode_calls import UnknownEpisode, call_tool, tool_call
+from mcp_gateway.metrics import GatewayMetrics
 from mcp_gateway.refusals import refuse
 from mcp_gateway.sessions import request_id_of
 from posttrain_common.contracts.episode_calls import ToolResult
@@ -69,7 +70,8 @@ INSTRUCTIONS = (
 class EpisodeMcp:
     """The per-episode MCP endpoint as an ASGI app; `serving(client, key)` runs it."""
 
-    def __init__(self) -> None:
+    def __init__(self, metrics: GatewayMetrics | None = None) -> None:
+        self.metrics = metrics or GatewayMetrics(enabled=False)
         self.server: Server[Any, Request] = Server(
             SERVER_NAME, version=installed_version(), instructions=INSTRUCTIONS
         )
@@ -116,6 +118,7 @@ class EpisodeMcp:
             request = Request(scope, receive)
             body = await read_bounded_body(request)
             if body is None:
+                self.metrics.refused("body")
                 message = f"the request body is over {MAX_BODY_BYTES} bytes; it was not read"
                 await refuse(scope, receive, send, 413, message, jsonrpc=True)
                 return
@@ -148,7 +151,9 @@ class EpisodeMcp:
         except SessionError as err:
             return _result(ToolError(ErrorType.invalid_argument, err.message).envelope())
         call = tool_call(request_id, name, arguments, "mcp")
-        work = asyncio.ensure_future(call_tool(self._client, episode_id, call))
+        work = asyncio.ensure_future(
+            self.metrics.timed(call, call_tool(self._client, episode_id, call))
+        )
         try:
             answer = await self._wait_reporting_progress(work, name, meta.get("progressToken"))
         except UnknownEpisode:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from mcp_gateway.episode_calls import tool_call
+from mcp_gateway.metrics import GatewayMetrics
 from mcp_gateway.observations import (
     reset_metadata,
     reset_observation,
@@ -26,8 +27,11 @@ from posttrain_env.tools import tool_catalog
 
 
 class OpenEnvProtocol:
-    def __init__(self, sessions: Sessions, key: ServerKey) -> None:
+    def __init__(
+        self, sessions: Sessions, key: ServerKey, metrics: GatewayMetrics | None = None
+    ) -> None:
         self.sessions = sessions
+        self.metrics = metrics or GatewayMetrics(enabled=False)
         self.session_ids = SessionIds(key)
         self._key = key
 
@@ -87,4 +91,4 @@ class OpenEnvProtocol:
         if request_id is None and isinstance(metadata, dict):
             request_id = metadata.get("request_id")
         call = tool_call(request_id_of(request_id), name, arguments, path)
-        return await self.sessions.call(session_id, call)
+        return await self.metrics.timed(call, self.sessions.call(session_id, call))

@@ -168,6 +168,18 @@ class Settings(BaseSettings):
     )
     # Folders one sweep acts on at most (a sweep runs every hour; the rest waits for the next).
     retention_max_folders: int = Field(default=DEFAULT_MAX_FOLDERS, ge=1, le=100_000)
+    # Prometheus metrics (posttrain_common/metrics.py). Off (POSTTRAIN_METRICS=off): the
+    # gateway neither times calls nor serves /metrics.
+    metrics: bool = True
+    # Where `posttrain-env worker` serves its metrics (http://<host>:<port>/metrics); unset: it
+    # serves none. Each worker on a machine needs its own port. Inside `server` the worker's
+    # series are on the gateway's /metrics instead.
+    worker_metrics_port: int | None = Field(default=None, gt=0, lt=65536)
+    # Where the Temporal SDK's own metrics are served (its Rust core's Prometheus exporter,
+    # every process that connects to Temporal: gateway and worker alike); unset: nowhere.
+    temporal_metrics_port: int | None = Field(default=None, gt=0, lt=65536)
+    # The address both bind; 0.0.0.0 for a Prometheus on another host (a container's).
+    metrics_host: str = "127.0.0.1"
 
     @field_validator(
         "max_live_episodes",
@@ -185,6 +197,8 @@ class Settings(BaseSettings):
         "temporal_tls_client_key_path",
         "temporal_tls_server_ca_cert_path",
         "temporal_tls_server_name",
+        "worker_metrics_port",
+        "temporal_metrics_port",
         mode="before",
     )
     @classmethod

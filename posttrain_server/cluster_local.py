@@ -40,7 +40,7 @@ from typing import Literal, TextIO
 import httpx
 
 from posttrain_common.keys import KEY_FILE_SETTING, KEY_HEX_SETTING, ServerKey, ServerKeyError
-from posttrain_server.temporal.dev_server import port_busy, start_dev_command
+from posttrain_server.temporal.dev_server import free_ports, port_busy, start_dev_command
 
 MemberKind = Literal["temporal", "gateway", "worker"]
 
@@ -111,7 +111,7 @@ class Member:
     command: list[str]
     env: dict[str, str]
     log_path: Path
-    url: str | None = None  # a gateway's base URL
+    url: str | None = None  # a gateway's base URL; a worker's metrics
     address: str | None = None  # Temporal's gRPC address
     proc: subprocess.Popen[bytes] | None = None
     # Set when the exit was asked for (a stop, a kill by the harness): not reported as a death.
@@ -195,6 +195,10 @@ class ClusterConfig:
     workers: int = 2
     temporal_port: int = 7233
     temporal_ui_port: int | None = 8233  # None: no UI
+    # The Temporal server's own metrics, and the first worker's (the next ones follow). None:
+    # free ports chosen at the start (printed, like every address).
+    temporal_metrics_port: int | None = None
+    worker_metrics_port: int | None = None
     host: str = "127.0.0.1"
     # The environment every child starts from (the backend and its settings, the task queue,
     # the tasks dir, ...: docs/deployment.md, "Production shape" says which must be equal on every
@@ -221,8 +225,18 @@ class LocalCluster:
         self.config = config
         logs = config.state_dir / "logs"
         env = self._child_environment()
+        fixed = {config.temporal_port, *config.gateway_ports, config.temporal_ui_port or 0}
+        free = iter(free_ports(1 + config.workers, avoid=fixed))
+        self.temporal_metrics_port = config.temporal_metrics_port or next(free)
+        self.worker_metrics_ports = [
+            next(free) if config.worker_metrics_port is None else config.worker_metrics_port + n
+            for n in range(config.workers)
+        ]
         temporal = start_dev_command(
-            config.state_dir / "temporal.db", config.temporal_port, config.temporal_ui_port
+            config.state_dir / "temporal.db",
+            config.temporal_port,
+            config.temporal_ui_port,
+            self.temporal_metrics_port,
         )
         self.temporal = Member(
             "temporal",
@@ -244,8 +258,15 @@ class LocalCluster:
             for n, port in enumerate(config.gateway_ports, start=1)
         ]
         self.workers = [
-            Member(f"worker-{n}", "worker", our_command("worker"), env, logs / f"worker-{n}.log")
-            for n in range(1, config.workers + 1)
+            Member(
+                f"worker-{n}",
+                "worker",
+                our_command("worker"),
+                {**env, "POSTTRAIN_WORKER_METRICS_PORT": str(metrics_port)},
+                logs / f"worker-{n}.log",
+                url=f"http://127.0.0.1:{metrics_port}/metrics",
+            )
+            for n, metrics_port in enumerate(self.worker_metrics_ports, start=1)
         ]
 
     @property
@@ -264,6 +285,10 @@ class LocalCluster:
         # A Temporal of the environment's own (its address, namespace, TLS, API key) is not
         # this one: every TEMPORAL_ setting is replaced by the local server's address.
         env = {k: v for k, v in config.environment.items() if not k.startswith("TEMPORAL_")}
+        # Ports of one process each: the workers' are set per worker; the SDK's own metrics
+        # (one port for every process here) are left to a production topology.
+        for name in ("POSTTRAIN_WORKER_METRICS_PORT", "POSTTRAIN_TEMPORAL_METRICS_PORT"):
+            env.pop(name, None)
         env["TEMPORAL_ADDRESS"] = config.temporal_address
         env["POSTTRAIN_STATE_DIR"] = str(config.state_dir)
         if not env.get(KEY_HEX_SETTING):
@@ -275,14 +300,20 @@ class LocalCluster:
         an unusable key, a member that exits or never gets ready); nothing is left running."""
         config = self.config
         config.state_dir.mkdir(parents=True, exist_ok=True)
-        ports = [config.temporal_port, *config.gateway_ports]
+        ports = [
+            config.temporal_port,
+            *config.gateway_ports,
+            self.temporal_metrics_port,
+            *self.worker_metrics_ports,
+        ]
         if config.temporal_ui_port is not None:
             ports.append(config.temporal_ui_port)
         taken = [port for port in ports if port_busy(port)]
         if taken:
             raise ClusterError(
                 f"port(s) {', '.join(map(str, taken))} on 127.0.0.1 are in use: stop what holds "
-                "them or choose others (--port, --temporal-port, --temporal-ui-port)"
+                "them or choose others (--port, --temporal-port, --temporal-ui-port, "
+                "--temporal-metrics-port, --worker-metrics-port)"
             )
         if not config.environment.get(KEY_HEX_SETTING) and not config.environment.get(
             KEY_FILE_SETTING
@@ -343,8 +374,13 @@ class LocalCluster:
         lines = []
         for member in self.members:
             where = member.url or member.address or ""
-            if member.kind == "temporal" and self.config.temporal_ui_port is not None:
-                where += f" (UI http://127.0.0.1:{self.config.temporal_ui_port})"
+            if member.kind == "temporal":
+                metrics = f"metrics http://127.0.0.1:{self.temporal_metrics_port}/metrics"
+                ui = self.config.temporal_ui_port
+                shown = metrics if ui is None else f"UI http://127.0.0.1:{ui}, {metrics}"
+                where += f" ({shown})"
+            elif member.kind == "gateway":
+                where += " (metrics: /metrics)"
             lines.append(
                 f"{member.name:<10} {where or '-':<44} pid {member.pid}  log {member.log_path}"
             )
@@ -395,6 +431,18 @@ def add_cluster_local_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temporal-ui-port", type=int, default=8233)
     parser.add_argument("--no-ui", action="store_true", help="no Temporal UI")
     parser.add_argument(
+        "--temporal-metrics-port",
+        type=int,
+        default=None,
+        help="the Temporal server's own metrics (default: a free port, printed)",
+    )
+    parser.add_argument(
+        "--worker-metrics-port",
+        type=int,
+        default=None,
+        help="the first worker's metrics; the next ones follow (default: free ports, printed)",
+    )
+    parser.add_argument(
         "--state-dir",
         type=Path,
         default=None,
@@ -420,6 +468,8 @@ def config_from(args: argparse.Namespace, environment: Mapping[str, str]) -> Clu
         workers=args.workers,
         temporal_port=args.temporal_port,
         temporal_ui_port=None if args.no_ui else args.temporal_ui_port,
+        temporal_metrics_port=args.temporal_metrics_port,
+        worker_metrics_port=args.worker_metrics_port,
         host=args.host,
         environment=environment,
     )

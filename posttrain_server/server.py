@@ -20,10 +20,14 @@ import logging
 import signal
 import sys
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from posttrain_server.shutdown import exit_now
+
+if TYPE_CHECKING:
+    from posttrain_common.settings import Settings
 
 log = logging.getLogger("posttrain_server.server")
 
@@ -97,8 +101,11 @@ async def serve(host: str, port: int, *, with_worker: bool) -> None:
         log.info("server key %s (fingerprint %s)", key.source, key.fingerprint)
         if backend is not None:
             from posttrain_server.worker import build_worker
+            from posttrain_server.worker_metrics import serving_worker_metrics
 
             worker = build_worker(client, settings, backend, key=key.key)
+            # Its series are served with the gateway's, on /metrics.
+            await stack.enter_async_context(serving_worker_metrics(settings, client, backend.name))
             await stack.enter_async_context(worker)
             log.info("worker on task queue %r (backend %s)", settings.task_queue, backend.name)
         deadline = ShutdownDeadline("the server")
@@ -117,9 +124,25 @@ async def serve(host: str, port: int, *, with_worker: bool) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda _sig, _frame: deadline.start())
         log.info("gateway on http://%s:%d (OpenEnv /ws, /mcp; MCP /episodes/<id>/mcp)", host, port)
+        log_metrics(settings, host, port, with_worker=backend is not None)
         await server.serve()  # returns on SIGINT/SIGTERM (uvicorn handles both)
         if not server.started:
             raise SystemExit(f"the gateway could not listen on {host}:{port}")
+
+
+def log_metrics(settings: Settings, host: str, port: int, *, with_worker: bool) -> None:
+    """Where this process's metrics are, in the startup log."""
+    from posttrain_server.temporal.client import sdk_metrics_address
+
+    if settings.metrics:
+        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        what = "the gateway's and its worker's" if with_worker else "the gateway's"
+        log.info("metrics: http://%s:%d/metrics (%s; the API keys apply)", shown, port, what)
+    else:
+        log.info("metrics: off (POSTTRAIN_METRICS)")
+    sdk = sdk_metrics_address(settings)
+    if sdk is not None:
+        log.info("Temporal SDK metrics: http://%s/metrics", sdk)
 
 
 def run(host: str, port: int, *, with_worker: bool) -> int:

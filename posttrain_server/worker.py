@@ -33,7 +33,7 @@ from posttrain_common.settings import Settings
 from posttrain_server.deployment_key import check_deployment, resolve_server_key
 from posttrain_server.reconcile import TemporalStrandedWorkflows
 from posttrain_server.shutdown import ShutdownDeadline, stop_on_signals
-from posttrain_server.temporal.client import connect
+from posttrain_server.temporal.client import connect, sdk_metrics_address
 from posttrain_server.temporal.setup import require_search_attributes
 from posttrain_server.wiring import (
     TemporalAccount,
@@ -45,6 +45,11 @@ from posttrain_server.wiring import (
     make_backend,
     schedule_reaper_soon,
     schedule_retention_soon,
+)
+from posttrain_server.worker_metrics import (
+    ActivityMetricsInterceptor,
+    MetricsEndpointError,
+    serving_worker_metrics,
 )
 from tasks.registry import TASKS_DIR
 from workflows.campaign.rollout import RolloutWorkflow
@@ -169,7 +174,7 @@ def build_worker(
     if capabilities.reaps_orphans:
         reaper = ReaperActivities(cast(OrphanSource, backend), TemporalEpisodeLiveness(client))
         activities += [reaper.find_orphan_jobs, reaper.cancel_orphan_job]
-    interceptors: list[Interceptor] = list(info.interceptors())
+    interceptors: list[Interceptor] = [*info.interceptors(), ActivityMetricsInterceptor()]
     return Worker(
         client,
         task_queue=queue,
@@ -230,8 +235,26 @@ async def run_worker() -> None:
         backend.name,
         key.fingerprint,
     )
-    async with worker:
-        await stop.wait()
+    port = settings.worker_metrics_port
+    try:
+        async with serving_worker_metrics(settings, client, backend.name, port=port) as url:
+            log_metrics_endpoints(settings, url)
+            async with worker:
+                await stop.wait()
+    except MetricsEndpointError as exc:
+        print(f"posttrain-env worker: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+def log_metrics_endpoints(settings: Settings, worker_url: str | None) -> None:
+    """Where this worker's metrics are, in the startup log."""
+    if worker_url is not None:
+        log.info("worker metrics: %s", worker_url)
+    else:
+        log.info("worker metrics: not served (set POSTTRAIN_WORKER_METRICS_PORT)")
+    sdk = sdk_metrics_address(settings)
+    if sdk is not None:
+        log.info("Temporal SDK metrics: http://%s/metrics", sdk)
 
 
 def refuse(problem: ServerKeyError) -> NoReturn:

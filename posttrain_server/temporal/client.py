@@ -13,6 +13,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import (
     LogForwardingConfig,
     LoggingConfig,
+    PrometheusConfig,
     Runtime,
     TelemetryConfig,
     TelemetryFilter,
@@ -25,19 +26,24 @@ CORE_LOGGER = "temporalio.core"
 
 
 @functools.cache
-def core_runtime() -> Runtime:
+def core_runtime(metrics_address: str | None = None) -> Runtime:
     """The process's Temporal runtime (one per process), forwarding the SDK core's own log to
     Python logging as `temporalio.core`. That log is where a payload over Temporal's limit
     shows (`TMPRL1103` at ERROR: the workflow task then fails in a loop), so the server's log
-    and the tests see it."""
+    and the tests see it. `metrics_address` (`host:port`): where the SDK core serves its own
+    Prometheus metrics (`temporal_*`: polls, task latencies, schedule-to-start; see Temporal's
+    SDK metrics reference); None: they are not collected."""
     return Runtime(
         telemetry=TelemetryConfig(
+            metrics=None
+            if metrics_address is None
+            else PrometheusConfig(metrics_address, durations_as_seconds=True),
             logging=LoggingConfig(
                 filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
                 forwarding=LogForwardingConfig(
                     logger=logging.getLogger(CORE_LOGGER), append_target_to_name=False
                 ),
-            )
+            ),
         )
     )
 
@@ -65,13 +71,28 @@ def tls_config(settings: Settings) -> bool | TLSConfig | None:
     return settings.temporal_tls
 
 
+def sdk_metrics_address(settings: Settings) -> str | None:
+    """`host:port` of the SDK's own metrics (POSTTRAIN_TEMPORAL_METRICS_PORT), or None."""
+    port = settings.temporal_metrics_port
+    return None if port is None else f"{settings.metrics_host}:{port}"
+
+
 async def connect(settings: Settings) -> Client:
     api_key = settings.temporal_api_key
+    address = sdk_metrics_address(settings)
+    # Called without an argument when there is none: bench/_probe.py swaps in its own runtime.
+    try:
+        runtime = core_runtime() if address is None else core_runtime(address)
+    except ValueError as exc:  # the SDK's word for a port it cannot bind
+        raise SystemExit(
+            f"cannot serve the Temporal SDK's metrics on {address} "
+            f"(POSTTRAIN_TEMPORAL_METRICS_PORT, POSTTRAIN_METRICS_HOST): {exc}"
+        ) from None
     return await Client.connect(
         settings.temporal_address,
         namespace=settings.temporal_namespace,
         api_key=api_key.get_secret_value() if api_key is not None else None,
         tls=tls_config(settings),
         data_converter=pydantic_data_converter,
-        runtime=core_runtime(),
+        runtime=runtime,
     )

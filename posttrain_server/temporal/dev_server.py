@@ -97,15 +97,23 @@ def free_ports(count: int, avoid: set[int]) -> list[int]:
     return found
 
 
-def start_dev_command(db_file: Path, port: int, ui_port: int | None = None) -> list[str]:
+def start_dev_command(
+    db_file: Path, port: int, ui_port: int | None = None, metrics_port: int | None = None
+) -> list[str]:
     """`temporal server start-dev` as everything here runs it: file-backed (SQLite in WAL mode),
     on 127.0.0.1, the operator's search attributes registered at every start (idempotent:
     episodes and jobs upsert them), and no UI unless `ui_port` is given.
 
     Its HTTP API and metrics ports are chosen here too. Left to itself, the server picks "a
     random free port" for each before it binds its gRPC port, and once picked the very port it
-    then needed (seen in the suite: "failed listening for HTTP API on 127.0.0.1:<its --port>")."""
-    http_port, metrics_port = free_ports(2, avoid={port, *(() if ui_port is None else (ui_port,))})
+    then needed (seen in the suite: "failed listening for HTTP API on 127.0.0.1:<its --port>").
+    `metrics_port`: where the server's own Prometheus metrics are served (default: a free
+    port, as good as none for someone who was not told it)."""
+    taken = {port, *(() if ui_port is None else (ui_port,))}
+    if metrics_port is None:
+        http_port, metrics_port = free_ports(2, avoid=taken)
+    else:
+        (http_port,) = free_ports(1, avoid={*taken, metrics_port})
     command = [
         *(temporal_binary(), "server", "start-dev", "--db-filename", str(db_file)),
         *sqlite_flags(),
