@@ -42,6 +42,8 @@ from workflows.operations.search_attributes import EpisodePhase
 log = logging.getLogger(__name__)
 VISIBILITY_EVERY_S = 15.0
 VISIBILITY_CAP = 10_000
+# Closed episodes still holding money are few (each is an alert): at most this many are looked at.
+CLOSED_CAP = 1_000
 # The activities that call the jobs backend or the Hub: their failures are backend errors.
 BACKEND_ACTIVITIES = frozenset(
     {
@@ -60,7 +62,8 @@ BACKEND_ACTIVITIES = frozenset(
 RUNNING_EPISODES = "WorkflowType = 'EpisodeWorkflow' AND ExecutionStatus = 'Running'"
 RUNNING_JOBS = "WorkflowType = 'JobWorkflow' AND ExecutionStatus = 'Running'"
 # Closed episodes that still hold a reservation (running ones are counted from their list). A
-# run that continued as new is closed too, but its episode goes on in the next run.
+# run that continued as new is closed too, but its episode goes on in the next run; so does a
+# run terminated from outside once the reconciler started it again (only latest runs count).
 CLOSED_HOLDING = (
     "WorkflowType = 'EpisodeWorkflow' AND ExecutionStatus != 'Running' "
     f"AND ExecutionStatus != 'ContinuedAsNew' AND {sa.RESERVED_MICRO_USD.name} > 0"
@@ -183,8 +186,12 @@ class VisibilityCollector:
                 age = (now - pending).total_seconds()
                 reading.oldest_unconfirmed_s = max(reading.oldest_unconfirmed_s, age)
         reading.truncated = reading.truncated or listed >= self._cap
-        closed = await self._client.count_workflows(CLOSED_HOLDING)
-        reading.ended_holding += closed.count
+        async for execution in self._client.list_workflows(CLOSED_HOLDING, limit=CLOSED_CAP):
+            # A run terminated from outside keeps the attributes it had; once the reconciler
+            # started it again (posttrain_server/reconcile.py) its newer run holds the money.
+            latest = await self._client.get_workflow_handle(execution.id).describe()
+            if latest.run_id == execution.run_id:
+                reading.ended_holding += 1
         return reading
 
     def publish(self, reading: VisibilityReading) -> None:
