@@ -9,12 +9,14 @@ from pathlib import Path
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
+from mcp_gateway.sessions import Sessions
 from posttrain_common.contracts.episode_calls import EndRequest
 from posttrain_env.models import EndReason
 from tests.waiting import eventually
 from tests.workflows.harness import Episode, running_worker
 from workflows.episode.session import IDLE_CLOSE, ResetRequest, ResetResult, SessionWorkflow
 from workflows.episode.workflow import EpisodeWorkflow
+from workflows.ids import session_workflow_id
 
 MINUTE = timedelta(minutes=1)
 
@@ -72,3 +74,29 @@ async def test_a_session_stays_open_while_its_episode_runs_and_after_a_reset(
         await ep.skip(IDLE_CLOSE)
         assert await status_of(session) is WorkflowExecutionStatus.RUNNING
         assert await session.query(SessionWorkflow.current_episode) == again.episode_id
+
+
+async def test_the_gateways_reset_of_a_session_closed_when_idle_starts_it_again(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    async with running_worker(time_skipping_env, tmp_path) as h:
+        sessions = Sessions(h.client, h.task_queue)
+        session_id = "a" * 64
+        first = await sessions.reset(session_id, "t_test", "r1")
+        handle = h.client.get_workflow_handle(session_workflow_id(session_id))
+        h.started += [handle.id, first.workflow_id]
+        ep = Episode(
+            h.env, h.client.get_workflow_handle(first.workflow_id), first.episode_id, first
+        )
+        await end_and_wait_closed(ep)
+        await ep.skip(IDLE_CLOSE + 5 * MINUTE)
+
+        async def closed() -> bool:
+            return await status_of(handle) is WorkflowExecutionStatus.COMPLETED
+
+        await eventually(closed, 30, "the idle session closed")
+        again = await sessions.reset(session_id, "t_test", "r2")
+        h.started.append(again.workflow_id)
+        assert again.episode_id != first.episode_id
+        assert await status_of(handle) is WorkflowExecutionStatus.RUNNING  # a new run
+        assert await sessions.episode_of(session_id, refresh=True) == again.episode_id
