@@ -10,7 +10,7 @@ workflow completes, which it does once every job is confirmed final. Nothing is 
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from temporalio.client import Client
@@ -40,7 +40,8 @@ class EpisodeControl:
     async def status(self, episode_id: str) -> EpisodeStatus:
         """The episode as it is now. Raises EpisodeNotFound."""
         try:
-            return await self._handle(episode_id).query(EpisodeWorkflow.status)
+            status = await self._handle(episode_id).query(EpisodeWorkflow.status)
+            return status.as_of(datetime.now(UTC))  # a query's clock is its last task's
         except RPCError as err:
             if workflow_is_gone(err):
                 raise EpisodeNotFound(episode_id) from None

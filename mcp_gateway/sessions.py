@@ -15,7 +15,7 @@ import re
 import secrets
 import uuid
 from collections import OrderedDict
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from temporalio.client import (
     Client,
@@ -201,7 +201,8 @@ class Sessions:
         handle = self._client.get_workflow_handle_for(
             EpisodeWorkflow.run, episode_workflow_id(episode_id)
         )
-        return await handle.query(EpisodeWorkflow.status)
+        status = await handle.query(EpisodeWorkflow.status)
+        return status.as_of(datetime.now(UTC))  # a query's clock is its last task's
 
     def _remember(self, session_id: str, episode_id: str) -> None:
         self._episodes[session_id] = episode_id

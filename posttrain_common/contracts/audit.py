@@ -109,7 +109,10 @@ class AuditRecord(BaseModel):
     evaluations: list[AuditEvaluation] = Field(default_factory=list)
     scripts: dict[str, str] = Field(default_factory=dict)  # sha256 -> the script's text
     end: AuditEnd | None = None
-    final_spend_micro_usd: int = 0
+    final_spend_micro_usd: int = 0  # settled (so far, in an export of an episode still open)
+    # Held for jobs not yet settled: 0 in the record written at the end; in an export of an
+    # `ending` episode, what its cancelling jobs still hold.
+    reserved_micro_usd: int = 0
     # The grader-side contamination check (tasks with a `[contamination]` table, episodes
     # ended by `submit`): its counts and its evidence, which may quote test items.
     contamination: ContaminationReport | None = None

@@ -8,6 +8,7 @@ episodes still decode (docs/development.md, "Changing workflow code").
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import pydantic_core
@@ -117,6 +118,21 @@ class EpisodeStatus(BaseModel):
     jobs: list[dict[str, Any]]
     cancelling: list[str]
     metadata: StepMetadata | None = None  # what an answer given now would carry
+    # When the episode ends by its clock (None once it ended, or from a worker older than this
+    # field). `status` is a query, and a query's `workflow.now()` is the time of the workflow's
+    # last task, not now: `time_left_s` is then stale, and a reader takes `as_of(now)`.
+    deadline: datetime | None = None
+
+    def as_of(self, now: datetime) -> EpisodeStatus:
+        """This status with the time left as of `now` (the reader's clock). Unchanged when the
+        episode is done or its deadline is unknown."""
+        if self.done or self.deadline is None:
+            return self
+        left = max(0.0, (self.deadline - now).total_seconds())
+        metadata = self.metadata
+        if metadata is not None:
+            metadata = metadata.model_copy(update={"time_left_s": round(left, 3)})
+        return self.model_copy(update={"time_left_s": left, "metadata": metadata})
 
 
 def tool_call(

@@ -58,8 +58,12 @@ class EpisodeFilter:
     stuck: timedelta | None = None  # a cancellation pending for longer than this
 
     def query(self, now: datetime) -> str:
-        """The visibility query for episodes matching every filter. Raises FilterError."""
-        parts = ["WorkflowType = 'EpisodeWorkflow'"]
+        """The visibility query for episodes matching every filter. Raises FilterError.
+
+        A run that continued as new is not an episode of its own (its successor is), and with
+        `stuck` only open episodes are listed: a closed run keeps the attributes of its last
+        upsert, so an episode terminated while cancelling would otherwise stay "stuck"."""
+        parts = ["WorkflowType = 'EpisodeWorkflow'", "ExecutionStatus != 'ContinuedAsNew'"]
         if self.task is not None:
             parts.append(f"{sa.TASK.name} = {_quoted('task', self.task)}")
         if self.state is not None:
@@ -81,7 +85,12 @@ class EpisodeFilter:
 
 
 def stuck_clause(now: datetime, pending_for: timedelta) -> str:
-    return f"{sa.CANCEL_PENDING_SINCE.name} < '{_instant(now - pending_for)}'"
+    """Open workflows whose cancellation has been pending longer than `pending_for` (a closed
+    one, e.g. terminated from the UI while cancelling, waits on nothing: it is not stuck)."""
+    return (
+        f"ExecutionStatus = 'Running' AND "
+        f"{sa.CANCEL_PENDING_SINCE.name} < '{_instant(now - pending_for)}'"
+    )
 
 
 def stuck_jobs_query(now: datetime, pending_for: timedelta) -> str:
@@ -114,6 +123,7 @@ class EpisodeRow:
     end_reason: str | None
     reward: float | None
     spend_usd: float | None
+    reserved_usd: float | None  # held for jobs not yet settled (None: not shown by this run)
     steps_used: int | None
     campaign: str | None
     started_at: str | None
@@ -131,6 +141,7 @@ def row_of(
     attrs: TypedSearchAttributes,
 ) -> EpisodeRow:
     spend = attrs.get(sa.SPEND_MICRO_USD)
+    reserved = attrs.get(sa.RESERVED_MICRO_USD)
     pending = attrs.get(sa.CANCEL_PENDING_SINCE)
     return EpisodeRow(
         episode_id=episode_id_of(workflow_id) or workflow_id,
@@ -140,6 +151,7 @@ def row_of(
         end_reason=attrs.get(sa.END_REASON),
         reward=attrs.get(sa.REWARD),
         spend_usd=None if spend is None else spend / 1e6,
+        reserved_usd=None if reserved is None else reserved / 1e6,
         steps_used=attrs.get(sa.STEPS_USED),
         campaign=attrs.get(sa.CAMPAIGN),
         started_at=_instant(start_time) if start_time else None,
@@ -159,8 +171,8 @@ def stuck_job_of(workflow_id: str, attrs: TypedSearchAttributes, now: datetime) 
 
 def table(rows: list[EpisodeRow]) -> str:
     """A plain table, one episode a line (stuck jobs on lines of their own beneath)."""
-    header: tuple[str, ...] = ("EPISODE", "TASK", "STATE", "END", "REWARD", "SPEND_USD", "STEPS")
-    header += ("STARTED",)
+    header: tuple[str, ...] = ("EPISODE", "TASK", "STATE", "END", "REWARD", "SPEND_USD")
+    header += ("RESERVED_USD", "STEPS", "STARTED")
     lines: list[tuple[str, ...]] = [header]
     for r in rows:
         lines.append(
@@ -171,6 +183,7 @@ def table(rows: list[EpisodeRow]) -> str:
                 r.end_reason or "-",
                 "-" if r.reward is None else f"{r.reward:.4f}",
                 "-" if r.spend_usd is None else f"{r.spend_usd:.6f}",
+                "-" if r.reserved_usd is None else f"{r.reserved_usd:.6f}",
                 "-" if r.steps_used is None else str(r.steps_used),
                 r.started_at or "-",
             )

@@ -29,7 +29,9 @@ from posttrain_common.failures import EpisodeNotFound
 if TYPE_CHECKING:
     from temporalio.client import Client
 
+    from posttrain_common.contracts.audit import AuditRecord
     from posttrain_common.settings import Settings
+    from posttrain_server.commands.episode_queries import StuckJob
 
 _EPISODE_ID = re.compile(r"ep-[0-9a-f]{16}")
 EPISODES_HELP = "list, show, export and repair episodes (the operator's view and tools)"
@@ -122,15 +124,35 @@ def ui_url(settings: Settings, workflow_id: str) -> str | None:
 # -- list --------------------------------------------------------------------------------------
 
 
+async def stuck_jobs(
+    client: Client, now: datetime, pending_for: timedelta = timedelta(0)
+) -> dict[str, list[StuckJob]]:
+    """Episode id -> its open job workflows whose cancellation has been pending longer than
+    `pending_for`. The one reading of "stuck" that `list` and `show` both print."""
+    from posttrain_server.commands.episode_queries import (
+        episode_id_of,
+        stuck_job_of,
+        stuck_jobs_query,
+    )
+
+    found: dict[str, list[StuckJob]] = {}
+    async for wf in client.list_workflows(stuck_jobs_query(now, pending_for), limit=1000):
+        episode_id = episode_id_of(wf.id)
+        if episode_id is not None:
+            found.setdefault(episode_id, []).append(
+                stuck_job_of(wf.id, wf.typed_search_attributes, now)
+            )
+    for jobs in found.values():
+        jobs.sort(key=lambda job: job.workflow_id)
+    return found
+
+
 async def list_episodes(client: Client, args: argparse.Namespace) -> int:
     from posttrain_server.commands.episode_queries import (
         EpisodeFilter,
         FilterError,
-        episode_id_of,
         parse_duration,
         row_of,
-        stuck_job_of,
-        stuck_jobs_query,
         table,
     )
 
@@ -150,12 +172,9 @@ async def list_episodes(client: Client, args: argparse.Namespace) -> int:
         status = wf.status.name.title() if wf.status else "Unknown"
         rows.append(row_of(wf.id, status, wf.start_time, wf.typed_search_attributes))
     if rows:  # each episode's jobs with a cancellation pending (longer than --stuck)
-        by_id = {row.episode_id: row for row in rows}
-        query = stuck_jobs_query(now, filters.stuck or timedelta(0))
-        async for wf in client.list_workflows(query, limit=1000):
-            row = by_id.get(episode_id_of(wf.id) or "")
-            if row is not None:
-                row.stuck_jobs.append(stuck_job_of(wf.id, wf.typed_search_attributes, now))
+        stuck = await stuck_jobs(client, now, filters.stuck or timedelta(0))
+        for row in rows:
+            row.stuck_jobs = stuck.get(row.episode_id, [])
     if args.json:
         print(json.dumps([row.as_json() for row in rows], indent=2))
     else:
@@ -172,7 +191,7 @@ async def episode_summary(client: Client, settings: Settings, episode_id: str) -
     from temporalio.client import WorkflowQueryFailedError
     from temporalio.service import RPCError, RPCStatusCode
 
-    from posttrain_server.commands.episode_queries import row_of, stuck_job_of
+    from posttrain_server.commands.episode_queries import row_of
     from workflows.episode.workflow import EpisodeWorkflow
     from workflows.ids import episode_workflow_id, job_workflow_id
     from workflows.operations import search_attributes as sa
@@ -187,6 +206,8 @@ async def episode_summary(client: Client, settings: Settings, episode_id: str) -
         raise
     status = described.status.name.title() if described.status else "Unknown"
     row = row_of(workflow_id, status, described.start_time, described.typed_search_attributes)
+    now = datetime.now(UTC)
+    row.stuck_jobs = (await stuck_jobs(client, now)).get(episode_id, [])
     summary: dict[str, Any] = {
         **row.as_json(),
         "memo": await described.memo(),
@@ -195,12 +216,13 @@ async def episode_summary(client: Client, settings: Settings, episode_id: str) -
     }
     try:
         live = await handle.query(EpisodeWorkflow.status, rpc_timeout=STATUS_QUERY_TIMEOUT)
+        # The query's time is the workflow's last task's: the time left is as of now.
+        live = live.as_of(now)
         summary["live"] = live.model_dump(mode="json", exclude={"metadata"})
     except (RPCError, WorkflowQueryFailedError) as err:
         summary["live"] = None
         summary["live_error"] = f"no worker answered the status query ({err})"
     jobs = []
-    now = datetime.now(UTC)
     for n in range(1, 10_000):  # the episode's job workflows are numbered from 1
         job_handle = client.get_workflow_handle(job_workflow_id(episode_id, n))
         try:
@@ -218,8 +240,8 @@ async def episode_summary(client: Client, settings: Settings, episode_id: str) -
             "state": attrs.get(sa.STATE),
             "backend_job_id": attrs.get(sa.BACKEND_JOB_ID),
         }
-        if attrs.get(sa.CANCEL_PENDING_SINCE) is not None:
-            stuck = stuck_job_of(job.id, attrs, now)
+        stuck = next((j for j in row.stuck_jobs if j.workflow_id == job.id), None)
+        if stuck is not None:
             entry["cancel_pending_since"] = stuck.pending_since
             entry["cancel_pending_s"] = stuck.pending_s
         jobs.append(entry)
@@ -268,8 +290,8 @@ def render_summary(s: dict[str, Any]) -> str:
     else:
         lines.append(f"  {s.get('live_error', 'no live status')}; attributes as last upserted:")
         lines.append(
-            f"  steps used {s['steps_used']}, spend {s['spend_usd']} USD, end {s['end_reason']}, "
-            f"reward {s['reward']}"
+            f"  steps used {s['steps_used']}, spend {s['spend_usd']} USD, reserved "
+            f"{s['reserved_usd']} USD, end {s['end_reason']}, reward {s['reward']}"
         )
     for job in s["jobs"]:
         role = job["role"] or "?"
@@ -306,7 +328,7 @@ async def export_record(client: Client, settings: Settings, episode_id: str) -> 
         record = json.loads(path.read_text())
     else:
         try:
-            record = (await read_trail(client, episode_id)).model_dump(mode="json")
+            trail = await read_trail(client, episode_id)
         except RPCError as err:
             if err.status is RPCStatusCode.NOT_FOUND:
                 raise EpisodeNotFound(
@@ -314,8 +336,43 @@ async def export_record(client: Client, settings: Settings, episode_id: str) -> 
                     "in Temporal"
                 ) from None
             raise
+        if trail.end is None:  # still open (running, or ending): its end is in its state
+            await _add_live_end(client, trail)
+        record = trail.model_dump(mode="json")
     validate_record(record)
     return record
+
+
+async def _add_live_end(client: Client, record: AuditRecord) -> None:
+    """An open episode's history holds no end (the run's result): take the end and the spend
+    from its live status, or, when no worker answers, from its search attributes."""
+    from temporalio.client import WorkflowQueryFailedError
+    from temporalio.service import RPCError
+
+    from posttrain_common.contracts.audit import AuditEnd
+    from workflows.episode.workflow import EpisodeWorkflow
+    from workflows.ids import episode_workflow_id
+    from workflows.operations import search_attributes as sa
+
+    handle = client.get_workflow_handle(episode_workflow_id(record.episode_id))
+    try:
+        live = await handle.query(EpisodeWorkflow.status, rpc_timeout=STATUS_QUERY_TIMEOUT)
+    except (RPCError, WorkflowQueryFailedError):
+        attrs = (await handle.describe()).typed_search_attributes
+        reason = attrs.get(sa.END_REASON)
+        if reason is not None:
+            record.end = AuditEnd(reason=reason, reward=attrs.get(sa.REWARD))
+        record.final_spend_micro_usd = attrs.get(sa.SPEND_MICRO_USD) or 0
+        record.reserved_micro_usd = attrs.get(sa.RESERVED_MICRO_USD) or 0
+        return
+    if live.end is not None:
+        end = live.end
+        record.end = AuditEnd(
+            reason=end.reason.value, reward=end.reward, invalid_score=end.invalid_score
+        )
+    spend = live.service_spend
+    record.final_spend_micro_usd = round(spend.settled.usd * 1_000_000)
+    record.reserved_micro_usd = round(spend.reserved.usd * 1_000_000)
 
 
 def validate_record(record: dict[str, Any]) -> None:

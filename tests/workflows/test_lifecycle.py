@@ -189,7 +189,7 @@ async def test_no_secret_appears_in_any_workflow_history(
         assert scanned > 50
 
 
-async def test_a_jobs_history_stays_under_30_events_across_a_6_hour_job(
+async def test_a_jobs_history_stays_within_33_events_across_a_6_hour_job(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     six_hours = FakeJobScript(run_s=6 * 3600)
@@ -213,7 +213,9 @@ async def test_a_jobs_history_stays_under_30_events_across_a_6_hour_job(
         assert done.data["state"] == "succeeded"
         history = await h.client.get_workflow_handle(f"{ep.handle.id}/job/1").fetch_history()
         print(f"job history: {len(history.events)} events")
-        assert len(history.events) <= 30, len(history.events)
+        # 28 events, and 5 for showing `running` as its PtState (the watcher's `shown` signal,
+        # its workflow task and the upsert): a state change, not the job's duration.
+        assert len(history.events) <= 33, len(history.events)
 
 
 async def test_continue_as_new_keeps_every_job_reservation_and_answer(

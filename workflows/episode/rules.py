@@ -250,7 +250,8 @@ def tool_result(
 
 
 def episode_status(setup: EpisodeSetup, carry: EpisodeCarry, now: datetime) -> EpisodeStatus:
-    """The `status` query: the episode as an operator, the gateway or a rollout reads it."""
+    """The `status` query: the episode as an operator, the gateway or a rollout reads it. `now`
+    is the time of the workflow's last task; readers take `as_of` their own clock."""
     views = [job_view(setup.episode_id, record, now) for record in carry.jobs.values()]
     return EpisodeStatus(
         episode_id=setup.episode_id,
@@ -264,6 +265,7 @@ def episode_status(setup: EpisodeSetup, carry: EpisodeCarry, now: datetime) -> E
         jobs=[view.model_dump(mode="json") for view in views],
         cancelling=unconfirmed(carry),
         metadata=step_metadata(setup, carry, now),
+        deadline=None if carry.end is not None else deadline(setup, carry),
     )
 
 

@@ -4,10 +4,16 @@
 starts the next as an ABANDON child. If a cancellation is not confirmed within the episode's
 `cancel_confirm_s`, the reset fails with an error naming the jobs, and the old episode stays
 visible as cancelling. `close` ends the current episode as cancelled.
+
+A session closes too once it is idle: its current episode has closed (every job final) and no
+reset came for `IDLE_CLOSE`. Until then it stays open for a `reset`; a reset after that starts a
+new run of the same workflow id (the gateway's update-with-start), so nothing is lost, and the
+Temporal UI does not list every session an agent ever used as Running.
 """
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from pydantic import BaseModel, Field
@@ -28,6 +34,11 @@ with workflow.unsafe.imports_passed_through():
 
 # Beyond the episode's own confirmation window: time for its reply to travel.
 REPLY_SLACK_S = 60
+# How long a session whose episode has closed waits for a reset before it closes itself.
+IDLE_CLOSE = timedelta(hours=1)
+# Closing when idle: histories recorded before it waited for `close` alone. Asked only once the
+# session is idle, so a session reset again within the bound records no marker.
+IDLE_CLOSE_PATCH = "pt-session-idle-close-1"
 
 
 class ResetRequest(BaseModel):
@@ -52,12 +63,16 @@ class SessionWorkflow:
         self._state = state
         self._replies: dict[str, EpisodeClosed] = {}
         self._busy = False
+        self._idle_close = True  # False in runs recorded before IDLE_CLOSE_PATCH
 
     @workflow.run
     async def run(self, state: SessionState) -> None:
-        await workflow.wait_condition(
-            lambda: self._state.closed or workflow.info().is_continue_as_new_suggested()
-        )
+        while not self._should_stop():
+            await workflow.wait_condition(
+                lambda: self._should_stop() or (self._idle_close and self._idle())
+            )
+            if not self._should_stop():
+                await self._close_if_still_idle()
         await workflow.wait_condition(workflow.all_handlers_finished)
         if not self._state.closed:
             workflow.continue_as_new(self._state)
@@ -117,6 +132,34 @@ class SessionWorkflow:
     @workflow.query
     def current_episode(self) -> str | None:
         return self._state.current.episode_id if self._state.current else None
+
+    async def _close_if_still_idle(self) -> None:
+        """Close the session if it stays idle for IDLE_CLOSE (see the module's docstring)."""
+        if not workflow.patched(IDLE_CLOSE_PATCH):
+            self._idle_close = False  # recorded before sessions closed when idle
+            return
+        # A timer of its own, never cancelled: a reset meanwhile leaves it to fire unheeded
+        # (cancelling a timer as an update arrives is a race the test server mishandles).
+        timer = asyncio.ensure_future(asyncio.sleep(IDLE_CLOSE.total_seconds()))
+        await workflow.wait_condition(
+            lambda: self._should_stop() or not self._idle() or timer.done()
+        )
+        if self._should_stop() or not self._idle():
+            return
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        if self._idle():  # no reset slipped in while the handlers finished
+            self._state.closed = True
+
+    def _should_stop(self) -> bool:
+        return self._state.closed or workflow.info().is_continue_as_new_suggested()
+
+    def _idle(self) -> bool:
+        """The current episode has closed (its jobs all final) and nothing is in flight."""
+        current = self._state.current
+        if current is None or self._busy:
+            return False
+        closed = self._replies.get(current.episode_id)
+        return closed is not None and not closed.unconfirmed
 
     async def _end_current(
         self, reason: EndReason, *, fail_if_unconfirmed: bool

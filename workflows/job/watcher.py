@@ -2,6 +2,10 @@
 only the job workflows whose state changed, so a job's own history grows with its state changes,
 not with its duration (DESIGN §3). Started by signal-with-start; exits when it has nothing to
 watch, so nothing keeps polling under time skipping.
+
+A change short of the end goes to the episode and (since `JOB_SEES_CHANGES_PATCH`) to the job's
+workflow, to show as its `PtState`: before it, a job's `PtState` went from `queued` to its end
+and never said `running`.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ with workflow.unsafe.imports_passed_through():
 # A cancel of the watcher from outside (the Temporal UI, `temporal workflow cancel`) is not
 # obeyed: nothing would follow its jobs to their ends. It continues as new with them.
 WATCHER_OUTSIDE_CANCEL_PATCH = "pt-watcher-outside-cancel-1"
+# Changes short of a job's end are shown by the job's workflow too (see the module's docstring).
+# Asked only when such a change is sent, so a watcher that saw only ends records no marker.
+JOB_SEES_CHANGES_PATCH = "pt-watcher-job-sees-changes-1"
 
 
 class WatchRequest(BaseModel):
@@ -144,7 +151,9 @@ class WatcherWorkflow:
 
     async def _notify(self, request: WatchRequest, job: BackendJob) -> None:
         """The end goes to the job's workflow (it settles and scores); changes short of the end
-        go straight to the episode, so the job's own history grows only at its end."""
+        go straight to the episode, so the job's own history grows only at its end, and (under
+        JOB_SEES_CHANGES_PATCH) to the job's workflow as `shown`, which only upserts its
+        `PtState` (5 events a change, where a report through the job would cost 10)."""
         try:
             if job.state.terminal or not request.episode_workflow_id:
                 handle = workflow.get_external_workflow_handle(request.workflow_id)
@@ -157,6 +166,9 @@ class WatcherWorkflow:
                         job_id=request.job_id, state=job.state, backend=job, message=job.message
                     ),
                 )
+                if workflow.patched(JOB_SEES_CHANGES_PATCH):
+                    job_handle = workflow.get_external_workflow_handle(request.workflow_id)
+                    await job_handle.signal(JobWorkflow.shown, job)
         except FailureError:
             # The job's workflow is gone (it finished or was terminated): stop watching for it.
             self._watched.pop(request.ref, None)

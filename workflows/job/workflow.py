@@ -224,6 +224,18 @@ class JobWorkflow:
             self._watcher_has_it = False  # the watcher drops a job once it saw it end
 
     @workflow.signal
+    def shown(self, job: BackendJob) -> None:
+        """The watcher saw a change short of the end and told the episode: show it only (the
+        operator's `PtState`), with no report and no activity."""
+        if self._job is None or self._state.terminal or job.state.terminal:
+            return  # before the submit's answer (it sets the state), or after the end
+        if self._state is JobState.cancelling:
+            return  # still stopping: the backend's `running` does not undo our cancelling
+        self._job = job
+        self._state = job.state
+        self._show()
+
+    @workflow.signal
     def cancel(self) -> None:
         self._cancel_requested = True
 

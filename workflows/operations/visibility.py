@@ -7,7 +7,11 @@ confirmed). `PtStepsUsed` rides along with those and is not a reason to upsert o
 tool call that changes nothing else costs no history event.
 
 Workflows that recorded histories before this existed must replay unchanged: the upserts run
-only under `workflow.patched(VISIBILITY_PATCH)`.
+only under `workflow.patched(VISIBILITY_PATCH)`. `PtReservedMicroUsd` came later, under
+`RESERVED_PATCH`: it is not a rider, because a job's start changes the reservation and nothing
+else, and the operator's "reservation held by an ended episode" must see it fall to 0 when the
+last job settles, not at some later change. Histories recorded before it lack those upserts, so
+an episode shows it only when its run found the patch.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from workflows.episode.state import EpisodeCarry
 from workflows.operations import search_attributes as sa
 
 VISIBILITY_PATCH = "pt-visibility-1"
+RESERVED_PATCH = "pt-visibility-reserved-1"
 MEMO_VALUE_CHARS = MAX_MEMO_VALUE_CHARS
 
 Attributes = dict[SearchAttributeKey[Any], Any]  # a value of None: the attribute is unset
@@ -62,6 +67,7 @@ def episode_attributes(
         sa.DEPLOYMENT: setup.deployment,
         sa.CAMPAIGN: setup.campaign_id,
         sa.SPEND_MICRO_USD: carry.ledger.settled_micro_usd,
+        sa.RESERVED_MICRO_USD: carry.ledger.reserved_micro_usd,
         sa.STEPS_USED: carry.steps_used,
         sa.CANCEL_PENDING_SINCE: cancel_pending_since(carry),
     }
@@ -116,10 +122,14 @@ class Visibility:
 
     def __init__(self) -> None:
         self._on = False
+        self._reserved = False  # show sa.RESERVED_MICRO_USD (RESERVED_PATCH)
         self._shown: Attributes = {}
 
     def enable(self, memo: dict[str, str] | None = None) -> bool:
         self._on = workflow.patched(VISIBILITY_PATCH)
+        if self._on:
+            # Asked once per run, here: runs recorded before it never show the reservation.
+            self._reserved = workflow.patched(RESERVED_PATCH)
         if self._on and memo:
             workflow.upsert_memo(memo)
         return self._on
@@ -132,6 +142,8 @@ class Visibility:
     def show(self, attributes: Attributes) -> None:
         if not self._on:
             return
+        if not self._reserved:
+            attributes = {k: v for k, v in attributes.items() if k != sa.RESERVED_MICRO_USD}
         updates = changes(self._shown, attributes)
         if updates:
             workflow.upsert_search_attributes(updates)
