@@ -194,7 +194,11 @@ async def test_an_export_of_an_ending_episode_has_its_end_and_spend(tmp_path: Pa
         done = await op.cli("episodes", "export", episode_id)
         assert done.status == 0, done.stderr
         record = done.json()
-        assert record["end"] == {"reason": "cancelled", "reward": None, "invalid_score": None}
+        assert record["end"] == {
+            "reason": "cancelled_by_operator",
+            "reward": None,
+            "invalid_score": None,
+        }
         spend = status.service_spend
         assert record["final_spend_micro_usd"] == round(spend.settled.usd * 1e6) > 0
         assert record["reserved_micro_usd"] == round(spend.reserved.usd * 1e6) > 0

@@ -1,0 +1,149 @@
+"""The runbook's commands (docs/operations.md, its titled `bash` blocks) run as written, on this
+test's own ids, address and task queue, each in the state it is for, against the real dev
+server (fake backend): each works, and the state it repairs is repaired."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from datetime import UTC, datetime
+from pathlib import Path
+
+from activities.backends.fake.backend import FakeJobScript, FakeScenario
+from posttrain_common.contracts.jobs import JobRole
+from posttrain_env.models import JobState
+from posttrain_server.worker_metrics import VisibilityCollector
+from tests.operator.dev_env import Done, Operated, operated
+from tests.operator.test_outside_cancel import (
+    LONG,
+    audit_record,
+    backend_state,
+    start_job,
+    status,
+    workflow_status,
+)
+from tests.waiting import eventually
+from workflows.ids import episode_workflow_id
+
+OPERATIONS = Path(__file__).parents[2] / "docs" / "operations.md"
+NEVER_CONFIRMED = FakeScenario(
+    jobs=[FakeJobScript(role=JobRole.agent, queue_s=0, run_s=3600, cancel_confirm_after_s=None)]
+)
+PAGE_ADDRESS = "127.0.0.1:7233"
+PAGE_EPISODE = "ep-0123456789abcdef"
+PAGE_JOB = "job-0123456789ab"
+
+
+def block(title: str) -> list[str]:
+    """The commands of the page's `bash` block with this title, one per line."""
+    found = re.findall(
+        rf'```bash title="{re.escape(title)}"\n(.*?)```', OPERATIONS.read_text(), re.S
+    )
+    assert len(found) == 1, f"one block titled {title!r} in {OPERATIONS.name}"
+    return [line for line in found[0].strip().splitlines() if line.strip()]
+
+
+async def run_line(op: Operated, line: str, **ids: str) -> Done:
+    """One command of the page, as an operator types it, on this deployment."""
+    line = line.replace(PAGE_ADDRESS, op.address)
+    line = line.replace(
+        "posttrain-reaper/default/posttrain", f"posttrain-reaper/default/{op.task_queue}"
+    )
+    for placeholder, value in ids.items():
+        line = line.replace(placeholder, value)
+    words = shlex.split(line)
+    assert words[:2] == ["uv", "run"], line
+    if words[2] == "posttrain-env":
+        return await op.cli(*words[3:])
+    assert words[2] == "temporal", line
+    args = words[3:]
+    at = args.index("--address")
+    del args[at : at + 2]  # op.temporal gives the address itself
+    return await op.temporal(*args)
+
+
+async def test_the_embedded_server_commands_list_and_describe_an_episode(tmp_path: Path) -> None:
+    async with operated(tmp_path) as op:
+        episode_id = (await op.reset()).episode_id
+        listing, describing = block("the embedded server")
+
+        async def listed() -> bool:
+            done = await run_line(op, listing, **{PAGE_EPISODE: episode_id})
+            assert done.status == 0, done.stderr
+            return episode_workflow_id(episode_id) in done.stdout
+
+        await eventually(listed, 30, "the running episode is listed", every_s=0.5)
+        described = await run_line(op, describing, **{PAGE_EPISODE: episode_id})
+        assert described.status == 0, described.stderr
+        assert episode_workflow_id(episode_id) in described.stdout
+        assert "PtTask" in described.stdout and "t_test" in described.stdout  # decoded
+
+
+async def test_a_stuck_cancellation_is_asked_again_then_confirmed_as_the_page_says(
+    tmp_path: Path,
+) -> None:
+    async with operated(tmp_path, NEVER_CONFIRMED) as op:
+        episode_id, job_id, _ref = await start_job(op)
+        assert (await op.cli("episodes", "end", episode_id, "--reason", "stuck")).status == 0
+        ids = {PAGE_EPISODE: episode_id, PAGE_JOB: job_id}
+        for line in block("a stuck cancellation"):
+            done = await run_line(op, line, **ids)
+            assert done.status == 0, (line, done.stderr)
+        record = await audit_record(op, episode_id)
+        assert [a["action"] for a in record["operator_actions"]] == [
+            "end",
+            "retry_cancel",
+            "confirm_cancelled",
+        ]
+        assert record["jobs"][0]["settled_micro_usd"] == 3 * 167  # the page's --minutes 3
+        s = await status(op, episode_id)
+        assert s.service_spend.reserved.usd == 0 and s.service_spend.final
+
+
+async def test_an_episode_is_stopped_now_as_the_page_says(tmp_path: Path) -> None:
+    async with operated(tmp_path, LONG) as op:
+        episode_id, _job_id, ref = await start_job(op)
+        (line,) = block("an episode that must stop now")
+        done = await run_line(op, line, **{PAGE_EPISODE: episode_id})
+        assert done.status == 0, done.stderr
+        record = await audit_record(op, episode_id)
+        assert record["end"]["reason"] == "cancelled_by_operator"
+        assert backend_state(op, ref) is JobState.cancelled
+
+
+async def test_a_terminated_episode_holds_money_until_the_pages_trigger_winds_it_down(
+    tmp_path: Path,
+) -> None:
+    # A period no test outlives: only the page's trigger runs the reconciler.
+    async with operated(tmp_path, LONG, reaper_every_s=86_400) as op:
+        episode_id, _job_id, ref = await start_job(op)
+        workflow_id = episode_workflow_id(episode_id)
+        done = await op.temporal(
+            "workflow", "terminate", "--workflow-id", workflow_id, "--reason", "runbook test"
+        )
+        assert done.status == 0, done.stderr
+        collector = VisibilityCollector(op.client, "fake")
+
+        async def held() -> bool:
+            return (await collector.read(datetime.now(UTC))).ended_holding == 1
+
+        await eventually(held, 30, "the terminated episode counts as holding money", every_s=0.5)
+        assert backend_state(op, ref) is JobState.running
+
+        (line,) = block("a terminated workflow")
+
+        async def triggered() -> bool:  # the worker creates the Schedule as it starts
+            return (await run_line(op, line)).status == 0
+
+        await eventually(triggered, 30, "the reconciler's Schedule is triggered", every_s=0.5)
+        record = await audit_record(op, episode_id)
+        assert [a["action"] for a in record["operator_actions"]] == ["wind_down"]
+        assert backend_state(op, ref) is JobState.cancelled
+
+        async def released() -> bool:
+            if await workflow_status(op, workflow_id) != "COMPLETED":
+                return False
+            reading = await collector.read(datetime.now(UTC))
+            return reading.ended_holding == 0 and reading.reserved_micro_usd == 0
+
+        await eventually(released, 30, "no money is held once it is wound down", every_s=0.5)
