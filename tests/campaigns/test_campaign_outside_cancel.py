@@ -121,3 +121,35 @@ async def test_a_terminated_campaign_is_wound_down_by_the_reconciler(tmp_path: P
         assert status.counts[Outcome.cancelled] == 2 and status.in_flight == 0
         assert len(stack.backend.requests()) == 2
         await nothing_left(stack)
+
+
+async def test_a_terminated_rollout_is_wound_down_and_the_campaign_goes_on(tmp_path: Path) -> None:
+    env = await dev_server()
+    async with env, campaign_stack(env, tmp_path, scenario(long=True), reaper_every_s=3) as stack:
+        await stack.start("cli-rollout", SPEC)
+        await two_jobs_running(stack)
+        query = "WorkflowType = 'RolloutWorkflow' AND ExecutionStatus = 'Running'"
+        rollout = sorted([e.id async for e in stack.client.list_workflows(query)])[0]
+        await temporal(
+            stack, "workflow", "terminate", "--workflow-id", rollout, "--reason", "operator test"
+        )
+        campaign = stack.client.get_workflow_handle_for(
+            CampaignWorkflow.run, campaign_workflow_id("cli-rollout")
+        )
+
+        async def recorded_cancelled() -> bool:
+            status = await campaign.query(CampaignWorkflow.status)
+            return status.counts[Outcome.cancelled] == 1
+
+        await eventually(recorded_cancelled, 120, "the rollout is recorded cancelled", every_s=0.5)
+        # The campaign goes on: the next rollout starts in its place.
+        await eventually(
+            lambda: len(stack.backend.requests()) == 3, 120, "a third rollout's job", every_s=0.5
+        )
+        await temporal(
+            stack, "workflow", "cancel", "--workflow-id", campaign_workflow_id("cli-rollout")
+        )
+        status = await final_status(stack, "cli-rollout")
+        assert status.phase is CampaignPhase.cancelled
+        assert status.counts[Outcome.cancelled] == 3 and status.in_flight == 0
+        await nothing_left(stack)

@@ -133,6 +133,7 @@ async def operated(
     *,
     reaper_every_s: float = 600.0,
     local: bool = False,
+    **more_settings: Any,
 ) -> AsyncIterator[Operated]:
     """`reaper_every_s`: the reconciler's Schedule period (a test of it sets a short one).
     `local`: the local backend (real sandboxed jobs) and the shipped tasks instead of the fake
@@ -154,6 +155,7 @@ async def operated(
             watch_interval_s=1,
             cancel_confirm_s=5,
             reaper_every_s=reaper_every_s,
+            **more_settings,
         )
         queue = f"tq-{uuid.uuid4().hex[:12]}"
         key = ServerKey.load_or_create(settings.server_key_path)

@@ -18,7 +18,14 @@ from posttrain_env.models import JobState
 from tests.operator.dev_env import Operated, operated
 from tests.waiting import eventually
 from workflows.episode.workflow import EpisodeWorkflow
-from workflows.ids import episode_workflow_id, job_workflow_id
+from workflows.ids import (
+    account_workflow_id,
+    episode_workflow_id,
+    job_workflow_id,
+    watcher_workflow_id,
+)
+from workflows.job.watcher import WatcherWorkflow
+from workflows.operations.account import AccountWorkflow
 
 # A job that runs for an hour unless cancelled; its cancellation is confirmed 2 s after asked.
 LONG = FakeScenario(
@@ -197,3 +204,44 @@ async def test_an_episode_and_its_job_both_terminated_are_both_wound_down(
         assert backend_state(op, ref) is JobState.cancelled
         s = await status(op, episode_id)
         assert s.service_spend.reserved.usd == 0 and s.service_spend.final is True
+
+
+async def test_a_terminated_watcher_hands_its_jobs_to_the_next_one(tmp_path: Path) -> None:
+    async with operated(tmp_path, LONG, reaper_every_s=PERIOD_S) as op:
+        episode_id, _job_id, ref = await start_job(op)
+        watcher_id = watcher_workflow_id(op.client.namespace, op.task_queue)
+        done = await op.temporal(
+            "workflow", "terminate", "--workflow-id", watcher_id, "--reason", "operator test"
+        )
+        assert done.status == 0, done.stderr
+
+        async def watched_again() -> bool:
+            if await workflow_status(op, watcher_id) != "RUNNING":
+                return False
+            return ref in await op.handle(watcher_id).query(WatcherWorkflow.watched)
+
+        await eventually(watched_again, 60, "a new watcher follows the job", every_s=0.5)
+        ended = await op.cli("episodes", "end", episode_id, "--reason", "watched again")
+        assert ended.status == 0, ended.stderr
+        record = await audit_record(op, episode_id)  # the cancellation was seen through
+        assert record["jobs"][0]["final_state"] == "cancelled"
+
+
+async def test_a_terminated_account_hands_its_live_episodes_to_the_next_one(
+    tmp_path: Path,
+) -> None:
+    async with operated(tmp_path, LONG, reaper_every_s=PERIOD_S, max_live_episodes=5) as op:
+        episode_id = (await op.reset()).episode_id
+        account_id = account_workflow_id(op.client.namespace, op.task_queue)
+        assert episode_id in await op.handle(account_id).query(AccountWorkflow.live)
+        done = await op.temporal(
+            "workflow", "terminate", "--workflow-id", account_id, "--reason", "operator test"
+        )
+        assert done.status == 0, done.stderr
+
+        async def counted_again() -> bool:
+            if await workflow_status(op, account_id) != "RUNNING":
+                return False
+            return episode_id in await op.handle(account_id).query(AccountWorkflow.live)
+
+        await eventually(counted_again, 60, "the next account counts the episode", every_s=0.5)

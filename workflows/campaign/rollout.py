@@ -43,7 +43,7 @@ with workflow.unsafe.imports_passed_through():
         RolloutStatus,
     )
     from workflows.campaign.rollout_rules import attempt_record, rollout_result
-    from workflows.cancellation import reraise_cancel
+    from workflows.cancellation import reraise_cancel, unawaited_child
     from workflows.episode.workflow import EpisodeInput, EpisodeWorkflow
     from workflows.history import history_is_long
     from workflows.ids import (
@@ -338,12 +338,13 @@ class RolloutWorkflow:
         s.waiting = None
         # The episode carries its campaign (`PtCampaign`), so operators can list its episodes.
         setup = setup.model_copy(update={"campaign_id": inp.campaign_id})
-        await workflow.start_child_workflow(
+        child = await workflow.start_child_workflow(
             EpisodeWorkflow.run,
             EpisodeInput(setup=setup),
             id=episode_workflow_id(episode_id),
             parent_close_policy=workflow.ParentClosePolicy.ABANDON,
         )
+        unawaited_child(child)  # its close comes by signal
         s.episode_id = episode_id
         task = setup.task
         brief = TaskBrief(

@@ -64,6 +64,7 @@ with workflow.unsafe.imports_passed_through():
         status,
         to_cancel,
     )
+    from workflows.cancellation import unawaited_child
     from workflows.history import history_is_long
     from workflows.ids import SIGNAL_ROLLOUT_FINISHED, rollout_workflow_id
     from workflows.policies import READ_RETRY, READ_TIMEOUT
@@ -224,7 +225,7 @@ class CampaignWorkflow:
         rollout = rollout_input(self._inp, self._s, start)
         started(self._inp, self._s, start)
         try:
-            await workflow.start_child_workflow(
+            child = await workflow.start_child_workflow(
                 RolloutWorkflow.run,
                 rollout,
                 id=rollout_workflow_id(rollout.rollout_id, rollout.attempt),
@@ -232,6 +233,7 @@ class CampaignWorkflow:
                 # An attempt that ran is never run again, whatever happened to this campaign.
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             )
+            unawaited_child(child)  # its end comes by signal
         except WorkflowAlreadyStartedError:
             # Started by an earlier run of this campaign: adopted. Its end comes by signal.
             workflow.logger.info("rollout %s a%d adopted", rollout.rollout_id, rollout.attempt)

@@ -21,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from posttrain_common.failures import tool_error_of
     from posttrain_env.errors import ErrorType, ToolError
     from posttrain_env.models import JobState
+    from workflows.cancellation import unawaited_child
     from workflows.episode.rules import check_room_for_a_job, take_snapshot
     from workflows.episode.state import EpisodeCarry, JobRecord
     from workflows.ids import SIGNAL_LOOK_NOW, job_workflow_id
@@ -107,13 +108,14 @@ class EpisodeJobs:
             watcher_workflow_id=self._setup.watcher_workflow_id,
             visible=self.visible,
         )
-        await workflow.start_child_workflow(
+        child = await workflow.start_child_workflow(
             JobWorkflow.run,
             job_input,
             id=record.workflow_id,
             parent_close_policy=workflow.ParentClosePolicy.ABANDON,
             **self._visibility_at_start(job_input),
         )
+        unawaited_child(child)  # its end comes by signal
         # Started, failed to start, or (an evaluation whose artifact was refused) final at once.
         await workflow.wait_condition(
             lambda: record.submitted or record.error is not None or record.final
