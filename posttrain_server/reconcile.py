@@ -24,6 +24,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes, Workfl
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from posttrain_common.contracts.episode_calls import EndRequest
 from posttrain_common.contracts.reconcile import (
     SINGLETONS,
     WIND_DOWN_ORDER,
@@ -31,9 +32,11 @@ from posttrain_common.contracts.reconcile import (
     StrandedRun,
     StrandedSearch,
 )
+from posttrain_env.models import EndReason
 from workflows.campaign.rollout import RolloutWorkflow
 from workflows.campaign.workflow import CampaignWorkflow
 from workflows.episode.operator import WindDown
+from workflows.episode.session import SessionWorkflow
 from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 from workflows.job.watcher import WatcherInput, WatcherWorkflow
@@ -129,6 +132,10 @@ class TemporalStrandedWorkflows:
             return f"{done} to cancel its rollouts and end cancelled"
         if kind == "WatcherWorkflow":
             return await self._merge_watcher(await handle.query(WatcherWorkflow.resume_input), run)
+        if kind == "SessionWorkflow":
+            return await self._end_session_episode(
+                await handle.query(SessionWorkflow.current_episode)
+            )
         if kind == "AccountWorkflow":
             return await self._merge_account(await handle.query(AccountWorkflow.resume_input), run)
         raise ValueError(f"no wind-down for workflow type {kind!r}")
@@ -200,6 +207,16 @@ class TemporalStrandedWorkflows:
             )
             handed += 1
         return f"{handed} of its {len(account.live)} live episodes handed to the running account"
+
+    async def _end_session_episode(self, episode_id: str | None) -> str:
+        """A terminated session's client is gone: its episode ends as an operator's cancel."""
+        if episode_id is None or not await self._running(episode_workflow_id(episode_id)):
+            return "no live episode"
+        handle = self._client.get_workflow_handle(episode_workflow_id(episode_id))
+        await handle.signal(
+            EpisodeWorkflow.end_requested, EndRequest(reason=EndReason.cancelled_by_operator)
+        )
+        return f"its episode {episode_id} told to end as cancelled_by_operator"
 
     async def _running(self, workflow_id: str) -> bool:
         try:

@@ -2,10 +2,11 @@
 
 A workflow terminated through Temporal (the UI, `temporal workflow terminate`) or timed out runs
 no code of its own: whatever it held (an episode's reservations, a job on the backend, a
-campaign's rollouts, the jobs the watcher followed) would be stranded. The reconciler, run with
-the orphan reaper on its Schedule, finds such runs and has each wound down: an episode, a job,
-a rollout or a campaign is started again under its id to end as an operator's cancel; the
-watcher's jobs and the account's live episodes are handed to the one running now.
+campaign's rollouts, the jobs the watcher followed, a session's episode) would be stranded. The
+reconciler, run with the orphan reaper on its Schedule, finds such runs and has each wound down:
+an episode, a job, a rollout or a campaign is started again under its id to end as an operator's
+cancel; the watcher's jobs and the account's live episodes are handed to the one running now; a
+session's current episode is ended.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ from pydantic import BaseModel, Field
 WIND_DOWN_ORDER = (
     "CampaignWorkflow",
     "RolloutWorkflow",
+    "SessionWorkflow",
     "EpisodeWorkflow",
     "JobWorkflow",
     "WatcherWorkflow",
     "AccountWorkflow",
 )
-# One per task queue, started again on demand by anyone: a closed run's state is merged into the
-# running one (so these are looked at only while recently closed, not by their latest run).
-SINGLETONS = frozenset({"WatcherWorkflow", "AccountWorkflow"})
+# Started again on demand by anyone (the watcher and the account: one per task queue; a session:
+# by its client's next reset), so a closed run's state is handed on rather than started again,
+# and these are looked at while recently closed, not by their latest run.
+SINGLETONS = frozenset({"WatcherWorkflow", "AccountWorkflow", "SessionWorkflow"})
 # At most this many closed runs are looked at per pass (the rest wait for the next one).
 MAX_STRANDED_PER_PASS = 500
 

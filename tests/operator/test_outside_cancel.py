@@ -17,6 +17,7 @@ from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.models import JobState
 from tests.operator.dev_env import Operated, operated
 from tests.waiting import eventually
+from workflows.episode.session import SessionWorkflow
 from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import (
     account_workflow_id,
@@ -47,13 +48,14 @@ async def start_job(op: Operated) -> tuple[str, str, str]:
     result = await call_tool(op.client, episode_id, call)
     assert "error" not in result.data, result.data
     job_id = result.data["job_id"]
-    (view,) = op.backend.views(datetime.now(UTC))
+    key = job_workflow_id(episode_id, 1)
 
     async def running() -> bool:
-        (now,) = op.backend.views(datetime.now(UTC))
-        return now.state is JobState.running
+        views = [v for v in op.backend.views(datetime.now(UTC)) if v.key == key]
+        return bool(views) and views[0].state is JobState.running
 
     await eventually(running, 30, "the job runs on the backend", every_s=0.2)
+    (view,) = [v for v in op.backend.views(datetime.now(UTC)) if v.key == key]
     return episode_id, job_id, view.ref
 
 
@@ -245,3 +247,31 @@ async def test_a_terminated_account_hands_its_live_episodes_to_the_next_one(
             return episode_id in await op.handle(account_id).query(AccountWorkflow.live)
 
         await eventually(counted_again, 60, "the next account counts the episode", every_s=0.5)
+
+
+async def session_of(op: Operated, episode_id: str) -> str:
+    """The workflow id of the session whose current episode this is."""
+    query = "WorkflowType = 'SessionWorkflow' AND ExecutionStatus = 'Running'"
+    async for execution in op.client.list_workflows(query):
+        handle = op.handle(execution.id)
+        if await handle.query(SessionWorkflow.current_episode) == episode_id:
+            return execution.id
+    raise AssertionError(f"no running session holds {episode_id}")
+
+
+async def test_a_cancelled_or_terminated_session_ends_its_episode(tmp_path: Path) -> None:
+    async with operated(tmp_path, LONG, reaper_every_s=PERIOD_S) as op:
+        for verb in ("cancel", "terminate"):
+            episode_id, job_id, ref = await start_job(op)
+            session = await session_of(op, episode_id)
+            args = ["--reason", "operator test"] if verb == "terminate" else []
+            done = await op.temporal("workflow", verb, "--workflow-id", session, *args)
+            assert done.status == 0, done.stderr
+
+            record = await audit_record(op, episode_id)
+            assert record["end"]["reason"] == "cancelled_by_operator", verb
+            (action,) = record["operator_actions"]
+            assert action["action"] == "temporal_cancel" and action["jobs"] == [job_id]
+            assert backend_state(op, ref) is JobState.cancelled
+            s = await status(op, episode_id)
+            assert s.service_spend.reserved.usd == 0 and s.service_spend.final

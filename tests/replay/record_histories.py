@@ -23,7 +23,8 @@ Scenarios:
   first's work), the grader's contamination check, the audit record; then, while a cancelled job
   keeps the episode open, a `submit` sent again and another call after the end.
 - `outside_cancel`: cancels through Temporal (the UI's "Request Cancellation"): a job's
-  workflow, the watcher, the account, then the episode's workflow.
+  workflow, the watcher, the account, then the episode's workflow; then another session's
+  workflow (it ends its episode).
 """
 
 from __future__ import annotations
@@ -465,6 +466,10 @@ async def record_outside_cancel(out: Path, workdir: Path) -> list[Path]:
             await client.get_workflow_handle(account_workflow_id(client.namespace, queue)).cancel()
             await client.get_workflow_handle(episode_workflow_id(episode_id)).cancel()
             await closed(client, episode_workflow_id(episode_id))
+            # A second session, cancelled itself: it ends its episode.
+            second = await session_reset(client, queue, "outside-cancel-2")
+            await client.get_workflow_handle("session-outside-cancel-2").cancel()
+            await closed(client, episode_workflow_id(second.episode_id))
             await settled(client)
         return await save_all(env.client, "outside_cancel", out)
 

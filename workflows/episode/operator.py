@@ -25,6 +25,7 @@ from workflows.episode.state import EpisodeCarry, JobRecord
 from workflows.job.workflow import JobSnapshot
 
 TEMPORAL_CANCEL_REASON = "its workflow was cancelled through Temporal (the UI, CLI or an SDK)"
+SESSION_CANCEL_REASON = "its session's workflow was cancelled or terminated through Temporal"
 WIND_DOWN_REASON = (
     "its workflow was terminated through Temporal; the reconciler started it again to end it"
 )

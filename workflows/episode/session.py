@@ -39,6 +39,10 @@ IDLE_CLOSE = timedelta(hours=1)
 # Closing when idle: histories recorded before it waited for `close` alone. Asked only once the
 # session is idle, so a session reset again within the bound records no marker.
 IDLE_CLOSE_PATCH = "pt-session-idle-close-1"
+# A cancel of the session from outside (the Temporal UI, `temporal workflow cancel`) ends its
+# current episode as an operator's cancel and closes the session. Histories recorded before
+# this closed at such a cancel, and replay so.
+SESSION_OUTSIDE_CANCEL_PATCH = "pt-session-outside-cancel-1"
 
 
 class ResetRequest(BaseModel):
@@ -67,6 +71,35 @@ class SessionWorkflow:
 
     @workflow.run
     async def run(self, state: SessionState) -> None:
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            if not workflow.patched(SESSION_OUTSIDE_CANCEL_PATCH):
+                raise
+            await self._cancelled_from_outside()
+
+    async def _cancelled_from_outside(self) -> None:
+        """End the current episode as an operator's cancel (it cancels its jobs and settles on
+        its own) and close: nothing is left live for a client that is gone."""
+        current = self._state.current
+        workflow.logger.warning(
+            "session %s was cancelled from outside; ending its episode %s",
+            workflow.info().workflow_id,
+            current.episode_id if current else None,
+        )
+        if current is not None:
+            handle = workflow.get_external_workflow_handle(episode_workflow_id(current.episode_id))
+            try:
+                await handle.signal(
+                    EpisodeWorkflow.end_requested,
+                    EndRequest(reason=EndReason.cancelled_by_operator),
+                )
+            except FailureError:
+                pass  # the episode has completed
+        self._state.closed = True
+        await workflow.wait_condition(workflow.all_handlers_finished)
+
+    async def _run(self) -> None:
         while not self._should_stop():
             await workflow.wait_condition(
                 lambda: self._should_stop() or (self._idle_close and self._idle())

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         OperatorAction,
         OperatorOutcome,
         OperatorRequest,
+        OperatorVerb,
     )
     from posttrain_env.errors import ErrorType, ToolError
     from posttrain_env.models import ContaminationSummary, EndReason, EpisodeEnd
@@ -38,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.episode.jobs import EpisodeJobs
     from workflows.episode.ledger import Ledger
     from workflows.episode.operator import (
+        SESSION_CANCEL_REASON,
         TEMPORAL_CANCEL_REASON,
         WIND_DOWN_REASON,
         WindDown,
@@ -196,6 +198,9 @@ class EpisodeWorkflow:
         if request.reply_to:
             self._outbox.reply.requested(request.reply_to, workflow.now())
         self._rearm = True
+        if request.reason is EndReason.cancelled_by_operator and self._s.end is None:
+            live = [r.job_id for r in self._s.jobs.values() if r.live]
+            self._remember("temporal_cancel", "temporal", SESSION_CANCEL_REASON, live)
         await self._end(request.reason, 0.0 if request.reason is EndReason.abandoned else None)
         self._show()
 
@@ -316,7 +321,7 @@ class EpisodeWorkflow:
         )
         await self._end(EndReason.cancelled_by_operator, None)
 
-    def _remember(self, verb: Any, by: str, reason: str, jobs: list[str]) -> None:
+    def _remember(self, verb: OperatorVerb, by: str, reason: str, jobs: list[str]) -> None:
         remember_action(
             self._s,
             OperatorAction(action=verb, by=by, reason=reason, at=workflow.now(), jobs=jobs),
