@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from posttrain_common.contracts.audit import AuditRecord
 from posttrain_common.contracts.episode_calls import EpisodeStatus, ToolCall, ToolResult
 from posttrain_common.contracts.episodes import Caps, ServerSpend
+from posttrain_common.contracts.jobs import BackendJob
 from posttrain_common.contracts.reconcile import FindStranded, StrandedRun, StrandedSearch
 
 
@@ -27,11 +28,14 @@ class JobToWatch(BaseModel):
     state: str
     job_id: str
     episode_id: str  # its episode is told of changes short of the end
+    # The job as it started: when set, its episode is told first (the job's workflow does not).
+    started: BackendJob | None = None
 
 
 class JobWatch(Protocol):
     async def watch(self, job: JobToWatch) -> None:
-        """Have the watcher of this task queue follow `job` (starting it if none runs)."""
+        """Have the watcher of this task queue follow `job` (starting it if none runs); first
+        tell its episode it started when `job.started` is set."""
         ...
 
 

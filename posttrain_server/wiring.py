@@ -3,7 +3,8 @@ another workflow, implemented with a Temporal client (`activities/ports.py`).
 
 Every workflow-to-workflow call that an activity makes is listed in this module:
 
-- `TemporalJobWatch.watch`: signal-with-start of the task queue's `WatcherWorkflow` (`watch`);
+- `TemporalJobWatch.watch`: signal of the job's `EpisodeWorkflow` (`job_changed`, the job
+  started) and signal-with-start of the task queue's `WatcherWorkflow` (`watch`);
 - `TemporalAccount.admit`: update-with-start of the `AccountWorkflow` (`admit`);
 - `TemporalAccount.check_exposure`: update of the `AccountWorkflow` (`check_exposure`);
 - `TemporalEpisodeLiveness.is_running`: describe of an `EpisodeWorkflow` (the reaper);
@@ -49,12 +50,14 @@ from activities.ports import JobToWatch
 from posttrain_common.contracts.audit import AuditRecord
 from posttrain_common.contracts.episode_calls import EpisodeStatus, ToolCall, ToolResult
 from posttrain_common.contracts.episodes import Caps, ServerSpend
+from posttrain_common.contracts.jobs import BackendJob
 from posttrain_common.failures import running_description, update_failure, workflow_is_gone
 from posttrain_common.keys import ServerKey
 from posttrain_common.settings import Settings
 from workflows.episode.workflow import EpisodeWorkflow
-from workflows.ids import episode_workflow_id
+from workflows.ids import SIGNAL_JOB_CHANGED, episode_workflow_id
 from workflows.job.watcher import WatcherInput, WatcherWorkflow, WatchRequest
+from workflows.job.workflow import JobSnapshot
 from workflows.operations.account import AccountState, AccountWorkflow, Admission, ExposureCheck
 from workflows.operations.reaper import ReaperInput, ReaperWorkflow
 from workflows.operations.retention import RetentionInput, RetentionWorkflow
@@ -110,6 +113,8 @@ class TemporalJobWatch:
         self._task_queue = task_queue
 
     async def watch(self, job: JobToWatch) -> None:
+        if job.started is not None:
+            await self._tell_episode(job, job.started)
         await self._client.start_workflow(
             WatcherWorkflow.run,
             WatcherInput(
@@ -130,6 +135,22 @@ class TemporalJobWatch:
                 )
             ],
         )
+
+    async def _tell_episode(self, job: JobToWatch, started: BackendJob) -> None:
+        """The job started: its episode is told before the watcher can report a later state
+        (reports never move a job back, so the order only saves a report)."""
+        handle = self._client.get_workflow_handle(episode_workflow_id(job.episode_id))
+        snapshot = JobSnapshot(
+            job_id=job.job_id, state=started.state, backend=started, message=started.message
+        )
+        try:
+            await handle.signal(SIGNAL_JOB_CHANGED, snapshot)
+        except RPCError as err:
+            if not workflow_is_gone(err):
+                raise  # the activity retries; the submit finds the job by its key
+            log.warning(
+                "episode %s is gone; the start of job %s not reported", job.episode_id, job.job_id
+            )
 
 
 class TemporalAccount:

@@ -83,6 +83,7 @@ class JobsActivities(JobsApi):
                         state=started.state.value,
                         job_id=job.job_id,
                         episode_id=job.episode_id,
+                        started=started if job.report_start else None,
                     )
                 )
             return started

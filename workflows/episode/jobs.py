@@ -107,6 +107,7 @@ class EpisodeJobs:
             parent_workflow_id=workflow.info().workflow_id,
             watcher_workflow_id=self._setup.watcher_workflow_id,
             visible=self.visible,
+            start_reported_by_submit=True,
         )
         child = await workflow.start_child_workflow(
             JobWorkflow.run,

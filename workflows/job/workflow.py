@@ -75,6 +75,10 @@ class JobInput(JobSpec):
     # (the submit is keyed by this workflow's id, so it is never started twice), cancel it at
     # once, and report its end to the episode.
     wind_down: bool = False
+    # The submit activity tells the episode the job started (set by episodes since issue 26's
+    # last change, in the input rather than by a patch so that a job's history holds no marker).
+    # False in the inputs of jobs recorded before, which report their start themselves.
+    start_reported_by_submit: bool = False
 
 
 class JobSnapshot(BaseModel):
@@ -201,7 +205,8 @@ class JobWorkflow:
     async def _follow(self, started: BackendJob) -> JobSnapshot:
         # submit_job registered the job with the watcher unless it had already ended.
         held = not started.state.terminal
-        await self._apply(started, report=True)  # the episode waits for this first report
+        # The episode waits for this first report (sent by the submit itself when it was asked).
+        await self._apply(started, report=not self._inp.start_reported_by_submit)
         reported_end = any(job.state.terminal for job in self._inbox)  # not drained yet
         if held and reported_end and workflow.patched(WATCHER_REPORT_FIRST_PATCH):
             # The watcher reported the end before the submit's answer was taken (a retried
@@ -265,10 +270,22 @@ class JobWorkflow:
     # -- helpers -------------------------------------------------------------------------------
 
     def _submit_request(self) -> SubmitJob:
-        fields = self._inp.model_dump(
-            exclude={"parent_workflow_id", "watcher_workflow_id", "visible"}
+        inp = self._inp
+        fields = inp.model_dump(
+            exclude={
+                "parent_workflow_id",
+                "watcher_workflow_id",
+                "visible",
+                "wind_down",
+                "start_reported_by_submit",
+            }
         )
-        return SubmitJob(**fields, key=workflow.info().workflow_id, now=workflow.now())
+        return SubmitJob(
+            **fields,
+            key=workflow.info().workflow_id,
+            now=workflow.now(),
+            report_start=inp.start_reported_by_submit,
+        )
 
     async def _follow_until_terminal(self) -> None:
         assert self._job is not None
@@ -378,12 +395,13 @@ class JobWorkflow:
         if not self._state.terminal:
             await self._ask_watcher_to_look()
 
-    async def _apply(self, job: BackendJob, *, report: bool = False) -> None:
-        """Take a backend observation; report it to the episode if our state changed."""
+    async def _apply(self, job: BackendJob, *, report: bool | None = None) -> None:
+        """Take a backend observation; report it to the episode if our state changed (`report`
+        True: always; False: never, someone else did)."""
         self._job = job
         if self._state is JobState.cancelling and not job.state.terminal:
             return  # still stopping: the backend's `running` does not undo our cancelling
-        changed = report or job.state is not self._state
+        changed = job.state is not self._state if report is None else report
         self._state = job.state
         self._show()
         if changed and not job.state.terminal:
