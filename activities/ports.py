@@ -30,6 +30,8 @@ class JobToWatch(BaseModel):
     episode_id: str  # its episode is told of changes short of the end
     # The job as it started: when set, its episode is told first (the job's workflow does not).
     started: BackendJob | None = None
+    # The watcher shard to follow it; empty: the worker's one watcher.
+    watcher_workflow_id: str = ""
 
 
 class JobWatch(Protocol):

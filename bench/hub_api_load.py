@@ -33,6 +33,7 @@ from pathlib import Path
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.backends.hf.backend import HfBackend, HfBackendConfig
@@ -46,7 +47,7 @@ from posttrain_server.worker import build_worker
 from tests.hf.fake_hub import FakeHub, JobPlan, model_json
 from workflows.episode.session import ResetRequest, SessionState, SessionWorkflow
 from workflows.episode.workflow import EpisodeWorkflow
-from workflows.ids import watcher_workflow_id
+from workflows.ids import watcher_shard_ids, watcher_workflow_id
 
 RUN_LIMIT_S = 900
 TASK_ID = "t_hub_load"
@@ -177,8 +178,14 @@ async def bench(jobs: int, run_minutes: float, interval_s: float, workdir: Path)
             job_events = [
                 len((await client.get_workflow_handle(j).fetch_history()).events) for j in job_ids
             ]
-            watcher = client.get_workflow_handle(watcher_workflow_id(client.namespace, queue))
-            watcher_events = len((await watcher.fetch_history()).events)
+            stem = watcher_workflow_id(client.namespace, queue)
+            watcher_events = 0
+            for shard in watcher_shard_ids(stem, settings.watch_shards):
+                try:
+                    history = await client.get_workflow_handle(shard).fetch_history()
+                except RPCError:
+                    continue  # no job of this run hashed to that shard
+                watcher_events += len(history.events)
     finally:
         await env.shutdown()
     # find_by_key's listings (by the idempotency label) are part of submitting, not watching.

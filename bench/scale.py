@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
 import statistics
@@ -75,6 +74,7 @@ from workflows.ids import (  # noqa: E402
     episode_workflow_id,
     job_workflow_id,
     session_workflow_id,
+    watcher_shard_ids,
     watcher_workflow_id,
 )
 
@@ -174,7 +174,7 @@ class Level:
     sampled: int
     watcher_events: int
     watcher_looks: int
-    observe_bytes_per_job: float  # the watcher's last look's activity result, per job
+    largest_look_bytes: float  # the largest answer of a watcher shard's look
     idle_cores: dict[str, float]  # by group, of the topology before any episode
     wft_wait_ms: tuple[float | None, float | None]  # workflow task schedule-to-start p50, p99
 
@@ -215,24 +215,24 @@ class Level:
 
 
 async def watcher_window(
-    client: Client, workflow_id: str, since: float, until: float
+    client: Client, shard_ids: list[str], since: float, until: float
 ) -> tuple[int, float]:
-    """The watcher's looks (observe activities scheduled) in [since, until] (unix time) and
-    the size of its last look's result per job it carried."""
-    looks, result = 0, 0.0
-    try:
-        history = await client.get_workflow_handle(workflow_id).fetch_history()
-    except RPCError:
-        return 0, 0.0
-    for event in history.events:
-        at = event.event_time.ToDatetime().timestamp() if event.HasField("event_time") else 0
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED and since <= at:
-            looks += at <= until
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
-            payloads = event.activity_task_completed_event_attributes.result.payloads
-            jobs = sum(len(json.loads(payload.data) or {}) for payload in payloads)
-            result = sum(len(payload.data) for payload in payloads) / max(1, jobs)
-    return looks, result
+    """The watcher shards' looks (observe activities scheduled) in [since, until] (unix time)
+    and the largest answer of a look in bytes (a look answers only the jobs that changed)."""
+    looks, largest = 0, 0.0
+    for workflow_id in shard_ids:
+        try:
+            history = await client.get_workflow_handle(workflow_id).fetch_history()
+        except RPCError:
+            continue  # no job hashed to this shard
+        for event in history.events:
+            at = event.event_time.ToDatetime().timestamp() if event.HasField("event_time") else 0
+            if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED and since <= at:
+                looks += at <= until
+            if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                payloads = event.activity_task_completed_event_attributes.result.payloads
+                largest = max(largest, sum(len(payload.data) for payload in payloads))
+    return looks, largest
 
 
 async def measure_level(
@@ -250,8 +250,9 @@ async def measure_level(
     chosen = sessions[:live]
     sample = chosen[: args.sample]
     ids = sampled_ids(sample)
-    watcher = watcher_workflow_id(client.namespace, Settings().task_queue)
-    watcher_then = await lengths(client, [watcher])
+    stem = watcher_workflow_id(client.namespace, Settings().task_queue)
+    shards = watcher_shard_ids(stem, Settings().watch_shards)
+    watcher_then = await lengths(client, shards)
     before, events0 = snapshot(topology), await lengths(client, ids)
     machine0 = machine_busy_s()
     got = Measured()
@@ -273,7 +274,7 @@ async def measure_level(
         grown(events1, events2),
         machine_busy_s() - machine2,
     )
-    looks, per_job = await watcher_window(client, watcher, got.started, time.time())
+    looks, largest = await watcher_window(client, shards, got.started, time.time())
     return Level(
         name=f"live{len(chosen)}",
         live=len(chosen),
@@ -283,9 +284,9 @@ async def measure_level(
         quiet=quiet,
         rss_mib=delta(rss_now(topology), idle_rss),
         sampled=len(sample),
-        watcher_events=grown(watcher_then, await lengths(client, [watcher])),
+        watcher_events=grown(watcher_then, await lengths(client, shards)),
         watcher_looks=looks,
-        observe_bytes_per_job=per_job,
+        largest_look_bytes=largest,
         idle_cores=idle_cores,
         wft_wait_ms=(
             None if wait[0] is None else wait[0] * 1000,
@@ -445,11 +446,10 @@ def extrapolate(levels: list[Level], interval_s: float) -> None:
             f"{base + standing:.1f} quiet; "
             f"+{top.rss_mib[group] / top.live * TARGET / 1024:.1f} GiB resident"
         )
-    observe = top.observe_bytes_per_job * TARGET
     limit = TEMPORAL_PAYLOAD_LIMIT_BYTES / 2**20
     print(
-        f"the watcher's one look at {TARGET:,} jobs returns ~{observe / 2**20:.1f} MiB in one "
-        f"activity result (Temporal's payload limit: {limit:.0f} MiB)"
+        f"the largest answer of a watcher shard's look: {top.largest_look_bytes / 1024:.1f} KiB "
+        f"(only the jobs that changed; Temporal's payload limit: {limit:.0f} MiB)"
     )
 
 

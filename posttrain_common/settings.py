@@ -21,6 +21,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from posttrain_common.contracts.retention import DEFAULT_MAX_FOLDERS, RetentionPolicy
+from posttrain_common.contracts.watching import DEFAULT_WATCH_SHARDS, MAX_WATCH_SHARDS
 from posttrain_common.keys import KEY_FILE_SETTING, KEY_HEX_SETTING, ServerKey, ServerKeyError
 from posttrain_common.pip_config import pip_find_links
 from posttrain_env.limits import (
@@ -137,6 +138,10 @@ class Settings(BaseSettings):
     # How often the job watcher looks at running jobs. None: 2 s for the local backend (reading
     # files costs nothing), 30 s otherwise (on Hugging Face each look is one Hub listing).
     watch_interval_s: float | None = Field(default=None, gt=0)
+    # Jobs are followed by this many watcher workflows, each job's by a stable hash of its id
+    # (no single workflow holds every running job: DESIGN §11). A change applies to episodes
+    # started after it; an episode's jobs stay with the shards it started with.
+    watch_shards: int = Field(default=DEFAULT_WATCH_SHARDS, ge=1, le=MAX_WATCH_SHARDS)
     # Where episodes' audit records are written (default: <state_dir>/audit).
     audit_dir: Path | None = None
     # Where task specs live (default: the `tasks` package shipped with the server).

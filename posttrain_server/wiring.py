@@ -122,7 +122,7 @@ class TemporalJobWatch:
                 min_interval_s=self._watcher.min_interval_s,
                 idle_exit_s=self._watcher.idle_exit_s,
             ),
-            id=self._watcher.workflow_id,
+            id=job.watcher_workflow_id or self._watcher.workflow_id,
             task_queue=self._task_queue,
             start_signal="watch",
             start_signal_args=[

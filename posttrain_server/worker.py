@@ -120,6 +120,7 @@ def build_worker(
         EpisodeConfig(
             tasks_dir=tasks_dir,
             watcher_workflow_id=watcher.workflow_id,
+            watch_shards=settings.watch_shards,
             account_workflow_id=account_workflow_id(namespace, queue),
             cancel_confirm_s=settings.cancel_confirm_s,
             max_live_episodes=settings.max_live_episodes,

@@ -30,6 +30,7 @@ class EpisodeConfig(BaseModel):
 
     tasks_dir: Path
     watcher_workflow_id: str
+    watch_shards: int = 1
     account_workflow_id: str
     cancel_confirm_s: int = 120
     max_live_episodes: int | None = None
@@ -95,6 +96,7 @@ class EpisodeActivities(EpisodesApi):
             prices_simulated=self._backend.prices_simulated,
             cancel_confirm_s=config.cancel_confirm_s,
             watcher_workflow_id=config.watcher_workflow_id,
+            watch_shards=config.watch_shards,
             caps=caps,
             session_workflow_id=request.session_workflow_id,
             continue_as_new_events=config.continue_as_new_events,

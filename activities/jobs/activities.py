@@ -38,6 +38,7 @@ from posttrain_common.contracts.jobs import (
     ScoreResult,
     SubmitJob,
 )
+from posttrain_common.contracts.watching import OBSERVE_ANSWER_BUDGET
 from posttrain_common.failures import agent_errors, artifact_rejected
 from posttrain_common.keys import ServerKey
 from posttrain_env.errors import ErrorType, ToolError
@@ -84,14 +85,41 @@ class JobsActivities(JobsApi):
                         job_id=job.job_id,
                         episode_id=job.episode_id,
                         started=started if job.report_start else None,
+                        watcher_workflow_id=job.watcher_workflow_id,
                     )
                 )
             return started
 
     @activity.defn
     async def observe_jobs(self, observe: ObserveJobs) -> dict[str, BackendJob]:
-        jobs = await self._backend.observe(observe.refs, observe.now)
-        return {ref: await self._explained(job, observe.now) for ref, job in jobs.items()}
+        jobs = await self._backend.observe(observe.all_refs(), observe.now)
+        if observe.states is None:  # a watcher recorded before it sent what it knew
+            return {ref: await self._explained(job, observe.now) for ref, job in jobs.items()}
+        known = observe.states
+        changed = [job for job in jobs.values() if job.state.value != known.get(job.ref)]
+        return await self._within_budget(changed, observe.now)
+
+    async def _within_budget(
+        self, changed: list[BackendJob], now: datetime
+    ) -> dict[str, BackendJob]:
+        """The changed jobs, ends first, as many as fit in OBSERVE_ANSWER_BUDGET bytes: the
+        rest still differ from what the watcher knows and are answered at its next look."""
+        changed.sort(key=lambda job: (not job.state.terminal, job.ref))
+        answer: dict[str, BackendJob] = {}
+        size = 2  # the braces
+        for job in changed:
+            explained = await self._explained(job, now)
+            cost = len(explained.model_dump_json()) + len(json.dumps(job.ref)) + 2
+            if answer and size + cost > OBSERVE_ANSWER_BUDGET:
+                activity.logger.info(
+                    "%d of %d changed jobs left for the next look (answer budget)",
+                    len(changed) - len(answer),
+                    len(changed),
+                )
+                break
+            answer[job.ref] = explained
+            size += cost
+        return answer
 
     @activity.defn
     @agent_errors

@@ -55,6 +55,9 @@ class EpisodeSetup(BaseModel):
     prices_simulated: bool = False
     cancel_confirm_s: int = 120
     watcher_workflow_id: str
+    # Its jobs are followed by this many watcher shards (`workflows.ids.watcher_shard_id`); 1
+    # in the setups of episodes started before sharding, whose jobs keep the one watcher.
+    watch_shards: int = 1
     caps: Caps
     session_workflow_id: str | None = None
     # None: continue as new when Temporal suggests it; else past this many history events.

@@ -73,11 +73,21 @@ class SubmitJob(JobSpec):
     # Tell the episode the job started, from the activity (before the watcher follows it), so
     # the job's workflow need not: 5 history events fewer per job (issue 26).
     report_start: bool = False
+    # The watcher shard that follows the job (the job's input names it); empty: the worker's
+    # one watcher (jobs started before sharding).
+    watcher_workflow_id: str = ""
 
 
 class ObserveJobs(BaseModel):
-    refs: list[str]
+    refs: list[str] = Field(default_factory=list)
     now: datetime
+    # The state the watcher knows of each job: given, the answer holds only the jobs whose
+    # state differs (a look's answer grows with the changes, not with the jobs watched), and
+    # `refs` may be empty (the jobs are the keys).
+    states: dict[str, str] | None = None
+
+    def all_refs(self) -> list[str]:
+        return list(self.states) if self.states is not None and not self.refs else self.refs
 
 
 class JobRef(BaseModel):

@@ -38,7 +38,12 @@ from posttrain_server.worker import build_worker
 from tests.workflows.harness import SKIP_STEP, write_task
 from workflows.campaign.contract import CampaignInput, CampaignStatus
 from workflows.campaign.workflow import CampaignWorkflow
-from workflows.ids import account_workflow_id, campaign_workflow_id, watcher_workflow_id
+from workflows.ids import (
+    account_workflow_id,
+    campaign_workflow_id,
+    watcher_shard_ids,
+    watcher_workflow_id,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SLEEP_RPC_TIMEOUT = timedelta(minutes=5)
@@ -166,7 +171,8 @@ class Campaigns:
 
     async def terminate_all(self) -> None:
         """End every workflow still running, so none holds the test server's clock."""
-        ids = [watcher_workflow_id(self.client.namespace, self.task_queue)]
+        watcher = watcher_workflow_id(self.client.namespace, self.task_queue)
+        ids = watcher_shard_ids(watcher, Settings().watch_shards)
         ids.append(account_workflow_id(self.client.namespace, self.task_queue))
         for handle in self.handles:
             ids.append(handle.id)

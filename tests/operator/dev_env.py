@@ -31,6 +31,7 @@ from tests.conftest import binary
 from tests.gateway.server import command
 from tests.workflows.harness import write_task
 from workflows.episode.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
+from workflows.ids import job_workflow_id, watcher_shard_id, watcher_workflow_id
 from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
 
@@ -51,6 +52,12 @@ class Operated:
     task_queue: str
     backend: Any  # the FakeBackend; a LocalBackend with `operated(local=True)`
     state_dir: Path
+
+    def watcher_of(self, episode_id: str, n: int = 1) -> str:
+        """The watcher shard that follows the episode's n-th job (default settings' shards)."""
+        watcher = watcher_workflow_id(self.client.namespace, self.task_queue)
+        job = job_workflow_id(episode_id, n)
+        return watcher_shard_id(watcher, Settings().watch_shards, job)
 
     async def cli(self, *args: str) -> Done:
         """`posttrain-env <args>` in a process of its own, without blocking the worker."""

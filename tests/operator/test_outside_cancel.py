@@ -23,7 +23,6 @@ from workflows.ids import (
     account_workflow_id,
     episode_workflow_id,
     job_workflow_id,
-    watcher_workflow_id,
 )
 from workflows.job.watcher import WatcherWorkflow
 from workflows.operations.account import AccountWorkflow
@@ -211,7 +210,7 @@ async def test_an_episode_and_its_job_both_terminated_are_both_wound_down(
 async def test_a_terminated_watcher_hands_its_jobs_to_the_next_one(tmp_path: Path) -> None:
     async with operated(tmp_path, LONG, reaper_every_s=PERIOD_S) as op:
         episode_id, _job_id, ref = await start_job(op)
-        watcher_id = watcher_workflow_id(op.client.namespace, op.task_queue)
+        watcher_id = op.watcher_of(episode_id)
         done = await op.temporal(
             "workflow", "terminate", "--workflow-id", watcher_id, "--reason", "operator test"
         )

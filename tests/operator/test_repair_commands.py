@@ -14,7 +14,7 @@ from posttrain_common.contracts.jobs import JobRole
 from tests.operator.dev_env import Operated, operated
 from tests.operator.test_outside_cancel import audit_record, start_job, status, workflow_status
 from tests.waiting import eventually
-from workflows.ids import episode_workflow_id, job_workflow_id, watcher_workflow_id
+from workflows.ids import episode_workflow_id, job_workflow_id
 from workflows.job.watcher import WatcherWorkflow
 from workflows.job.workflow import CANCEL_REISSUE_S
 
@@ -137,7 +137,7 @@ async def test_confirm_cancelled_settles_at_the_minutes_given_and_closes_the_epi
         await eventually(closed, 30, "the episode closes once its job is confirmed", every_s=0.2)
         (view,) = op.backend.views(datetime.now(UTC))
         assert view.ref == ref and not view.state.terminal  # the backend never agreed
-        watcher = op.handle(watcher_workflow_id(op.client.namespace, op.task_queue))
+        watcher = op.handle(op.watcher_of(episode_id))
 
         async def unwatched() -> bool:
             return ref not in await watcher.query(WatcherWorkflow.watched)

@@ -437,7 +437,14 @@ async def record_outside_cancel(out: Path, workdir: Path) -> list[Path]:
     workflow (its backend job is cancelled and its end reported), then the episode's (it ends as
     an operator's cancel), then the watcher and the account (both go on, as new)."""
     from activities.backends.fake.backend import FakeJobScript, FakeScenario
-    from workflows.ids import account_workflow_id, episode_workflow_id, watcher_workflow_id
+    from posttrain_common.settings import Settings
+    from workflows.ids import (
+        account_workflow_id,
+        episode_workflow_id,
+        job_workflow_id,
+        watcher_shard_id,
+        watcher_workflow_id,
+    )
 
     scenario = FakeScenario(jobs=[FakeJobScript(queue_s=0, run_s=3600, cancel_confirm_after_s=1)])
     env = await dev_server()
@@ -462,7 +469,13 @@ async def record_outside_cancel(out: Path, workdir: Path) -> list[Path]:
                         f"{episode_workflow_id(episode_id)}/job/1"
                     ).cancel()
                     await wait_state(client, episode_id, job_id, {"cancelled"})
-            await client.get_workflow_handle(watcher_workflow_id(client.namespace, queue)).cancel()
+            # The shard that follows the job still running.
+            watcher = watcher_shard_id(
+                watcher_workflow_id(client.namespace, queue),
+                Settings().watch_shards,
+                job_workflow_id(episode_id, 2),
+            )
+            await client.get_workflow_handle(watcher).cancel()
             await client.get_workflow_handle(account_workflow_id(client.namespace, queue)).cancel()
             await client.get_workflow_handle(episode_workflow_id(episode_id)).cancel()
             await closed(client, episode_workflow_id(episode_id))
@@ -474,6 +487,66 @@ async def record_outside_cancel(out: Path, workdir: Path) -> list[Path]:
         return await save_all(env.client, "outside_cancel", out)
 
 
+async def record_watcher_shards(out: Path, workdir: Path) -> list[Path]:
+    """A job followed by its shard (issue 27): the shard looks at the interval's boundaries,
+    continues as new past its history budget (lowered here), and a retried submit's late
+    registration of the job after its end is not followed again."""
+    from datetime import UTC
+    from datetime import datetime as clock
+
+    from activities.backends.fake.backend import FakeBackend, FakeJobScript, FakeScenario
+    from posttrain_common.settings import Settings
+    from workflows.ids import (
+        episode_workflow_id,
+        job_workflow_id,
+        watcher_shard_id,
+        watcher_workflow_id,
+    )
+    from workflows.job.watcher import WatcherInput, WatcherWorkflow, WatchRequest
+
+    scenario = FakeScenario(jobs=[FakeJobScript(queue_s=1, run_s=5)])
+    env = await dev_server()
+    async with env:
+        async with fake_stack(env, workdir, scenario, watch_interval_s=2) as (client, queue):
+            episode = await session_reset(client, queue, "watcher-shards")
+            episode_id = episode.episode_id
+            job_key = job_workflow_id(episode_id, 1)
+            shard = watcher_shard_id(
+                watcher_workflow_id(client.namespace, queue), Settings().watch_shards, job_key
+            )
+            # The shard is started first, with a history budget small enough to pass at once.
+            await client.start_workflow(
+                WatcherWorkflow.run,
+                WatcherInput(interval_s=2, idle_exit_s=5, history_budget_bytes=1),
+                id=shard,
+                task_queue=queue,
+            )
+            job = await call(
+                client,
+                episode_id,
+                "jobs_submit",
+                script="print(1)\n",
+                flavor="cpu-basic",
+                timeout_minutes=5,
+            )
+            view = await wait_state(client, episode_id, job.data["job_id"], {"succeeded"})
+            found = await FakeBackend(workdir / "state" / "fake", scenario).find_by_key(
+                job_key, clock.now(UTC)
+            )
+            assert found is not None and view["state"] == "succeeded"
+            late = WatchRequest(
+                ref=found.ref,
+                workflow_id=job_key,
+                state="running",
+                job_id=view["job_id"],
+                episode_workflow_id=episode_workflow_id(episode_id),
+            )
+            await client.get_workflow_handle(shard).signal(WatcherWorkflow.watch, late)
+            await closed(client, shard)  # it follows nothing, so it exits after idle_exit_s
+            await settled(client)
+        return await save_all(env.client, "watcher_shards", out)
+
+
 SCENARIOS = {
     "t0_artifact": record_t0_artifact,
     "reset": record_reset,
@@ -481,6 +554,7 @@ SCENARIOS = {
     "cancel_pending": record_cancel_pending,
     "sent_again": record_sent_again,
     "outside_cancel": record_outside_cancel,
+    "watcher_shards": record_watcher_shards,
 }
 
 

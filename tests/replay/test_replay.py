@@ -31,13 +31,15 @@ def test_every_scenario_and_workflow_type_is_recorded(folder: Path) -> None:
     # Later recordings add scenarios (`sent_again`); none drops one of the first four.
     assert {"t0_artifact", "reset", "continue_as_new", "cancel_pending"} <= scenarios
     types = {workflow_type for _, workflow_type in recorded}
-    assert types == {
+    every_time = {
         "SessionWorkflow",
         "EpisodeWorkflow",
         "JobWorkflow",
         "WatcherWorkflow",
         "AccountWorkflow",
     }
+    # The reaper's Schedule (every backend since issue 26) may fire during a recording.
+    assert every_time <= types <= every_time | {"ReaperWorkflow"}
 
 
 def patch_ids_in_code() -> set[str]:

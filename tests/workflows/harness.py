@@ -22,7 +22,7 @@ from posttrain_common.settings import Settings
 from posttrain_server.worker import build_worker
 from workflows.episode.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
 from workflows.episode.workflow import EpisodeWorkflow
-from workflows.ids import account_workflow_id, watcher_workflow_id
+from workflows.ids import account_workflow_id, watcher_shard_ids, watcher_workflow_id
 
 # Test-server bug (temporal-test-server 1.40): a signal that arrives just as a timer fires gets
 # the workflow task's completion rejected ("invalid history builder state for action") and the
@@ -231,10 +231,9 @@ class Harness:
         for workflow_id in list(ids):
             if workflow_id.startswith("episode-"):
                 ids += [f"{workflow_id}/job/{n}" for n in range(1, 40)]
-        ids += [
-            watcher_workflow_id(self.client.namespace, self.task_queue),
-            account_workflow_id(self.client.namespace, self.task_queue),
-        ]
+        watcher = watcher_workflow_id(self.client.namespace, self.task_queue)
+        ids += watcher_shard_ids(watcher, self.settings.watch_shards)
+        ids += [account_workflow_id(self.client.namespace, self.task_queue)]
         for workflow_id in ids:
             try:
                 await self.client.get_workflow_handle(workflow_id).terminate("test over")

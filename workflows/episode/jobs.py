@@ -24,7 +24,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.cancellation import unawaited_child
     from workflows.episode.rules import check_room_for_a_job, take_snapshot
     from workflows.episode.state import EpisodeCarry, JobRecord
-    from workflows.ids import SIGNAL_LOOK_NOW, job_workflow_id
+    from workflows.ids import SIGNAL_LOOK_NOW, job_workflow_id, watcher_shard_id
     from workflows.job.workflow import (
         JobInput,
         JobSnapshot,
@@ -105,7 +105,7 @@ class EpisodeJobs:
             datasets=datasets or [],
             artifact_ref=artifact_ref,
             parent_workflow_id=workflow.info().workflow_id,
-            watcher_workflow_id=self._setup.watcher_workflow_id,
+            watcher_workflow_id=self.watcher_of(record.workflow_id),
             visible=self.visible,
             start_reported_by_submit=True,
         )
@@ -179,12 +179,22 @@ class EpisodeJobs:
             if record.live:
                 await self.cancel(record)
 
+    def watcher_of(self, job_workflow_id: str) -> str:
+        """The watcher shard that follows this job (fixed by the episode's setup)."""
+        setup = self._setup
+        return watcher_shard_id(setup.watcher_workflow_id, setup.watch_shards, job_workflow_id)
+
     async def ask_watcher_to_look(self) -> None:
-        handle = workflow.get_external_workflow_handle(self._setup.watcher_workflow_id)
-        try:
-            await handle.signal(SIGNAL_LOOK_NOW)
-        except FailureError:
-            pass  # no watcher is running, so no job of ours is live
+        """Ask the shards that follow our live jobs to look now (a `jobs_wait` is pending)."""
+        shards = sorted({self.watcher_of(r.workflow_id) for r in self._s.jobs.values() if r.live})
+        if self._setup.watch_shards <= 1:
+            shards = [self._setup.watcher_workflow_id]  # as before sharding, jobs or not
+        for shard in shards:
+            handle = workflow.get_external_workflow_handle(shard)
+            try:
+                await handle.signal(SIGNAL_LOOK_NOW)
+            except FailureError:
+                pass  # that shard is not running, so it follows no job of ours
 
     async def check_syntax(self, script: str) -> None:
         """Raise ToolError(invalid_script) unless the script parses as the job's Python."""

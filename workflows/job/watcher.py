@@ -1,7 +1,9 @@
-"""WatcherWorkflow: one per namespace and task queue; lists watched jobs in one call and signals
-only the job workflows whose state changed, so a job's own history grows with its state changes,
-not with its duration (DESIGN §3). Started by signal-with-start; exits when it has nothing to
-watch, so nothing keeps polling under time skipping.
+"""WatcherWorkflow: one per shard of a task queue's jobs (`watch_shards`, each job's shard picked
+by a stable hash of its workflow id); looks at its jobs in one call and signals only the job
+workflows whose state changed, so a job's own history grows with its state changes, not with
+its duration (DESIGN §3). Started by signal-with-start; exits when it has nothing to watch, so
+nothing keeps polling under time skipping. What a shard carries and sends grows with the jobs it
+follows, never with the deployment (posttrain_common/contracts/watching.py).
 
 A change short of the end goes to the episode and (since `JOB_SEES_CHANGES_PATCH`) to the job's
 workflow, to show as its `PtState`: before it, a job's `PtState` went from `queued` to its end
@@ -11,7 +13,9 @@ and never said `running`.
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+import hashlib
+from datetime import datetime, timedelta
+from typing import Any
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
@@ -20,6 +24,11 @@ from temporalio.exceptions import ActivityError, FailureError
 with workflow.unsafe.imports_passed_through():
     from posttrain_common.contracts.activities import JobsApi
     from posttrain_common.contracts.jobs import BackendJob, ObserveJobs
+    from posttrain_common.contracts.watching import (
+        MAX_ENDED_REMEMBERED,
+        MAX_JOBS_PER_SHARD,
+        WATCHER_HISTORY_BUDGET_BYTES,
+    )
     from posttrain_env.models import JobState
     from workflows.cancellation import reraise_cancel
     from workflows.ids import SIGNAL_JOB_CHANGED, SIGNAL_LOOK_NOW
@@ -33,6 +42,17 @@ WATCHER_OUTSIDE_CANCEL_PATCH = "pt-watcher-outside-cancel-1"
 # Changes short of a job's end are shown by the job's workflow too (see the module's docstring).
 # Asked only when such a change is sent, so a watcher that saw only ends records no marker.
 JOB_SEES_CHANGES_PATCH = "pt-watcher-job-sees-changes-1"
+# A job's end is reported once: a retried submit's registration of a job whose end was already
+# reported is not followed again (before, its end was reported a second time, to a closed
+# workflow). Asked only when such a registration comes.
+ENDS_ONCE_PATCH = "pt-watcher-ends-once-1"
+# Continue as new past WATCHER_HISTORY_BUDGET_BYTES of history, not only at Temporal's
+# suggestion. Asked only when the budget is passed.
+HISTORY_BUDGET_PATCH = "pt-watcher-history-budget-1"
+# Without brisk looks (Hugging Face), a shard looks at the interval's boundaries of workflow time,
+# so every shard of a queue looks at the same moments and one Hub listing serves them all
+# (activities/backends/hf/listing_reuse.py).
+ALIGNED_LOOKS_PATCH = "pt-watcher-aligned-looks-1"
 
 
 class WatchRequest(BaseModel):
@@ -53,12 +73,36 @@ class WatcherInput(BaseModel):
     min_interval_s: float | None = None
     idle_exit_s: float = 60.0
     watched: dict[str, WatchRequest] = Field(default_factory=dict)
+    # The latest jobs whose end was reported (`ended_key`), oldest first, at most
+    # MAX_ENDED_REMEMBERED.
+    ended: list[str] = Field(default_factory=list)
+    # Continue as new past this much history (a test lowers it).
+    history_budget_bytes: int = WATCHER_HISTORY_BUDGET_BYTES
+
+
+def aligned_gap(now: datetime, interval_s: float) -> float:
+    """Seconds to the next boundary of `interval_s` in epoch time (never less than a second)."""
+    gap = interval_s - now.timestamp() % interval_s
+    return gap if gap >= 1.0 else gap + interval_s
+
+
+def ended_key(request: WatchRequest) -> str:
+    """A job's end is reported once per (job workflow, backend job): 16 hex digits of their
+    digest, so that remembering MAX_ENDED_REMEMBERED ends costs ~40 KiB of carry."""
+    pair = f"{request.workflow_id} {request.ref}".encode()
+    return hashlib.sha256(pair).hexdigest()[:16]
 
 
 @workflow.defn
 class WatcherWorkflow:
-    def __init__(self) -> None:
-        self._watched: dict[str, WatchRequest] = {}
+    @workflow.init
+    def __init__(self, inp: WatcherInput) -> None:
+        # From the input here, not in `run`: a signal that starts a run (signal-with-start, or
+        # one sent while the previous run continued as new) is handled before `run` begins.
+        self._inp = inp
+        self._watched: dict[str, WatchRequest] = dict(inp.watched)
+        # Insertion-ordered: the oldest is forgotten first.
+        self._ended: dict[str, None] = dict.fromkeys(inp.ended)
         self._look_now = False
         self._changed = False
         self._alarm = Alarm()
@@ -80,7 +124,6 @@ class WatcherWorkflow:
             workflow.continue_as_new(self.resume_input())
 
     async def _run(self, inp: WatcherInput) -> None:
-        self._watched.update(inp.watched)
         gap = inp.min_interval_s or inp.interval_s
         while True:
             if not self._watched:
@@ -93,18 +136,36 @@ class WatcherWorkflow:
             if inp.min_interval_s is not None:
                 brisk = self._changed or self._look_now
                 gap = inp.min_interval_s if brisk else min(gap * 2, inp.interval_s)
+            elif workflow.patched(ALIGNED_LOOKS_PATCH):
+                gap = aligned_gap(workflow.now(), inp.interval_s)
             else:
                 gap = inp.interval_s
             self._look_now = self._changed = False
-            if workflow.info().is_continue_as_new_suggested():
+            if self._history_is_long():
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(inp.model_copy(update={"watched": dict(self._watched)}))
+                workflow.continue_as_new(self.resume_input())
             await self._alarm.wait(lambda: self._look_now, gap)
+
+    def _history_is_long(self) -> bool:
+        info = workflow.info()
+        if info.is_continue_as_new_suggested():
+            return True
+        over = info.get_current_history_size() > self._inp.history_budget_bytes
+        return over and workflow.patched(HISTORY_BUDGET_PATCH)
 
     @workflow.signal
     def watch(self, request: WatchRequest) -> None:
+        if ended_key(request) in self._ended and workflow.patched(ENDS_ONCE_PATCH):
+            return  # a retried submit's registration: its end was reported already
         if not JobState(request.state).terminal:
             self._watched[request.ref] = request
+            if len(self._watched) == MAX_JOBS_PER_SHARD + 1:
+                workflow.logger.warning(
+                    "watcher %s follows more than %d jobs, the most a shard is sized for: "
+                    "raise POSTTRAIN_WATCH_SHARDS",
+                    workflow.info().workflow_id,
+                    MAX_JOBS_PER_SHARD,
+                )
         self._look_now = True
 
     @workflow.signal(name=SIGNAL_LOOK_NOW)
@@ -125,14 +186,17 @@ class WatcherWorkflow:
     def resume_input(self) -> WatcherInput:
         """What a new run needs to go on where this one stopped (the reconciler starts one when
         this run was terminated from outside)."""
-        return self._inp.model_copy(update={"watched": dict(self._watched)})
+        return self._inp.model_copy(
+            update={"watched": dict(self._watched), "ended": list(self._ended)}
+        )
 
     async def _observe_once(self) -> None:
-        refs = sorted(self._watched)
+        # The states we know: the answer holds only the jobs whose state changed.
+        known = {ref: self._watched[ref].state for ref in sorted(self._watched)}
         try:
             observed: dict[str, BackendJob] = await workflow.execute_activity_method(
                 JobsApi.observe_jobs,
-                ObserveJobs(refs=refs, now=workflow.now()),
+                ObserveJobs(now=workflow.now(), states=known),
                 start_to_close_timeout=OBSERVE_TIMEOUT,
                 retry_policy=PERSISTENT_RETRY,
             )
@@ -148,27 +212,43 @@ class WatcherWorkflow:
             await self._notify(request, job)
             if job.state.terminal:
                 self._watched.pop(ref, None)
+                self._remember_end(request)
+
+    def _remember_end(self, request: WatchRequest) -> None:
+        self._ended[ended_key(request)] = None
+        while len(self._ended) > MAX_ENDED_REMEMBERED:
+            del self._ended[next(iter(self._ended))]
 
     async def _notify(self, request: WatchRequest, job: BackendJob) -> None:
         """The end goes to the job's workflow (it settles and scores); changes short of the end
         go straight to the episode, so the job's own history grows only at its end, and (under
         JOB_SEES_CHANGES_PATCH) to the job's workflow as `shown`, which only upserts its
         `PtState` (5 events a change, where a report through the job would cost 10)."""
+        if job.state.terminal or not request.episode_workflow_id:
+            await self._signal_job(request, JobWorkflow.observed, job)
+            return
+        handle = workflow.get_external_workflow_handle(request.episode_workflow_id)
         try:
-            if job.state.terminal or not request.episode_workflow_id:
-                handle = workflow.get_external_workflow_handle(request.workflow_id)
-                await handle.signal(JobWorkflow.observed, job)
-            else:
-                handle = workflow.get_external_workflow_handle(request.episode_workflow_id)
-                await handle.signal(
-                    SIGNAL_JOB_CHANGED,
-                    JobSnapshot(
-                        job_id=request.job_id, state=job.state, backend=job, message=job.message
-                    ),
-                )
-                if workflow.patched(JOB_SEES_CHANGES_PATCH):
-                    job_handle = workflow.get_external_workflow_handle(request.workflow_id)
-                    await job_handle.signal(JobWorkflow.shown, job)
+            await handle.signal(
+                SIGNAL_JOB_CHANGED,
+                JobSnapshot(
+                    job_id=request.job_id, state=job.state, backend=job, message=job.message
+                ),
+            )
         except FailureError:
-            # The job's workflow is gone (it finished or was terminated): stop watching for it.
+            if not workflow.patched(ENDS_ONCE_PATCH):
+                self._watched.pop(request.ref, None)
+                return
+            # The episode is gone, but the job's workflow may not be: it is still owed the
+            # job's end (it cancels the job, or reports to an episode run started again).
+        if workflow.patched(JOB_SEES_CHANGES_PATCH):
+            await self._signal_job(request, JobWorkflow.shown, job)
+
+    async def _signal_job(self, request: WatchRequest, signal: Any, job: BackendJob) -> None:
+        handle = workflow.get_external_workflow_handle(request.workflow_id)
+        try:
+            await handle.signal(signal, job)
+        except FailureError:
+            # The job's workflow is gone (it finished or was terminated): nobody is owed its
+            # end any more, so stop following the job.
             self._watched.pop(request.ref, None)

@@ -285,6 +285,7 @@ class JobWorkflow:
             key=workflow.info().workflow_id,
             now=workflow.now(),
             report_start=inp.start_reported_by_submit,
+            watcher_workflow_id=inp.watcher_workflow_id,
         )
 
     async def _follow_until_terminal(self) -> None:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 from huggingface_hub import HfApi, JobHardwareInfo, JobInfo, Volume
@@ -54,6 +55,7 @@ from activities.backends.hf.labels import (
     key_label,
     label_value,
 )
+from activities.backends.hf.listing_reuse import LISTING_REUSE_S, RecentListings
 from activities.backends.hf.missing import MissingJobs
 from activities.backends.hf.namespaces import NamespaceNotes
 from activities.backends.hf.prices import DEFAULT_TTL_S, PriceCache
@@ -94,6 +96,8 @@ class HfBackendConfig:
     vanished_after_looks: int = VANISHED_AFTER_LOOKS
     vanished_after_s: float = VANISHED_AFTER_S
     http: HubHttpLimits = field(default_factory=HubHttpLimits)
+    # A watcher shard's look reuses a live listing this recent (listing_reuse.py); 0: never.
+    listing_reuse_s: float = LISTING_REUSE_S
 
 
 class HfBackend:
@@ -129,6 +133,7 @@ class HfBackend:
         self._config = config or HfBackendConfig()
         self._clock = clock or (lambda: datetime.now(UTC))
         self._calls = calls or HubCalls(self._config.http)
+        self._listings = RecentListings(self._config.listing_reuse_s, self._clock)
         self._namespaces = namespaces or NamespaceNotes()
         self._prices = PriceCache(self._fetch_hardware, ttl_s=self._config.price_ttl_s)
         self._missing = MissingJobs(
@@ -206,7 +211,11 @@ class HfBackend:
         seen: dict[str, BackendJob] = {}
         for namespace, group in by_namespace.items():
             await self._note(namespace)
-            live = await self._list(namespace, {LABEL_DEPLOYMENT: self.deployment}, LIVE_STAGES)
+            live = await self._listings.live(
+                namespace,
+                partial(self._live_jobs_in, namespace),
+                {hf.job_id for hf in group.values()},
+            )
             live_by_id = {info.id: info for info in live}
             for ref, hf in group.items():
                 # A job that left the live list is looked at once, to see how it ended.
@@ -350,6 +359,9 @@ class HfBackend:
 
     async def _fetch_hardware(self) -> list[JobHardwareInfo]:
         return await self._calls.call("reading job prices", self._public.list_jobs_hardware)
+
+    async def _live_jobs_in(self, namespace: str) -> list[JobInfo]:
+        return await self._list(namespace, {LABEL_DEPLOYMENT: self.deployment}, LIVE_STAGES)
 
     async def _list(
         self, namespace: str, labels: dict[str, str], stages: list[str] | None = None

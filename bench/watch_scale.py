@@ -1,0 +1,389 @@
+"""Sharded job watching at scale: thousands of concurrently running jobs across episodes.
+
+    uv run python bench/watch_scale.py [--levels 100x10,1000x10] [--run-minutes 10]
+
+Each level is EPISODESxJOBS: that many episodes, each submitting that many jobs (`jobs_submit`
+on cpu-basic), all running at once. On the time-skipping test server, with an in-process worker
+and the real `HfBackend` talking to the recording fake `HfApi` (tests/hf/fake_hub.py), as
+bench/hub_api_load.py does: every job is scheduled for ~45 s and runs ~`--run-minutes`
+(staggered per job), workflow time is skipped in steps while the fake Hub's clock follows it,
+until every job workflow has ended. The watcher is sharded as the settings say
+(`POSTTRAIN_WATCH_SHARDS`, default 16; `--shards`).
+
+Reported per level, and how each grows from the first level to the last:
+- the largest payload any workflow sent or received (inputs, results, signals, continue-as-new
+  carries; every watcher shard and a sample of episodes and jobs): target <= 512 KiB;
+- history events per job workflow (the sample): target <= 30;
+- workflow-task latency, scheduled to completed, p50/p99 over every workflow task of the
+  sampled workflows and all shards: target p99 <= 1 s;
+- Hub status calls per job per 30 s of running: target <= 1;
+- jobs per shard (largest), shard runs (continued as new), submit time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from activities.backends.hf.backend import HfBackend, HfBackendConfig  # noqa: E402
+from activities.backends.hf.labels import LABEL_JOB  # noqa: E402
+from bench.hub_api_load import (  # noqa: E402
+    MODEL,
+    SCHEDULING_S,
+    SKIP_STEP,
+    STATUS_CALLS,
+    TASK_ID,
+    _binary,
+    _by_key,
+    job_closed,
+)
+from posttrain_common.contracts.episode_calls import ToolCall  # noqa: E402
+from posttrain_common.keys import ServerKey  # noqa: E402
+from posttrain_common.settings import Settings  # noqa: E402
+from posttrain_server.shutdown import exit_now  # noqa: E402
+from posttrain_server.temporal.setup import add_search_attributes  # noqa: E402
+from posttrain_server.worker import build_worker  # noqa: E402
+from tests.hf.fake_hub import FakeHub, JobPlan, model_json  # noqa: E402
+from workflows.episode.session import ResetRequest, SessionState, SessionWorkflow  # noqa: E402
+from workflows.episode.workflow import EpisodeWorkflow  # noqa: E402
+from workflows.ids import watcher_shard_ids, watcher_workflow_id  # noqa: E402
+
+PAYLOAD_TARGET = 512 * 1024
+EVENTS_TARGET = 30
+TASK_P99_TARGET_S = 1.0
+SAMPLE_EPISODES = 50
+SAMPLE_JOBS = 300
+RUN_LIMIT_S = 3 * 3600
+
+TASK = """
+id = "{task}"
+prompt = "Benchmark task."
+flavors = ["cpu-basic"]
+max_timeout_minutes = 600
+budget_usd = 100.0
+max_steps = 1000
+time_limit_s = 172800
+score_timeout_s = 600
+max_concurrent_jobs = {jobs}
+max_dev_evaluations = 2
+eval_flavor = "cpu-basic"
+eval_timeout_minutes = 10
+
+[base_model]
+repo_id = "{model}"
+revision = "main"
+"""
+
+
+@dataclass
+class Level:
+    episodes: int
+    jobs_per_episode: int
+    submit_s: float = 0.0
+    wall_s: float = 0.0
+    running_s: float = 0.0
+    status_calls: int = 0
+    job_events: list[int] = field(default_factory=list)
+    task_latency_s: list[float] = field(default_factory=list)
+    largest_payload: int = 0
+    largest_payload_of: str = ""
+    shard_runs: int = 0
+    largest_shard: int = 0
+
+    @property
+    def jobs(self) -> int:
+        return self.episodes * self.jobs_per_episode
+
+    @property
+    def status_per_job_per_30s(self) -> float:
+        return self.status_calls / max(1.0, self.running_s / 30)
+
+    def quantile(self, q: float) -> float:
+        ordered = sorted(self.task_latency_s)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def event_payload_bytes(event: HistoryEvent) -> int:
+    """The largest payload set an event carries (input, result, signal, carry)."""
+    largest = 0
+    for attributes in (
+        event.workflow_execution_started_event_attributes.input,
+        event.workflow_execution_signaled_event_attributes.input,
+        event.workflow_execution_completed_event_attributes.result,
+        event.workflow_execution_continued_as_new_event_attributes.input,
+        event.activity_task_scheduled_event_attributes.input,
+        event.activity_task_completed_event_attributes.result,
+        event.signal_external_workflow_execution_initiated_event_attributes.input,
+        event.start_child_workflow_execution_initiated_event_attributes.input,
+        event.workflow_execution_update_accepted_event_attributes.accepted_request.input.args,
+        event.workflow_execution_update_completed_event_attributes.outcome.success,
+    ):
+        largest = max(largest, sum(len(p.data) for p in attributes.payloads))
+    return largest
+
+
+async def histories_of(client: Client, workflow_id: str) -> list[list[HistoryEvent]]:
+    """Every run of a workflow, latest first, following continue-as-new back (the test server
+    cannot list workflows)."""
+    runs: list[list[HistoryEvent]] = []
+    run_id: str | None = None
+    while True:
+        try:
+            history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        except RPCError:
+            return runs  # not found: no job hashed to this shard
+        runs.append(list(history.events))
+        started = history.events[0].workflow_execution_started_event_attributes
+        run_id = started.continued_execution_run_id or None
+        if run_id is None:
+            return runs
+
+
+async def read_histories(client: Client, workflow_ids: list[str], level: Level) -> list[int]:
+    """Fold every run of each workflow into the level's figures; events per workflow."""
+    lengths: list[int] = []
+    for workflow_id in workflow_ids:
+        runs = await histories_of(client, workflow_id)
+        lengths.append(sum(len(events) for events in runs))
+        for events in runs:
+            scheduled: dict[int, float] = {}
+            for event in events:
+                size = event_payload_bytes(event)
+                if size > level.largest_payload:
+                    level.largest_payload, level.largest_payload_of = size, workflow_id
+                at = event.event_time.ToMicroseconds() / 1e6
+                if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+                    scheduled[event.event_id] = at
+                elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+                    attrs = event.workflow_task_completed_event_attributes
+                    if attrs.scheduled_event_id in scheduled:
+                        level.task_latency_s.append(at - scheduled[attrs.scheduled_event_id])
+    return lengths
+
+
+async def start_episode(
+    client: Client, queue: str, jobs: int, timeout_minutes: int
+) -> tuple[str, list[str]]:
+    session = await client.start_workflow(
+        SessionWorkflow.run, SessionState(), id=f"session-{uuid.uuid4().hex}", task_queue=queue
+    )
+    reset = await session.execute_update(SessionWorkflow.reset, ResetRequest(task_id=TASK_ID))
+    episode = client.get_workflow_handle_for(EpisodeWorkflow.run, reset.workflow_id)
+    for n in range(1, jobs + 1):
+        submitted = await episode.execute_update(
+            EpisodeWorkflow.call_tool,
+            ToolCall(
+                request_id=f"submit-{n}",
+                tool="jobs_submit",
+                arguments={
+                    "script": f"print('bench {n}')\n",
+                    "flavor": "cpu-basic",
+                    "timeout_minutes": timeout_minutes,
+                },
+            ),
+            id=f"{reset.episode_id}:submit-{n}",
+        )
+        if "error" in submitted.data:
+            raise RuntimeError(f"jobs_submit failed: {submitted.data}")
+    return reset.workflow_id, [f"{reset.workflow_id}/job/{n}" for n in range(1, jobs + 1)]
+
+
+async def run_level(
+    episodes: int, jobs: int, run_minutes: float, shards: int, workdir: Path
+) -> Level:
+    level = Level(episodes, jobs)
+    tasks_dir = workdir / "tasks"
+    (tasks_dir / TASK_ID).mkdir(parents=True)
+    (tasks_dir / TASK_ID / "task.toml").write_text(
+        TASK.format(task=TASK_ID, jobs=jobs, model=MODEL)
+    )
+    hub = FakeHub()
+    hub.models[MODEL] = model_json(MODEL, "b" * 40)
+    run_s = run_minutes * 60
+
+    def plan(labels: dict[str, str]) -> JobPlan:
+        stagger = int(labels.get(LABEL_JOB, "0")[-3:], 16) % 20
+        return JobPlan(scheduling_s=SCHEDULING_S + stagger, running_s=run_s + 3 * stagger)
+
+    hub.plan_for = plan
+    backend = HfBackend(
+        hub.api("hf_benchBrokerToken0123456789"),  # type: ignore[arg-type]
+        hub.api(False),  # type: ignore[arg-type]
+        deployment="dbench",
+        namespace=hub.namespace,
+        config=HfBackendConfig(cancel_confirm_interval_s=0.0),
+        clock=hub.clock,
+    )
+    env = await WorkflowEnvironment.start_time_skipping(
+        data_converter=pydantic_data_converter,
+        test_server_existing_path=_binary("temporal-test-server"),
+    )
+    started = time.monotonic()
+    try:
+        await add_search_attributes(env.client)
+        client, queue = env.client, f"watch-scale-{uuid.uuid4().hex[:8]}"
+        settings = Settings(state_dir=workdir / "state", backend="fake", watch_shards=shards)
+        worker = build_worker(
+            client, settings, backend, task_queue=queue, tasks_dir=tasks_dir,
+            key=ServerKey.load_or_create(settings.server_key_path),
+        )  # fmt: skip
+        async with worker:
+            gate = asyncio.Semaphore(20)
+
+            async def one() -> tuple[str, list[str]]:
+                async with gate:
+                    return await start_episode(client, queue, jobs, int(run_minutes) + 30)
+
+            # Submitting under a paused clock: every job is running before time moves on.
+            with env.auto_time_skipping_disabled():
+                submitted = await asyncio.gather(*(one() for _ in range(episodes)))
+            level.submit_s = time.monotonic() - started
+            episode_ids = [e for e, _ in submitted]
+            job_ids = [j for _, js in submitted for j in js]
+            stem = watcher_workflow_id(client.namespace, queue)
+            shard_ids = watcher_shard_ids(stem, settings.watch_shards)
+            for shard in shard_ids:
+                try:
+                    watched = await client.get_workflow_handle(shard).query("watched")
+                except RPCError:
+                    continue
+                level.largest_shard = max(level.largest_shard, len(watched))
+            open_jobs = set(job_ids)
+            limit = run_s + SCHEDULING_S + 20 * 4 + 600
+            skipped = 0.0
+            while open_jobs and skipped < limit:
+                await env.sleep(SKIP_STEP)
+                hub.advance(SKIP_STEP.total_seconds())
+                skipped += SKIP_STEP.total_seconds()
+                if skipped > run_s:
+                    current = sorted(open_jobs)
+                    ended = await asyncio.gather(*(job_closed(client, j) for j in current))
+                    open_jobs -= {j for j, done in zip(current, ended, strict=True) if done}
+            if open_jobs:
+                raise RuntimeError(f"{len(open_jobs)} job workflows did not end")
+            level.wall_s = time.monotonic() - started
+            rng = random.Random(7)
+            sample_jobs = rng.sample(job_ids, min(SAMPLE_JOBS, len(job_ids)))
+            sample_episodes = rng.sample(episode_ids, min(SAMPLE_EPISODES, len(episode_ids)))
+            level.job_events = await read_histories(client, sample_jobs, level)
+            await read_histories(client, sample_episodes, level)
+            for shard in shard_ids:
+                level.shard_runs += len(await histories_of(client, shard))
+            await read_histories(client, shard_ids, level)
+    finally:
+        await env.shutdown()
+    status = [c for c in hub.calls if c.method in STATUS_CALLS and not _by_key(c.args)]
+    level.status_calls = len(status)
+    for job_id in hub.jobs:
+        durations = hub.info(job_id).durations
+        level.running_s += float(durations.running_secs or 0) if durations else 0.0
+    return level
+
+
+def verdict(ok: bool) -> str:
+    return "OK" if ok else "MISSED"
+
+
+def report(levels: list[Level], shards: int) -> list[str]:
+    lines = [f"watcher shards: {shards}"]
+    header = (
+        f"{'level':>10} {'jobs':>6} {'payload KiB':>11} {'events/job':>10} "
+        f"{'task p50 ms':>11} {'task p99 ms':>11} {'status/job/30s':>14} "
+        f"{'largest shard':>13} {'shard runs':>10} {'submit s':>8} {'wall s':>7}"
+    )
+    lines.append(header)
+    for lv in levels:
+        lines.append(
+            f"{f'{lv.episodes}x{lv.jobs_per_episode}':>10} {lv.jobs:>6} "
+            f"{lv.largest_payload / 1024:>11.1f} {max(lv.job_events):>10} "
+            f"{lv.quantile(0.5) * 1000:>11.1f} {lv.quantile(0.99) * 1000:>11.1f} "
+            f"{lv.status_per_job_per_30s:>14.4f} {lv.largest_shard:>13} {lv.shard_runs:>10} "
+            f"{lv.submit_s:>8.0f} {lv.wall_s:>7.0f}"
+        )
+    last = levels[-1]
+    payload_ok = last.largest_payload <= PAYLOAD_TARGET
+    lines += [
+        f"largest payload: {last.largest_payload / 1024:.1f} KiB ({last.largest_payload_of}) "
+        f"(target <= {PAYLOAD_TARGET // 1024} KiB)  {verdict(payload_ok)}",
+        f"history events per job: mean {statistics.mean(last.job_events):.1f}, max "
+        f"{max(last.job_events)} (target <= {EVENTS_TARGET})  "
+        f"{verdict(max(last.job_events) <= EVENTS_TARGET)}",
+        f"workflow-task latency p99: {last.quantile(0.99) * 1000:.0f} ms "
+        f"(target <= {TASK_P99_TARGET_S * 1000:.0f} ms)  "
+        f"{verdict(last.quantile(0.99) <= TASK_P99_TARGET_S)}",
+        f"Hub status calls per job per 30 s: {last.status_per_job_per_30s:.4f} (target <= 1)  "
+        f"{verdict(last.status_per_job_per_30s <= 1)}",
+    ]
+    if len(levels) > 1:
+        first = levels[0]
+        scale = last.jobs / first.jobs
+        payload = last.largest_payload / max(first.largest_payload, 1)
+        events = max(last.job_events) / max(first.job_events)
+        p99 = last.quantile(0.99) / max(first.quantile(0.99), 1e-6)
+        calls = last.status_per_job_per_30s / max(first.status_per_job_per_30s, 1e-9)
+        lines.append(
+            f"growth x{scale:g} in jobs: payload x{payload:.2f}, events/job x{events:.2f}, "
+            f"task p99 x{p99:.2f}, status/job/30s x{calls:.2f}"
+        )
+    return lines
+
+
+def parse_levels(text: str) -> list[tuple[int, int]]:
+    levels = []
+    for item in text.split(","):
+        episodes, _, jobs = item.strip().partition("x")
+        if not episodes.isdigit() or not jobs.isdigit() or int(episodes) < 1 or int(jobs) < 1:
+            raise argparse.ArgumentTypeError(f"a level is EPISODESxJOBS, e.g. 1000x10: {item!r}")
+        levels.append((int(episodes), int(jobs)))
+    return levels
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--levels", type=parse_levels, default=parse_levels("100x10,1000x10"))
+    parser.add_argument("--run-minutes", type=float, default=10.0, help="running time per job")
+    parser.add_argument("--shards", type=int, default=Settings().watch_shards)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    levels: list[Level] = []
+
+    async def run_all() -> None:
+        for episodes, jobs in args.levels:
+            with tempfile.TemporaryDirectory(prefix="watch-scale-") as tmp:
+                levels.append(
+                    await run_level(episodes, jobs, args.run_minutes, args.shards, Path(tmp))
+                )
+            print(f"level {episodes}x{jobs} done", file=sys.stderr, flush=True)
+
+    status = 0
+    try:
+        asyncio.run(asyncio.wait_for(run_all(), RUN_LIMIT_S))
+    except TimeoutError:
+        print(f"the benchmark did not finish within {RUN_LIMIT_S} s", file=sys.stderr)
+        status = 1
+    if levels:
+        print("\n".join(report(levels, args.shards)))
+    exit_now(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""Sharded job watching (issue 27): which shard follows a job, what a shard carries and sends at
+its limit, a job's end reported once, and a shard that continues as new under its budget."""
+
+from __future__ import annotations
+
+import statistics
+import uuid
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from temporalio import activity, workflow
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.jobs.activities import JobsActivities
+from activities.ports import JobToWatch
+from posttrain_common.contracts.jobs import BackendJob, ObserveJobs
+from posttrain_common.contracts.watching import (
+    MAX_ENDED_REMEMBERED,
+    MAX_JOBS_PER_SHARD,
+    OBSERVE_ANSWER_BUDGET,
+    WATCHER_PAYLOAD_BUDGET,
+)
+from posttrain_common.keys import ServerKey
+from posttrain_env.limits import MAX_MESSAGE_CHARS
+from posttrain_env.models import JobState
+from posttrain_server.worker import workflow_runner
+from tests.workflows.harness import running_worker
+from workflows.ids import (
+    episode_workflow_id,
+    job_workflow_id,
+    rollout_episode_id,
+    watcher_shard_id,
+    watcher_shard_ids,
+    watcher_workflow_id,
+)
+from workflows.job.watcher import WatcherInput, WatcherWorkflow, WatchRequest, ended_key
+
+STEM = watcher_workflow_id("default", "posttrain")
+T0 = datetime(2026, 12, 4, tzinfo=UTC)
+
+
+def size_of(value: object) -> int:
+    """Bytes of `value` as Temporal carries it (the project's data converter)."""
+    (payload,) = pydantic_data_converter.payload_converter.to_payloads([value])
+    return len(payload.data)
+
+
+# -- which shard -------------------------------------------------------------------------------
+
+
+def test_a_jobs_shard_is_stable_and_one_shard_keeps_the_unsharded_id() -> None:
+    job = job_workflow_id("ep-1", 3)
+    assert watcher_shard_id(STEM, 1, job) == STEM  # episodes started before sharding
+    first = watcher_shard_id(STEM, 16, job)
+    assert first == watcher_shard_id(STEM, 16, job)  # SHA-256: the same in every process
+    assert first in watcher_shard_ids(STEM, 16)
+    assert len(set(watcher_shard_ids(STEM, 16))) == 16
+
+
+def test_ten_thousand_jobs_spread_evenly_over_the_shards() -> None:
+    # Episode ids as sessions and campaigns make them ("ep-" and 16 hex digits), 1 to 10 jobs.
+    episodes = [f"ep-{uuid.UUID(int=n * 7919).hex[-16:]}" for n in range(1000)]
+    episodes += [rollout_episode_id(f"c/t/a/{n}", 1) for n in range(1000)]
+    jobs = [job_workflow_id(ep, k) for ep in episodes for k in range(1, 6)]
+    load = Counter(watcher_shard_id(STEM, 16, job) for job in jobs)
+    assert len(load) == 16
+    mean = statistics.mean(load.values())
+    assert max(load.values()) <= 1.15 * mean, load  # no shard near twice its share
+
+
+# -- what a shard carries and sends at its limit ------------------------------------------------
+
+
+def largest_request(n: int) -> WatchRequest:
+    episode = f"ep-{n:016x}"  # episode ids are "ep-" and 16 hex digits (mcp_gateway/auth.py)
+    return WatchRequest(
+        ref=f"{'n' * 96}/{n:024x}",  # a Hugging Face namespace (generously 96) and job id
+        workflow_id=job_workflow_id(episode, 10_000 + n),
+        state=JobState.running.value,
+        job_id=f"eval-{n:012x}",
+        episode_workflow_id=episode_workflow_id(episode),
+    )
+
+
+def test_a_full_shards_carry_and_look_stay_within_the_payload_budget() -> None:
+    requests = [largest_request(n) for n in range(MAX_JOBS_PER_SHARD)]
+    carry = WatcherInput(
+        watched={r.ref: r for r in requests},
+        ended=[ended_key(largest_request(n + MAX_JOBS_PER_SHARD)) for n in range(10_000)][
+            -MAX_ENDED_REMEMBERED:
+        ],
+    )
+    carried = size_of(carry)
+    asked = size_of(ObserveJobs(now=T0, states={r.ref: r.state for r in requests}))
+    print(f"carry at {MAX_JOBS_PER_SHARD} jobs: {carried / 1024:.0f} KiB; look: {asked / 1024:.0f}")
+    assert carried <= WATCHER_PAYLOAD_BUDGET, carried
+    assert asked <= WATCHER_PAYLOAD_BUDGET, asked
+
+
+class _ManyChanged:
+    """Stands in for the backend (Hugging Face): every job has changed, with the longest
+    message a job's view may carry."""
+
+    name = "fake"
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs = {
+            f"r{n:05d}": BackendJob(
+                ref=f"r{n:05d}",
+                key=f"k{n}",
+                state=JobState.succeeded if n % 3 == 0 else JobState.running,
+                created_at=T0,
+                message="m" * MAX_MESSAGE_CHARS,
+            )
+            for n in range(jobs)
+        }
+
+    async def observe(self, refs: list[str], now: datetime) -> dict[str, BackendJob]:
+        return {ref: self.jobs[ref] for ref in refs if ref in self.jobs}
+
+
+class _NoWatch:
+    async def watch(self, job: JobToWatch) -> None:
+        raise AssertionError("observe registers nothing")
+
+
+async def test_a_looks_answer_holds_only_changes_ends_first_within_its_budget(
+    tmp_path: Path,
+) -> None:
+    backend = _ManyChanged(MAX_JOBS_PER_SHARD)
+    jobs = JobsActivities(backend, ServerKey.from_hex("ab" * 32), _NoWatch(), tmp_path)  # type: ignore[arg-type]
+    known = {ref: JobState.queued.value for ref in backend.jobs}
+    known["r00001"] = JobState.running.value  # unchanged: not answered
+    answer = await jobs.observe_jobs(ObserveJobs(now=T0, states=known))
+    assert "r00001" not in answer
+    assert size_of(answer) <= OBSERVE_ANSWER_BUDGET
+    assert 0 < len(answer) < MAX_JOBS_PER_SHARD  # cut: the rest wait for the next looks
+    ends = {ref for ref, job in backend.jobs.items() if job.state.terminal}
+    unanswered = set(backend.jobs) - {"r00001"}
+    looks = 0
+    while answer:
+        looks += 1
+        assert size_of(answer) <= OBSERVE_ANSWER_BUDGET
+        assert not set(answer) - unanswered  # nothing answered twice
+        if ends & unanswered - set(answer):
+            assert all(answer[ref].state.terminal for ref in answer)  # ends first
+        unanswered -= set(answer)
+        known.update({ref: job.state.value for ref, job in answer.items()})
+        answer = await jobs.observe_jobs(ObserveJobs(now=T0, states=known))
+    assert not unanswered and looks > 2
+    # A watcher recorded before sharding asks by refs alone and gets every job.
+    everything = await jobs.observe_jobs(ObserveJobs(refs=["r00001", "r00002"], now=T0))
+    assert set(everything) == {"r00001", "r00002"}
+
+
+# -- a job's end is reported once --------------------------------------------------------------
+
+ENDED_JOBS: set[str] = set()
+
+
+@activity.defn(name="observe_jobs")
+async def observe_ended(observe: ObserveJobs) -> dict[str, BackendJob]:
+    """Every job asked about has succeeded."""
+    return {
+        ref: BackendJob(ref=ref, key="k", state=JobState.succeeded, created_at=observe.now)
+        for ref in observe.all_refs()
+        if (observe.states or {}).get(ref) != JobState.succeeded.value
+    }
+
+
+@workflow.defn(name="StubJob", sandboxed=False)
+class StubJob:
+    """Stands where a job's workflow is: counts the ends the watcher reports."""
+
+    def __init__(self) -> None:
+        self.ends = 0
+
+    @workflow.run
+    async def run(self) -> None:
+        await workflow.wait_condition(lambda: False)
+
+    @workflow.signal
+    def observed(self, job: BackendJob) -> None:
+        self.ends += 1
+
+    @workflow.query
+    def reports(self) -> int:
+        return self.ends
+
+
+async def stub_worker_started(env: WorkflowEnvironment, queue: str) -> Worker:
+    return Worker(
+        env.client,
+        task_queue=queue,
+        workflows=[WatcherWorkflow, StubJob],
+        activities=[observe_ended],
+        workflow_runner=workflow_runner(),
+    )
+
+
+async def watch(client: Client, queue: str, shard: str, request: WatchRequest, **inp: object):
+    return await client.start_workflow(
+        WatcherWorkflow.run,
+        WatcherInput(interval_s=30, idle_exit_s=3600, **inp),  # type: ignore[arg-type]
+        id=shard,
+        task_queue=queue,
+        start_signal="watch",
+        start_signal_args=[request],
+    )
+
+
+async def test_a_retried_submits_late_registration_does_not_report_the_end_twice(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client, queue = time_skipping_env.client, f"tq-{uuid.uuid4().hex[:8]}"
+    async with await stub_worker_started(time_skipping_env, queue):
+        job = await client.start_workflow(StubJob.run, id="job-1", task_queue=queue)
+        request = WatchRequest(ref="r1", workflow_id="job-1", state="running")
+        shard = await watch(client, queue, "shard-1", request)
+        await time_skipping_env.sleep(timedelta(seconds=45))
+        assert await job.query(StubJob.reports) == 1
+        # The first submit attempt's registration was seen to its end; the retried attempt
+        # found the job by its key (a listing that still said running) and registers it again.
+        await shard.signal(WatcherWorkflow.watch, request)
+        await time_skipping_env.sleep(timedelta(seconds=95))
+        assert await job.query(StubJob.reports) == 1  # before the fix: 2
+        assert await shard.query(WatcherWorkflow.watched) == []
+        # Another job on the same shard is still followed to its end.
+        other = await client.start_workflow(StubJob.run, id="job-2", task_queue=queue)
+        await shard.signal(
+            WatcherWorkflow.watch, WatchRequest(ref="r2", workflow_id="job-2", state="running")
+        )
+        await time_skipping_env.sleep(timedelta(seconds=45))
+        assert await other.query(StubJob.reports) == 1
+        for handle in (job, other, shard):
+            await handle.terminate("test over")
+
+
+async def test_a_shard_continues_as_new_under_its_budget_with_what_it_follows(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client, queue = time_skipping_env.client, f"tq-{uuid.uuid4().hex[:8]}"
+    async with await stub_worker_started(time_skipping_env, queue):
+        ended = await client.start_workflow(StubJob.run, id="job-a", task_queue=queue)
+        first = WatchRequest(ref="ra", workflow_id="job-a", state="running")
+        shard = await watch(client, queue, "shard-2", first, history_budget_bytes=1)
+        first_run = (await shard.describe()).run_id
+        await time_skipping_env.sleep(timedelta(seconds=45))
+        assert await ended.query(StubJob.reports) == 1
+        latest = client.get_workflow_handle("shard-2")
+        assert (await latest.describe()).run_id != first_run  # continued as new
+        resumed = await latest.query(WatcherWorkflow.resume_input)
+        assert ended_key(first) in resumed.ended  # the end is remembered across runs
+        await latest.signal(WatcherWorkflow.watch, first)  # a late registration, again
+        await time_skipping_env.sleep(timedelta(seconds=95))
+        assert await ended.query(StubJob.reports) == 1
+        for workflow_id in ("job-a", "shard-2"):
+            await client.get_workflow_handle(workflow_id).terminate("test over")
+
+
+# -- an episode's jobs on their shards ---------------------------------------------------------
+
+
+async def test_an_episodes_jobs_are_followed_by_their_own_shards(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    from activities.backends.fake.backend import FakeJobScript, FakeScenario
+
+    slow = FakeJobScript(queue_s=1, run_s=300)
+    async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[slow])) as h:
+        assert h.settings.watch_shards > 1
+        ep = await h.episode()
+        first = await ep.submit_job(timeout_minutes=30)
+        second = await ep.submit_job(timeout_minutes=30)
+        await ep.skip(timedelta(seconds=40))
+        stem = watcher_workflow_id(h.client.namespace, h.task_queue)
+        for n, job_id in ((1, first), (2, second)):
+            job_wf = f"{ep.handle.id}/job/{n}"
+            shard = watcher_shard_id(stem, h.settings.watch_shards, job_wf)
+            (view,) = [v for v in h.backend.views(datetime.now(UTC)) if v.key == job_wf]
+            assert view.ref in await h.client.get_workflow_handle(shard).query(
+                WatcherWorkflow.watched
+            ), (job_id, shard)
+        # A pending jobs_wait asks the job's own shard to look: the end is seen promptly.
+        done = await ep.call_over(timedelta(minutes=9), "jobs_wait", job_id=second, timeout_s=500)
+        assert done.data["state"] == "succeeded"
+        first_view = await ep.call("jobs_status", job_id=first)
+        assert first_view.data["state"] == "succeeded"
