@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from dotenv import dotenv_values
 from jsonschema import Draft202012Validator
+from pydantic import AliasChoices
 
 from posttrain_common.settings import Settings
 
@@ -127,8 +128,8 @@ def settings_read() -> set[str]:
             names.add(f"{prefix}{name}".upper())
         elif isinstance(alias, str):
             names.add(alias)
-        else:
-            names.update(str(choice) for choice in alias.choices)
+        elif isinstance(alias, AliasChoices):
+            names.update(choice for choice in alias.choices if isinstance(choice, str))
     return names
 
 
