@@ -223,3 +223,38 @@ def test_the_schema_job_stops_at_the_first_failure(tmp_path: Path) -> None:
     status, calls = run_schema_script(tmp_path, failing="--db temporal setup-schema")
     assert status == 3
     assert calls[-1].endswith("--db temporal setup-schema -v 0.0") and len(calls) == 2
+
+
+def documented_steps() -> list[list[str]]:
+    """The `dc ...` lines of docs/deployment.md's "Temporal on PostgreSQL", as words."""
+    text = (DEPLOY.parent / "docs" / "deployment.md").read_text()
+    section = text.split("### Temporal on PostgreSQL", 1)[1].split("\n### ", 1)[0]
+    return [
+        line.split("#", 1)[0].split() for line in section.splitlines() if line.startswith("dc ")
+    ]
+
+
+def test_the_documented_steps_name_services_of_the_project_in_their_profiles() -> None:
+    services = project(BASE, POSTGRES, env=filled_env())["services"]
+    steps = documented_steps()
+    assert len(steps) == 5
+    order: list[str] = []
+    for words in steps:
+        profile = words[words.index("--profile") + 1] if "--profile" in words else None
+        after = "--rm" if "run" in words else "-d"
+        named = words[words.index(after) + 1 :]
+        for name in named:
+            assert name in services, f"{' '.join(words)}: no service {name}"
+            assert services[name].get("profiles") == ([profile] if profile else None), words
+        order += named or ["(every service)"]
+    # The steps' order is the dependencies' order; the last starts everything else.
+    assert order.index("postgresql") < order.index("temporal-schema") < order.index("temporal")
+    assert order.index("temporal") < order.index("setup") < order.index("(every service)")
+
+
+def test_the_docs_name_the_images_the_files_pin() -> None:
+    text = (DEPLOY.parent / "docs" / "deployment.md").read_text()
+    for service in load(POSTGRES)["services"].values():
+        if "image" in service:
+            assert f"`{service['image']}`" in text or service["image"] == "postgres:16"
+    assert "PostgreSQL 16 (`postgres:16`" in text
