@@ -3,7 +3,9 @@
 - `allinone`: `posttrain-env server` (gateway, in-process worker, embedded Temporal dev server);
 - `split`: a Temporal dev server, one `posttrain-env server --no-worker` and `workers`
   `posttrain-env worker` processes, sharing one state dir (the fake backend's files) and one
-  server key file.
+  server key file. With `external_temporal` (`host:port`, plain gRPC, namespace `default`,
+  our search attributes registered by `posttrain-env temporal setup`), no dev server is started:
+  the processes use that Temporal, whose own CPU and memory are then not measured here.
 
 Every process runs under `bench/_probe.py`: its event-loop lag, the gateway's Temporal update
 times and the SDK's Prometheus metrics are read back by `Probes`.
@@ -163,6 +165,7 @@ class Topology:
     extra_env: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     temporal_port: int = field(default_factory=free_port)
+    external_temporal: str | None = None
     procs: list[Proc] = field(default_factory=list)
 
     @property
@@ -171,7 +174,7 @@ class Topology:
 
     @property
     def temporal_address(self) -> str:
-        return f"127.0.0.1:{self.temporal_port}"
+        return self.external_temporal or f"127.0.0.1:{self.temporal_port}"
 
     @property
     def gateway(self) -> Proc:
@@ -218,16 +221,17 @@ class Topology:
         env = self.env()
         gateway_args = ["server", "--port", str(self.port)]
         if self.shape == "split":
-            temporal = Proc(
-                "temporal",
-                start_dev_command(self.state / "temporal.db", self.temporal_port),
-                env,
-                self.state / "temporal.log",
-            )
-            self.procs.append(temporal)
-            temporal.start()
+            if self.external_temporal is None:
+                temporal = Proc(
+                    "temporal",
+                    start_dev_command(self.state / "temporal.db", self.temporal_port),
+                    env,
+                    self.state / "temporal.log",
+                )
+                self.procs.append(temporal)
+                temporal.start()
+                _wait_port(self.temporal_port, temporal)
             env = {**env, "TEMPORAL_ADDRESS": self.temporal_address}
-            _wait_port(self.temporal_port, temporal)
             for n in range(self.workers):
                 worker = self._probed(f"worker{n}", "worker", env=env)
                 self.procs.append(worker)

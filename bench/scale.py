@@ -2,6 +2,7 @@
 
     uv run python bench/scale.py [--live 100,300,1000] [--workers 2] [--interval 5]
         [--duration 60] [--quiet 20] [--settle 10] [--sample 10] [--admit-timeout 600] [--keep]
+        [--temporal-address HOST:PORT]
 
 The split production shape (`bench/_topology.py`): a file-backed Temporal dev server,
 `posttrain-env server --no-worker` and `--workers` `posttrain-env worker` processes, on the fake
@@ -26,6 +27,13 @@ of the CPU and memory figures. Per level:
 
 then the first bottleneck (a Python process is capped at one core by the GIL; the machine at its
 cores) and what 10,000 live episodes would need, scaled from the largest level.
+
+`--temporal-address HOST:PORT`: the processes use that Temporal (plain gRPC, namespace
+`default`, with our search attributes: run `posttrain-env temporal setup` first; a namespace no
+one else uses, since every level leaves its episodes there) instead of a dev server of the
+bench's own, e.g. a cluster on PostgreSQL (docs/deployment.md, "Capacity"). Its CPU and
+memory are on its own hosts, not measured here: read them there over the same window (the
+printed calls/s gives Temporal's CPU ms per call).
 """
 
 from __future__ import annotations
@@ -420,7 +428,7 @@ def bottleneck(levels: list[Level], wanted: list[int]) -> None:
         print(f"not reached: asked for {wanted}, measured {[level.live for level in levels]}")
 
 
-def extrapolate(levels: list[Level], interval_s: float) -> None:
+def extrapolate(levels: list[Level], interval_s: float, external: str | None = None) -> None:
     """10,000 episodes: the idle topology, plus the calls' CPU (per call, from the largest
     level that kept up with its offered calls) at 10,000 / interval calls/s, plus each
     episode's standing CPU while quiet and its memory (from the largest level)."""
@@ -437,7 +445,10 @@ def extrapolate(levels: list[Level], interval_s: float) -> None:
         + ("" if kept_up else " (it did not keep up: a floor)")
         + f", standing CPU and memory per episode from {top.name}"
     )
-    for group in GROUPS[:3]:
+    measured = GROUPS[:3] if external is None else GROUPS[1:3]
+    if external is not None:
+        print(f"temporal: at {external}, not measured here (see its own hosts)")
+    for group in measured:
         base = top.idle_cores.get(group, 0.0)
         standing = max(0.0, quiet[group]) * TARGET / 60
         busy = base + standing + per_call[group] / 1000 * rate
@@ -511,7 +522,7 @@ async def scale(topology: Topology, args: argparse.Namespace) -> None:
     print_tables(levels, args)
     print()
     bottleneck(levels, args.live)
-    extrapolate(levels, args.interval)
+    extrapolate(levels, args.interval, args.temporal_address)
 
 
 def main() -> None:
@@ -530,12 +541,19 @@ def main() -> None:
         "--admit-timeout", type=float, default=600.0, help="s to open a level's new episodes"
     )
     parser.add_argument("--keep", action="store_true", help="keep the state dir (logs, probes)")
+    parser.add_argument(
+        "--temporal-address",
+        help="a Temporal of your own (host:port, plain, namespace default, set up) instead of a "
+        "dev server: its CPU and memory are not measured here",
+    )
     args = parser.parse_args()
     args.live = sorted(int(x) for x in args.live.split(",") if x)
     state = Path(tempfile.mkdtemp(prefix="scale-"))
     topology = bench_topology(state, "split", args.workers, {})
+    topology.external_temporal = args.temporal_address
+    where = args.temporal_address or "a dev server of its own (SQLite)"
     print(
-        f"shape: split, {args.workers} workers; {os.cpu_count()} cores, "
+        f"temporal: {where}; shape: split, {args.workers} workers; {os.cpu_count()} cores, "
         f"load average {os.getloadavg()[0]:.1f}; calls every {args.interval:g} s (jittered) "
         f"for {args.duration:g} s, then {args.quiet:g} s quiet, per level"
     )

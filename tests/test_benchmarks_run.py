@@ -7,6 +7,7 @@ CI runs too, so that the default set stays a few minutes."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,25 @@ def test_the_scale_benchmark_runs_and_prints_its_tables() -> None:
         assert row[0] == "live5" and len(row) == cells, out
     assert "ws x50" in out and "mcp x99" in out and "hub calls/s" in out, out
     assert "first bottleneck" in out and "10,000 live episodes" in out, out
+
+
+@DEPLOYMENT
+async def test_the_scale_benchmark_runs_on_a_temporal_of_your_own(tmp_path: Path) -> None:
+    """`--temporal-address`: the bench's processes use that Temporal (here a dev server on a
+    port of its own, search attributes registered) and start none of their own."""
+    from tests.workflows.test_worker_restart import dev_server
+
+    async with dev_server(tmp_path / "temporal.db") as (address, client):
+        out = await asyncio.to_thread(
+            run,
+            "bench/scale.py",
+            *("--live", "3", "--workers", "1", "--interval", "1", "--duration", "3"),
+            *("--quiet", "2", "--settle", "1", "--temporal-address", address),
+        )
+        episodes = [w async for w in client.list_workflows("WorkflowType = 'EpisodeWorkflow'")]
+    assert out.startswith(f"temporal: {address};"), out
+    idle = next(line for line in out.splitlines() if line.startswith("idle topology"))
+    assert "rss (MiB) temporal 0," in idle, idle  # no Temporal process of the bench's own
+    assert f"temporal: at {address}, not measured here" in out, out
+    assert "live3" in out and "10,000 live episodes" in out, out
+    assert len(episodes) >= 3  # the episodes ran on the given server
