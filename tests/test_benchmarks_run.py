@@ -153,3 +153,16 @@ async def test_the_scale_benchmark_runs_on_a_temporal_of_your_own(tmp_path: Path
     assert f"temporal: at {address}, not measured here" in out, out
     assert "live3" in out and "10,000 live episodes" in out, out
     assert len(episodes) >= 3  # the episodes ran on the given server
+
+
+def test_the_watch_scale_benchmark_runs_and_meets_its_targets_at_a_small_level() -> None:
+    out = run("bench/watch_scale.py", "--levels", "4x5,12x5", "--run-minutes", "2")
+    assert "watcher shards: 16" in out, out
+    rows = [line for line in out.splitlines() if line.strip().startswith(("4x5", "12x5"))]
+    assert len(rows) == 2, out
+    # Payload, events per job and Hub calls hold at any size; task latency is not asserted
+    # (a loaded machine's figure, reported by the bench).
+    for target in ("largest payload", "history events per job", "Hub status calls"):
+        (line,) = [line for line in out.splitlines() if line.startswith(target)]
+        assert line.endswith("OK"), line
+    assert "growth x3 in jobs" in out, out
