@@ -18,6 +18,9 @@ What it models of the real Hub, each as a control a test sets:
   afterwards (`lands_after_requests` later), as on a server that finished the work after the
   client gave up. A request that carries no timeout at all is recorded in `unbounded`;
 - a body that trickles (`trickle`): chunks slower than the whole call may take;
+- a log replay cut short (`cut_logs`): the stream sends its first lines, then is silent for
+  the request's read timeout, which the library's no-follow reader takes for the end of the
+  replay (a slow Hub, or a read near its deadline);
 - canned answers (`answer`): 402, 403, 429 with `RateLimit` headers, 5xx;
 - the steps of `run_uv_job`: bucket creation (409 when it exists), the xet write token and
   upload (through `FakeXet`, which stands in for hf_xet's own client), the bucket batch;
@@ -167,6 +170,7 @@ class HubHttp(httpx2.BaseTransport):
         self._answers: dict[str, list[Answer]] = {}
         self._hangs: dict[str, list[Hang]] = {}
         self._trickles: dict[str, Trickle] = {}
+        self._log_cuts: list[int] = []  # lines each next log replay sends before its silence
         self._pending: list[list[Any]] = []  # [requests to go, job spec, namespace]
         self._ids = itertools.count(0x6890000000000000000A0000)
 
@@ -194,6 +198,11 @@ class HubHttp(httpx2.BaseTransport):
 
     def trickle(self, route: str, chunks: int, every_s: float) -> None:
         self._trickles[route] = Trickle(chunks, every_s)
+
+    def cut_logs(self, *after_lines: int) -> None:
+        """The next log replays (one per number) send that many lines, then fall silent until
+        the request's read timeout ends them."""
+        self._log_cuts.extend(after_lines)
 
     def add_dataset(
         self,
@@ -396,6 +405,12 @@ class HubHttp(httpx2.BaseTransport):
             "content-type": "text/event-stream",
             "date": format_datetime(self.hub.clock().astimezone(UTC), usegmt=True),
         }
+        if self._log_cuts:
+            events = body.encode().split(b"\n\n")[: self._log_cuts.pop(0)]
+            sent = b"".join(event + b"\n\n" for event in events)
+            silence = float(request.extensions.get("timeout", {}).get("read") or UNBOUNDED_WAIT_S)
+            stream = _FallingSilent(sent, silence, request)
+            return httpx2.Response(200, headers=headers, stream=stream, request=request)
         return httpx2.Response(200, headers=headers, content=body.encode(), request=request)
 
     def _job(self, match: re.Match[str]) -> FakeJob | None:
@@ -616,6 +631,21 @@ class _Trickling(httpx2.SyncByteStream):
         for start in range(0, len(self._content), size):
             time.sleep(self._trickle.every_s)
             yield self._content[start : start + size]
+
+
+class _FallingSilent(httpx2.SyncByteStream):
+    """A body that stops short: its first bytes, then no byte until the read timeout."""
+
+    def __init__(self, sent: bytes, silence_s: float, request: httpx2.Request) -> None:
+        self._sent = sent
+        self._silence_s = silence_s
+        self._request = request
+
+    def __iter__(self) -> Iterator[bytes]:
+        if self._sent:
+            yield self._sent
+        time.sleep(self._silence_s)
+        raise httpx2.ReadTimeout("no event within the read timeout", request=self._request)
 
 
 # -- hf_xet, which uploads a job's script with a client of its own ------------------------------

@@ -10,12 +10,14 @@ from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
+from job_launcher.trusted_lines import SCORE_TAG, format_trusted_line
 from tests.hf.conftest import http_backend
 from tests.hf.fake_hub import JobPlan
 from tests.hf.http_hub import HubHttp
 from tests.hf.temporal import hf_worker
 
 CPU_PRICE = 167  # micro-USD per minute of cpu-basic
+SCORE_LINE = format_trusted_line(SCORE_TAG, "{nonce}", {"score": 0.75, "split": "hidden"})
 RATE_LIMITED = {"RateLimit": '"api";r=0;t=90'}
 
 
@@ -130,3 +132,38 @@ async def test_a_job_keeps_being_tracked_when_the_namespace_changes_mid_job(
     for seen in http_hub.requests_to("inspect_job"):
         if first in seen.path:
             assert seen.path.startswith("/api/jobs/alice/"), seen.path
+
+
+async def test_a_log_replay_cut_short_is_read_again_and_the_episode_is_scored(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path, http_hub: HubHttp
+) -> None:
+    hub = http_hub.hub
+    agent = JobPlan(scheduling_s=5, running_s=30, outputs={"model.safetensors": 1000})
+    grader = JobPlan(scheduling_s=5, running_s=30, logs=["loading", "evaluating", SCORE_LINE])
+    hub.plan_for = lambda labels: agent if labels["posttrain-role"] == "agent" else grader
+    # The grader's first three log replays stop before the score line, silent until the read
+    # timeout (the library's "end of the replay"), and disagree: the log was not read whole.
+    http_hub.cut_logs(1, 2, 2)
+    async with hf_worker(time_skipping_env, tmp_path, hub, http_backend(http_hub)) as h:
+        ep = await h.episode()
+        job_id = await ep.submit_job()
+        assert (await ep.wait_job(job_id)).data["state"] == "succeeded"
+        final = await ep.call_over(timedelta(minutes=5), "submit", job_id=job_id)
+        assert final.done and final.reward == 0.75, final.data
+    replays = [seen for seen in http_hub.requests_to("job_logs") if "tail" in str(seen.params)]
+    assert len(replays) >= 4  # three cut ones, then the whole log
+
+
+async def test_a_whole_log_without_a_score_line_is_still_invalid_with_score_0(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path, http_hub: HubHttp
+) -> None:
+    hub = http_hub.hub
+    agent = JobPlan(scheduling_s=5, running_s=30, outputs={"model.safetensors": 1000})
+    grader = JobPlan(scheduling_s=5, running_s=30, logs=["loading", "evaluating"])
+    hub.plan_for = lambda labels: agent if labels["posttrain-role"] == "agent" else grader
+    async with hf_worker(time_skipping_env, tmp_path, hub, http_backend(http_hub)) as h:
+        ep = await h.episode()
+        job_id = await ep.submit_job()
+        assert (await ep.wait_job(job_id)).data["state"] == "succeeded"
+        final = await ep.call_over(timedelta(minutes=5), "submit", job_id=job_id)
+        assert final.done and final.reward == 0.0, final.data
