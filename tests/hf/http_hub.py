@@ -17,6 +17,7 @@ What it models of the real Hub, each as a control a test sets:
   request carries, then the client sees `ReadTimeout`; a job creation that hung still lands
   afterwards (`lands_after_requests` later), as on a server that finished the work after the
   client gave up. A request that carries no timeout at all is recorded in `unbounded`;
+- a slow route (`slow`): every request to it answers after a delay (inside its timeouts);
 - a body that trickles (`trickle`): chunks slower than the whole call may take;
 - a log replay cut short (`cut_logs`): the stream sends its first lines, then is silent for
   the request's read timeout, which the library's no-follow reader takes for the end of the
@@ -170,6 +171,7 @@ class HubHttp(httpx2.BaseTransport):
         self._answers: dict[str, list[Answer]] = {}
         self._hangs: dict[str, list[Hang]] = {}
         self._trickles: dict[str, Trickle] = {}
+        self._delays: dict[str, float] = {}  # route -> seconds before each answer
         self._log_cuts: list[int] = []  # lines each next log replay sends before its silence
         self._pending: list[list[Any]] = []  # [requests to go, job spec, namespace]
         self._ids = itertools.count(0x6890000000000000000A0000)
@@ -198,6 +200,10 @@ class HubHttp(httpx2.BaseTransport):
 
     def trickle(self, route: str, chunks: int, every_s: float) -> None:
         self._trickles[route] = Trickle(chunks, every_s)
+
+    def slow(self, route: str, seconds: float) -> None:
+        """Every request to `route` waits `seconds` before it is answered."""
+        self._delays[route] = seconds
 
     def cut_logs(self, *after_lines: int) -> None:
         """The next log replays (one per number) send that many lines, then fall silent until
@@ -252,6 +258,8 @@ class HubHttp(httpx2.BaseTransport):
             canned = self._answers[route].pop(0) if self._answers.get(route) else None
         if hang is not None:
             self._hang(request, seen, hang, route, match)
+        if self._delays.get(route):
+            time.sleep(self._delays[route])
         if canned is not None:
             return _json(request, canned.status, canned.body, canned.headers)
         with self.hub._lock:

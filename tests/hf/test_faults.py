@@ -182,8 +182,13 @@ async def test_no_hub_call_runs_past_its_timeout_when_the_hub_never_answers(
     call = await prepare(backend, http_hub)
     http_hub.hang(route)  # never released: only a timeout ends it
     elapsed, error = await timed(call())
-    # A retryable failure, in about one read timeout: never an empty answer, never a hang.
-    assert isinstance(error, TransientBackendError), error
+    if route == "inspect_job":
+        # Observe degrades per job: the job is left out of this answer (the watcher looks
+        # again), the batch does not fail (test_observe.py).
+        assert error is None
+    else:
+        # A retryable failure, in about one read timeout: never an empty answer, never a hang.
+        assert isinstance(error, TransientBackendError), error
     assert elapsed < FAST_HTTP.read_s + SLACK_S
     assert http_hub.hung_for and max(http_hub.hung_for) < FAST_HTTP.read_s + 0.1
     assert not http_hub.unbounded, "a request was sent without a timeout"
