@@ -15,8 +15,9 @@ What it models of the real Hub, each as a control a test sets:
 - a server that ignores the `label=` filter (`ignore_label_filter`);
 - a request that hangs (`hang`): it waits as a real socket would, for the read timeout the
   request carries, then the client sees `ReadTimeout`; a job creation that hung still lands
-  afterwards (`lands_after_requests` later), as on a server that finished the work after the
-  client gave up. A request that carries no timeout at all is recorded in `unbounded`;
+  afterwards (`lands_after_requests` later, or when the test says: `land_now`), as on a server
+  that finished the work after the client gave up, unless `lands=False`. A request that
+  carries no timeout at all is recorded in `unbounded`;
 - a slow route (`slow`): every request to it answers after a delay (inside its timeouts);
 - a body that trickles (`trickle`): chunks slower than the whole call may take;
 - a log replay cut short (`cut_logs`): the stream sends its first lines, then is silent for
@@ -140,6 +141,7 @@ class Answer:
 @dataclass
 class Hang:
     lands_after_requests: int = 0  # a hung job creation is carried out this many requests later
+    lands: bool = True  # False: the hung creation never happens on the Hub
     released: threading.Event = field(default_factory=threading.Event)
 
 
@@ -193,8 +195,8 @@ class HubHttp(httpx2.BaseTransport):
             Answer(status, dict(headers or {}), body) for _ in range(times)
         )
 
-    def hang(self, route: str, *, lands_after_requests: int = 0) -> Hang:
-        hang = Hang(lands_after_requests)
+    def hang(self, route: str, *, lands_after_requests: int = 0, lands: bool = True) -> Hang:
+        hang = Hang(lands_after_requests, lands)
         self._hangs.setdefault(route, []).append(hang)
         return hang
 
@@ -226,6 +228,12 @@ class HubHttp(httpx2.BaseTransport):
         self.hub.datasets[repo_id] = dataset_json(
             repo_id, commit, siblings=[{"rfilename": path} for path in sorted(files)]
         )
+
+    def land_now(self) -> list[FakeJob]:
+        """Hung creations still pending land now (the Hub carried them out at last)."""
+        with self.hub._lock:
+            pending, self._pending = self._pending, []
+            return [self._create(spec, namespace) for _, spec, namespace in pending]
 
     def requests_to(self, route: str) -> list[Seen]:
         return [seen for seen in self.seen if seen.route == route]
@@ -293,7 +301,7 @@ class HubHttp(httpx2.BaseTransport):
         self.hung_for.append(time.monotonic() - started)
         if released:
             return
-        if route == "create_job":  # the server finishes the work after the client gave up
+        if route == "create_job" and hang.lands:  # the Hub finishes after the client gave up
             with self.hub._lock:
                 spec, namespace = json.loads(request.content), match["ns"]
                 if hang.lands_after_requests <= 0:

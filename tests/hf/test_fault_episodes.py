@@ -5,16 +5,22 @@ between two workers."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
 from job_launcher.trusted_lines import SCORE_TAG, format_trusted_line
+from posttrain_common.contracts.jobs import LateJob
 from tests.hf.conftest import http_backend
 from tests.hf.fake_hub import JobPlan
 from tests.hf.http_hub import HubHttp
 from tests.hf.temporal import hf_worker
+from workflows.episode.workflow import EpisodeWorkflow
+from workflows.ids import SIGNAL_LATE_JOB_SETTLED
+from workflows.operations.reaper import ReaperInput, ReaperWorkflow
+from workflows.policies import SUBMIT_RETRY
 
 CPU_PRICE = 167  # micro-USD per minute of cpu-basic
 SCORE_LINE = format_trusted_line(SCORE_TAG, "{nonce}", {"score": 0.75, "split": "hidden"})
@@ -167,3 +173,53 @@ async def test_a_whole_log_without_a_score_line_is_still_invalid_with_score_0(
         assert (await ep.wait_job(job_id)).data["state"] == "succeeded"
         final = await ep.call_over(timedelta(minutes=5), "submit", job_id=job_id)
         assert final.done and final.reward == 0.0, final.data
+
+
+async def test_a_create_that_lands_after_every_submit_attempt_is_reaped_and_settled_at_once(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path, http_hub: HubHttp
+) -> None:
+    hub = http_hub.hub
+    hub.plan = JobPlan(scheduling_s=0, running_s=86_400)
+    # Every attempt's create hangs; the first one lands on the Hub after the submit gave up.
+    http_hub.hang("create_job", lands_after_requests=10**9)
+    for _ in range(SUBMIT_RETRY.maximum_attempts - 1):
+        http_hub.hang("create_job", lands=False)
+    async with hf_worker(time_skipping_env, tmp_path, hub, http_backend(http_hub)) as h:
+        ep = await h.episode()
+        failed = await ep.call_over(
+            timedelta(minutes=10),
+            "jobs_submit",
+            script="print('x')\n",
+            flavor="cpu-basic",
+            timeout_minutes=5,
+        )
+        assert len(http_hub.requests_to("create_job")) == SUBMIT_RETRY.maximum_attempts
+        job_id = failed.data.get("job_id") or next(iter((await ep.status()).jobs))["job_id"]
+        before = (await ep.status()).service_spend
+        assert before.settled.usd == 0.0 and before.reserved.usd == 0.0, before
+        (landed,) = http_hub.land_now()  # billing now, and nothing follows it
+        await ep.skip(timedelta(seconds=150))
+        # One reaper run (its Schedule's period), without time skipping: a skip while the
+        # client awaits it would run the episode into its time limit.
+        with time_skipping_env.auto_time_skipping_disabled():
+            report = await h.client.execute_workflow(
+                ReaperWorkflow.run,
+                ReaperInput(reconcile=False),
+                id=f"reaper-{uuid.uuid4().hex[:8]}",
+                task_queue=h.task_queue,
+            )
+        assert [stray.job_id for stray in report.strays] == [job_id] and not report.orphans
+        assert report.settled_late == [report.strays[0].ref] and not report.failed
+        assert hub.info(landed.id).status.stage == "CANCELED"
+        status = await ep.status()
+        assert not status.done  # settled while the episode runs, not at its close
+        # Its real running time (150 s: 3 started minutes) is charged to the episode.
+        assert status.service_spend.settled.usd == reserved_usd(3)
+        # A second report of the same job changes nothing.
+        await ep.handle.signal(
+            SIGNAL_LATE_JOB_SETTLED, LateJob(job_id=job_id, ref=report.strays[0].ref, running_s=150)
+        )
+        assert (await ep.status()).service_spend.settled.usd == reserved_usd(3)
+        record = await ep.handle.query(EpisodeWorkflow.resume_input)
+        (note,) = [a for a in record.carry.operator_actions if a.action == "late_job_settled"]
+        assert note.job_id == job_id and note.minutes == 3 and note.by == "reaper"

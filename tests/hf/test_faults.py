@@ -74,6 +74,9 @@ class AllClosed:
     async def is_running(self, episode_id: str) -> bool:
         return False
 
+    async def left_behind(self, episode_id: str, job_id: str, ref: str) -> bool:
+        return False
+
 
 def jobs_activities(backend: HfBackend, tmp_path: Path) -> JobsActivities:
     return JobsActivities(backend, ServerKey(b"k" * 32), NoWatch(), tmp_path)
