@@ -5,6 +5,7 @@ between two workers."""
 
 from __future__ import annotations
 
+import math
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -180,12 +181,13 @@ async def test_a_create_that_lands_after_every_submit_attempt_is_reaped_and_sett
 ) -> None:
     hub = http_hub.hub
     hub.plan = JobPlan(scheduling_s=0, running_s=86_400)
-    # Every attempt's create hangs; the first one lands on the Hub after the submit gave up.
-    http_hub.hang("create_job", lands_after_requests=10**9)
-    for _ in range(SUBMIT_RETRY.maximum_attempts - 1):
-        http_hub.hang("create_job", lands=False)
     async with hf_worker(time_skipping_env, tmp_path, hub, http_backend(http_hub)) as h:
         ep = await h.episode()
+        followed = await ep.submit_job(timeout_minutes=60)  # a job its workflow follows
+        # Every attempt's create hangs; the first one lands on the Hub after the submit gave up.
+        http_hub.hang("create_job", lands_after_requests=10**9)
+        for _ in range(SUBMIT_RETRY.maximum_attempts - 1):
+            http_hub.hang("create_job", lands=False)
         failed = await ep.call_over(
             timedelta(minutes=10),
             "jobs_submit",
@@ -193,10 +195,11 @@ async def test_a_create_that_lands_after_every_submit_attempt_is_reaped_and_sett
             flavor="cpu-basic",
             timeout_minutes=5,
         )
-        assert len(http_hub.requests_to("create_job")) == SUBMIT_RETRY.maximum_attempts
-        job_id = failed.data.get("job_id") or next(iter((await ep.status()).jobs))["job_id"]
+        assert len(http_hub.requests_to("create_job")) == 1 + SUBMIT_RETRY.maximum_attempts
+        (job_id,) = [j["job_id"] for j in (await ep.status()).jobs if j["job_id"] != followed]
+        assert failed.data.get("job_id", job_id) == job_id
         before = (await ep.status()).service_spend
-        assert before.settled.usd == 0.0 and before.reserved.usd == 0.0, before
+        assert before.settled.usd == 0.0 and before.reserved.usd == reserved_usd(60), before
         (landed,) = http_hub.land_now()  # billing now, and nothing follows it
         await ep.skip(timedelta(seconds=150))
         # One reaper run (its Schedule's period), without time skipping: a skip while the
@@ -210,16 +213,24 @@ async def test_a_create_that_lands_after_every_submit_attempt_is_reaped_and_sett
             )
         assert [stray.job_id for stray in report.strays] == [job_id] and not report.orphans
         assert report.settled_late == [report.strays[0].ref] and not report.failed
-        assert hub.info(landed.id).status.stage == "CANCELED"
+        # The followed job of the same running episode is no stray: it runs on.
+        (running,) = [j for j in hub.jobs.values() if j.id != landed.id]
+        assert hub.info(running.id).status.stage == "RUNNING"
+        stopped = hub.info(landed.id)
+        assert stopped.status.stage == "CANCELED"
         status = await ep.status()
         assert not status.done  # settled while the episode runs, not at its close
-        # Its real running time (150 s: 3 started minutes) is charged to the episode.
-        assert status.service_spend.settled.usd == reserved_usd(3)
+        # Its real running time (the Hub's: at least the 150 s skipped, 3 started minutes) is
+        # charged to the episode.
+        assert stopped.durations is not None and stopped.durations.running_secs is not None
+        minutes = math.ceil(stopped.durations.running_secs / 60)
+        assert minutes >= 3
+        assert status.service_spend.settled.usd == reserved_usd(minutes)
         # A second report of the same job changes nothing.
         await ep.handle.signal(
             SIGNAL_LATE_JOB_SETTLED, LateJob(job_id=job_id, ref=report.strays[0].ref, running_s=150)
         )
-        assert (await ep.status()).service_spend.settled.usd == reserved_usd(3)
+        assert (await ep.status()).service_spend.settled.usd == reserved_usd(minutes)
         record = await ep.handle.query(EpisodeWorkflow.resume_input)
         (note,) = [a for a in record.carry.operator_actions if a.action == "late_job_settled"]
-        assert note.job_id == job_id and note.minutes == 3 and note.by == "reaper"
+        assert note.job_id == job_id and note.minutes == minutes and note.by == "reaper"
