@@ -20,7 +20,9 @@ safe here, both in one transport wrapped around the real one (`BoundedTransport`
   becomes the next attempt's delay, `activities/backends/hf/errors.py`). One exception: a read
   timeout
   in a Server-Sent-Events body (job logs) passes through as the library expects it, since the
-  library reads "no event for 5 s" as the end of the log replay.
+  library reads "no event for 5 s" as the end of the log replay. That end is no proof the
+  whole log was read: the score read does not trust it (`activities/jobs/activities.py`
+  `read_score` reads a log without a score line again before it counts).
 
 The budget travels in a context variable set by `activities/backends/hf/calls.py` in the thread that
 makes the call, so it reaches the transport through the library without any of its APIs.
