@@ -234,3 +234,37 @@ async def test_a_create_that_lands_after_every_submit_attempt_is_reaped_and_sett
         record = await ep.handle.query(EpisodeWorkflow.resume_input)
         (note,) = [a for a in record.carry.operator_actions if a.action == "late_job_settled"]
         assert note.job_id == job_id and note.minutes == minutes and note.by == "reaper"
+
+
+async def test_a_create_that_lands_after_its_retrys_job_ended_is_reaped_and_settled(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path, http_hub: HubHttp
+) -> None:
+    hub = http_hub.hub
+    hub.plan = JobPlan(scheduling_s=5, running_s=30)
+    # The first attempt's create hangs and lands only after the retry's own job has ended,
+    # long past the retry's settle window: the watcher's duplicate check never sees it.
+    http_hub.hang("create_job", lands_after_requests=10**9)
+    async with hf_worker(time_skipping_env, tmp_path, hub, http_backend(http_hub)) as h:
+        ep = await h.episode()
+        job_id = await ep.submit_job()
+        done = await ep.wait_job(job_id)
+        assert done.data["state"] == "succeeded" and done.data["cost_usd"] == reserved_usd(1)
+        hub.plan = JobPlan(scheduling_s=0, running_s=86_400)
+        (landed,) = http_hub.land_now()
+        await ep.skip(timedelta(seconds=100))
+        with time_skipping_env.auto_time_skipping_disabled():
+            report = await h.client.execute_workflow(
+                ReaperWorkflow.run,
+                ReaperInput(reconcile=False),
+                id=f"reaper-{uuid.uuid4().hex[:8]}",
+                task_queue=h.task_queue,
+            )
+        assert [stray.job_id for stray in report.strays] == [job_id]
+        assert report.settled_late == [report.strays[0].ref]
+        stopped = hub.info(landed.id)
+        assert stopped.status.stage == "CANCELED"
+        assert stopped.durations is not None and stopped.durations.running_secs is not None
+        minutes = math.ceil(stopped.durations.running_secs / 60)
+        spend = (await ep.status()).service_spend
+        # The followed job's minute, and the stray's real minutes on top.
+        assert spend.settled.usd == reserved_usd(1 + minutes) and spend.settled.jobs == 1
