@@ -58,6 +58,12 @@ class EpisodeLiveness(Protocol):
         """True while the episode's workflow runs (False once it closed, or if it never ran)."""
         ...
 
+    async def left_behind(self, episode_id: str, job_id: str, ref: str) -> bool:
+        """True when the running episode's job `job_id` is over (its job workflow reported its
+        end: its submit gave up, or the job it followed ended) and `ref` is not the backend
+        job it followed: nothing follows `ref` any more. False when it cannot tell."""
+        ...
+
 
 class EpisodeTrail(Protocol):
     async def read(self, episode_id: str) -> AuditRecord:

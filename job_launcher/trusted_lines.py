@@ -67,11 +67,14 @@ class ScoreReading:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+NO_SCORE_LINE = "the evaluator printed no score line"  # ScoreReading.reason
+
+
 def read_score(lines: Iterable[str], nonce: str) -> ScoreReading:
     """Exactly one valid score line with a finite `score` in [0, 1]; otherwise invalid, score 0."""
     payloads = trusted_payloads(lines, SCORE_TAG, nonce)
     if not payloads:
-        return ScoreReading(0.0, False, "the evaluator printed no score line")
+        return ScoreReading(0.0, False, NO_SCORE_LINE)
     if len(payloads) > 1:
         return ScoreReading(0.0, False, f"the evaluator printed {len(payloads)} score lines")
     payload = payloads[0]

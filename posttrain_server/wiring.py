@@ -8,6 +8,7 @@ Every workflow-to-workflow call that an activity makes is listed in this module:
 - `TemporalAccount.admit`: update-with-start of the `AccountWorkflow` (`admit`);
 - `TemporalAccount.check_exposure`: update of the `AccountWorkflow` (`check_exposure`);
 - `TemporalEpisodeLiveness.is_running`: describe of an `EpisodeWorkflow` (the reaper);
+  `.left_behind`: its `job_record` query (the reaper's strays);
 - `TemporalEpisodeTrail.read`: describe and history of an `EpisodeWorkflow` (the audit record);
 - `TemporalEpisodeCalls.send`: update of an `EpisodeWorkflow` (`call_tool`, to ACCEPTED), a
   rollout's tool call; `.result_of` and `.status`: its queries; `.is_running`: describe;
@@ -38,6 +39,7 @@ from temporalio.client import (
     SchedulePolicy,
     ScheduleSpec,
     WithStartWorkflowOperation,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateStage,
 )
@@ -207,6 +209,19 @@ class TemporalEpisodeLiveness:
     async def is_running(self, episode_id: str) -> bool:
         handle = self._client.get_workflow_handle(episode_workflow_id(episode_id))
         return await running_description(handle) is not None
+
+    async def left_behind(self, episode_id: str, job_id: str, ref: str) -> bool:
+        handle = self._client.get_workflow_handle_for(
+            EpisodeWorkflow.run, episode_workflow_id(episode_id)
+        )
+        try:
+            record = await handle.query(
+                EpisodeWorkflow.job_record, job_id, rpc_timeout=timedelta(seconds=10)
+            )
+        except (RPCError, WorkflowQueryFailedError) as err:
+            log.warning("could not ask episode %s about job %s: %s", episode_id, job_id, err)
+            return False
+        return record is not None and record.final and record.backend_ref != ref
 
 
 class TemporalEpisodeCalls:

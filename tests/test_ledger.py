@@ -487,3 +487,18 @@ def test_reserved_returns_to_zero_once_everything_is_settled_even_with_overruns(
     assert ledger.settled_micro_usd == expected_settled
     # Spend can pass the budget only by overruns: never by more than their sum.
     assert ledger.settled_micro_usd <= budget + expected_overrun
+
+
+def test_a_late_job_is_charged_its_real_cost_even_past_the_budget_without_a_reservation() -> None:
+    ledger = Ledger(budget_micro_usd=10_000)
+    ledger.reserve("job-a", "job", T4, 1)
+    late = ledger.settle_late("job-b+late:x", "job", T4, 61.0)  # a create that landed late
+    assert late.billed_minutes == 2 and late.cost_micro_usd == 2 * 6_667
+    assert late.reserved_micro_usd == 0 and late.overrun_micro_usd == late.cost_micro_usd
+    assert ledger.settled_micro_usd == 2 * 6_667 and ledger.settled_gpu_s == 61.0
+    assert ledger.settled_jobs == 0  # the agent never had this job
+    assert ledger.remaining_micro_usd == 0  # spent is spent: past the budget, never negative
+    assert "job-a" in ledger.reservations  # the agent's own job is untouched
+    with pytest.raises(ValueError):
+        ledger.settle_late("job-c+late:y", "dev", CPU, -1.0)
+    assert ledger.settled_micro_usd == 2 * 6_667  # nothing changed

@@ -74,3 +74,4 @@ SIGNAL_EXPOSURE = "exposure"  # EpisodeWorkflow -> AccountWorkflow
 SIGNAL_RETIRE = "retire"  # EpisodeWorkflow -> AccountWorkflow
 SIGNAL_TOOL_ANSWERED = "tool_answered"  # EpisodeWorkflow -> RolloutWorkflow (ToolCall.reply_to)
 SIGNAL_ROLLOUT_FINISHED = "rollout_finished"  # RolloutWorkflow -> CampaignWorkflow
+SIGNAL_LATE_JOB_SETTLED = "late_job_settled"  # ReaperWorkflow -> EpisodeWorkflow

@@ -46,6 +46,18 @@ READ_RETRY = RetryPolicy(
     non_retryable_error_types=NON_RETRYABLE,
 )
 
+# Reading an evaluation's score from its log: a paid grader's result, so retried longer than
+# other reads. A read that still fails ends the evaluation unscored (`score_failed`, DESIGN §9:
+# a Hugging Face fault is never the agent's score 0); a log read cut short is one such failure
+# (activities/jobs/activities.py `read_score`), so it is retried, never taken as "no score line".
+SCORE_READ_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=8,
+    non_retryable_error_types=NON_RETRYABLE,
+)
+
 # Writing an episode's audit record reads its whole history (every run): minutes at most.
 AUDIT_TIMEOUT = timedelta(minutes=5)
 

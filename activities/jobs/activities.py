@@ -23,7 +23,7 @@ from activities.heartbeat import heartbeating
 from activities.jobs.launcher_report import read_launcher_lines
 from activities.ports import JobToWatch, JobWatch
 from job_launcher.syntax import check_syntax
-from job_launcher.trusted_lines import NONCE_ENV, read_score
+from job_launcher.trusted_lines import NO_SCORE_LINE, NONCE_ENV, read_score
 from posttrain_common.contracts.activities import JobsApi
 from posttrain_common.contracts.jobs import (
     BackendJob,
@@ -55,6 +55,10 @@ TASK_PARAMS_ENV = "POSTTRAIN_TASK_PARAMS"
 # A submit that lasts longer than this (a slow or retried create on the Hub) heartbeats this
 # often; the job workflow's SUBMIT_HEARTBEAT timeout is several of these.
 SUBMIT_BEAT_S = 5.0
+# The lines of an evaluation's log its score is read from (the score line is among the last).
+SCORE_LOG_TAIL = 10_000
+# Replays of an evaluation's log that must agree before "no score line" counts (read_score).
+SCORE_CONFIRM_READS = 3
 
 
 class JobsActivities(JobsApi):
@@ -141,8 +145,33 @@ class JobsActivities(JobsApi):
     @activity.defn
     @agent_errors
     async def read_score(self, job: JobRef) -> ScoreResult:
-        lines = await self._backend.logs(job.ref, 10_000, job.now)
-        reading = read_score(lines, self._key.job_nonce(job.key))
+        """The evaluation's score, from its log; a log without a score line is invalid (score
+        0, the evaluator contract) only once SCORE_CONFIRM_READS replays of it agree.
+
+        A log replay can end early with no error: on Hugging Face the library reads 5 s of
+        silence in the stream as "the replay is drained", which a slow Hub also produces
+        mid-replay, and a read cut at the call's deadline ends the same way under some
+        transports. Such a cut loses the last lines, where the score line is. So a reading
+        without a score line is read again; replays that disagree (a later one saw more) mean
+        the log was not read completely: `TransientBackendError`, retried by the job
+        workflow's policy, never a score of 0 for a fault on our side. Faults of the read
+        itself (timeouts, 5xx, the deadline) are transient errors of the backend already."""
+        nonce = self._key.job_nonce(job.key)
+        seen: list[list[str]] = []
+        while True:
+            lines = await self._backend.logs(job.ref, SCORE_LOG_TAIL, job.now)
+            reading = read_score(lines, nonce)
+            if reading.reason != NO_SCORE_LINE:
+                break  # a score line was read: complete enough (or several: invalid anyway)
+            seen.append(lines)
+            if len(seen) >= SCORE_CONFIRM_READS:
+                if all(replay == seen[0] for replay in seen):
+                    break  # the same whole log every time: the evaluator printed none
+                raise TransientBackendError(
+                    f"the log of evaluation {job.ref} read differently on {len(seen)} replays "
+                    f"({', '.join(str(len(replay)) for replay in seen)} lines) and held no "
+                    "score line; reading it again"
+                )
         return ScoreResult(
             score=reading.score, valid=reading.valid, reason=reading.reason, details=reading.details
         )

@@ -152,3 +152,17 @@ class OrphanJob(BaseModel):
 class OrphanSearch(BaseModel):
     checked: int = 0
     orphans: list[OrphanJob] = Field(default_factory=list)
+    # Live jobs of running episodes that no job workflow follows any more (a create that landed
+    # after its submit gave up, or beside a job that has ended): cancelled, then settled
+    # against their episode (`LateJob`). Empty in results recorded before this field.
+    strays: list[OrphanJob] = Field(default_factory=list)
+
+
+class LateJob(BaseModel):
+    """A stray job the reaper cancelled, as its episode settles it (`late_job_settled`)."""
+
+    job_id: str  # the episode's job whose submit created it (its label)
+    ref: str  # the backend's job: never the one the episode follows or settled
+    role: str = ""
+    running_s: float = 0.0  # the backend's own running time, as for any settlement
+    state: str = ""

@@ -14,7 +14,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, StringConstraints
 
-OperatorVerb = Literal["retry_cancel", "confirm_cancelled", "end", "temporal_cancel", "wind_down"]
+OperatorVerb = Literal[
+    "retry_cancel", "confirm_cancelled", "end", "temporal_cancel", "wind_down", "late_job_settled"
+]
 # What an operator types after --reason, and their name: short, on one line.
 MAX_REASON_CHARS = 500
 MAX_BY_CHARS = 100

@@ -15,9 +15,14 @@ What it models of the real Hub, each as a control a test sets:
 - a server that ignores the `label=` filter (`ignore_label_filter`);
 - a request that hangs (`hang`): it waits as a real socket would, for the read timeout the
   request carries, then the client sees `ReadTimeout`; a job creation that hung still lands
-  afterwards (`lands_after_requests` later), as on a server that finished the work after the
-  client gave up. A request that carries no timeout at all is recorded in `unbounded`;
+  afterwards (`lands_after_requests` later, or when the test says: `land_now`), as on a server
+  that finished the work after the client gave up, unless `lands=False`. A request that
+  carries no timeout at all is recorded in `unbounded`;
+- a slow route (`slow`): every request to it answers after a delay (inside its timeouts);
 - a body that trickles (`trickle`): chunks slower than the whole call may take;
+- a log replay cut short (`cut_logs`): the stream sends its first lines, then is silent for
+  the request's read timeout, which the library's no-follow reader takes for the end of the
+  replay (a slow Hub, or a read near its deadline);
 - canned answers (`answer`): 402, 403, 429 with `RateLimit` headers, 5xx;
 - the steps of `run_uv_job`: bucket creation (409 when it exists), the xet write token and
   upload (through `FakeXet`, which stands in for hf_xet's own client), the bucket batch;
@@ -136,6 +141,7 @@ class Answer:
 @dataclass
 class Hang:
     lands_after_requests: int = 0  # a hung job creation is carried out this many requests later
+    lands: bool = True  # False: the hung creation never happens on the Hub
     released: threading.Event = field(default_factory=threading.Event)
 
 
@@ -167,6 +173,8 @@ class HubHttp(httpx2.BaseTransport):
         self._answers: dict[str, list[Answer]] = {}
         self._hangs: dict[str, list[Hang]] = {}
         self._trickles: dict[str, Trickle] = {}
+        self._delays: dict[str, float] = {}  # route -> seconds before each answer
+        self._log_cuts: list[int] = []  # lines each next log replay sends before its silence
         self._pending: list[list[Any]] = []  # [requests to go, job spec, namespace]
         self._ids = itertools.count(0x6890000000000000000A0000)
 
@@ -187,13 +195,22 @@ class HubHttp(httpx2.BaseTransport):
             Answer(status, dict(headers or {}), body) for _ in range(times)
         )
 
-    def hang(self, route: str, *, lands_after_requests: int = 0) -> Hang:
-        hang = Hang(lands_after_requests)
+    def hang(self, route: str, *, lands_after_requests: int = 0, lands: bool = True) -> Hang:
+        hang = Hang(lands_after_requests, lands)
         self._hangs.setdefault(route, []).append(hang)
         return hang
 
     def trickle(self, route: str, chunks: int, every_s: float) -> None:
         self._trickles[route] = Trickle(chunks, every_s)
+
+    def slow(self, route: str, seconds: float) -> None:
+        """Every request to `route` waits `seconds` before it is answered."""
+        self._delays[route] = seconds
+
+    def cut_logs(self, *after_lines: int) -> None:
+        """The next log replays (one per number) send that many lines, then fall silent until
+        the request's read timeout ends them."""
+        self._log_cuts.extend(after_lines)
 
     def add_dataset(
         self,
@@ -211,6 +228,12 @@ class HubHttp(httpx2.BaseTransport):
         self.hub.datasets[repo_id] = dataset_json(
             repo_id, commit, siblings=[{"rfilename": path} for path in sorted(files)]
         )
+
+    def land_now(self) -> list[FakeJob]:
+        """Hung creations still pending land now (the Hub carried them out at last)."""
+        with self.hub._lock:
+            pending, self._pending = self._pending, []
+            return [self._create(spec, namespace) for _, spec, namespace in pending]
 
     def requests_to(self, route: str) -> list[Seen]:
         return [seen for seen in self.seen if seen.route == route]
@@ -243,6 +266,8 @@ class HubHttp(httpx2.BaseTransport):
             canned = self._answers[route].pop(0) if self._answers.get(route) else None
         if hang is not None:
             self._hang(request, seen, hang, route, match)
+        if self._delays.get(route):
+            time.sleep(self._delays[route])
         if canned is not None:
             return _json(request, canned.status, canned.body, canned.headers)
         with self.hub._lock:
@@ -276,7 +301,7 @@ class HubHttp(httpx2.BaseTransport):
         self.hung_for.append(time.monotonic() - started)
         if released:
             return
-        if route == "create_job":  # the server finishes the work after the client gave up
+        if route == "create_job" and hang.lands:  # the Hub finishes after the client gave up
             with self.hub._lock:
                 spec, namespace = json.loads(request.content), match["ns"]
                 if hang.lands_after_requests <= 0:
@@ -396,6 +421,12 @@ class HubHttp(httpx2.BaseTransport):
             "content-type": "text/event-stream",
             "date": format_datetime(self.hub.clock().astimezone(UTC), usegmt=True),
         }
+        if self._log_cuts:
+            events = body.encode().split(b"\n\n")[: self._log_cuts.pop(0)]
+            sent = b"".join(event + b"\n\n" for event in events)
+            silence = float(request.extensions.get("timeout", {}).get("read") or UNBOUNDED_WAIT_S)
+            stream = _FallingSilent(sent, silence, request)
+            return httpx2.Response(200, headers=headers, stream=stream, request=request)
         return httpx2.Response(200, headers=headers, content=body.encode(), request=request)
 
     def _job(self, match: re.Match[str]) -> FakeJob | None:
@@ -616,6 +647,21 @@ class _Trickling(httpx2.SyncByteStream):
         for start in range(0, len(self._content), size):
             time.sleep(self._trickle.every_s)
             yield self._content[start : start + size]
+
+
+class _FallingSilent(httpx2.SyncByteStream):
+    """A body that stops short: its first bytes, then no byte until the read timeout."""
+
+    def __init__(self, sent: bytes, silence_s: float, request: httpx2.Request) -> None:
+        self._sent = sent
+        self._silence_s = silence_s
+        self._request = request
+
+    def __iter__(self) -> Iterator[bytes]:
+        if self._sent:
+            yield self._sent
+        time.sleep(self._silence_s)
+        raise httpx2.ReadTimeout("no event within the read timeout", request=self._request)
 
 
 # -- hf_xet, which uploads a job's script with a client of its own ------------------------------

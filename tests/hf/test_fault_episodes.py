@@ -5,17 +5,26 @@ between two workers."""
 
 from __future__ import annotations
 
+import math
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
+from job_launcher.trusted_lines import SCORE_TAG, format_trusted_line
+from posttrain_common.contracts.jobs import LateJob
 from tests.hf.conftest import http_backend
 from tests.hf.fake_hub import JobPlan
 from tests.hf.http_hub import HubHttp
 from tests.hf.temporal import hf_worker
+from workflows.episode.workflow import EpisodeWorkflow
+from workflows.ids import SIGNAL_LATE_JOB_SETTLED
+from workflows.operations.reaper import ReaperInput, ReaperWorkflow
+from workflows.policies import SUBMIT_RETRY
 
 CPU_PRICE = 167  # micro-USD per minute of cpu-basic
+SCORE_LINE = format_trusted_line(SCORE_TAG, "{nonce}", {"score": 0.75, "split": "hidden"})
 RATE_LIMITED = {"RateLimit": '"api";r=0;t=90'}
 
 
@@ -130,3 +139,132 @@ async def test_a_job_keeps_being_tracked_when_the_namespace_changes_mid_job(
     for seen in http_hub.requests_to("inspect_job"):
         if first in seen.path:
             assert seen.path.startswith("/api/jobs/alice/"), seen.path
+
+
+async def test_a_log_replay_cut_short_is_read_again_and_the_episode_is_scored(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path, http_hub: HubHttp
+) -> None:
+    hub = http_hub.hub
+    agent = JobPlan(scheduling_s=5, running_s=30, outputs={"model.safetensors": 1000})
+    grader = JobPlan(scheduling_s=5, running_s=30, logs=["loading", "evaluating", SCORE_LINE])
+    hub.plan_for = lambda labels: agent if labels["posttrain-role"] == "agent" else grader
+    # The grader's first three log replays stop before the score line, silent until the read
+    # timeout (the library's "end of the replay"), and disagree: the log was not read whole.
+    http_hub.cut_logs(1, 2, 2)
+    async with hf_worker(time_skipping_env, tmp_path, hub, http_backend(http_hub)) as h:
+        ep = await h.episode()
+        job_id = await ep.submit_job()
+        assert (await ep.wait_job(job_id)).data["state"] == "succeeded"
+        final = await ep.call_over(timedelta(minutes=5), "submit", job_id=job_id)
+        assert final.done and final.reward == 0.75, final.data
+    replays = [seen for seen in http_hub.requests_to("job_logs") if "tail" in str(seen.params)]
+    assert len(replays) >= 4  # three cut ones, then the whole log
+
+
+async def test_a_whole_log_without_a_score_line_is_still_invalid_with_score_0(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path, http_hub: HubHttp
+) -> None:
+    hub = http_hub.hub
+    agent = JobPlan(scheduling_s=5, running_s=30, outputs={"model.safetensors": 1000})
+    grader = JobPlan(scheduling_s=5, running_s=30, logs=["loading", "evaluating"])
+    hub.plan_for = lambda labels: agent if labels["posttrain-role"] == "agent" else grader
+    async with hf_worker(time_skipping_env, tmp_path, hub, http_backend(http_hub)) as h:
+        ep = await h.episode()
+        job_id = await ep.submit_job()
+        assert (await ep.wait_job(job_id)).data["state"] == "succeeded"
+        final = await ep.call_over(timedelta(minutes=5), "submit", job_id=job_id)
+        assert final.done and final.reward == 0.0, final.data
+
+
+async def test_a_create_that_lands_after_every_submit_attempt_is_reaped_and_settled_at_once(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path, http_hub: HubHttp
+) -> None:
+    hub = http_hub.hub
+    hub.plan = JobPlan(scheduling_s=0, running_s=86_400)
+    async with hf_worker(time_skipping_env, tmp_path, hub, http_backend(http_hub)) as h:
+        ep = await h.episode()
+        followed = await ep.submit_job(timeout_minutes=60)  # a job its workflow follows
+        # Every attempt's create hangs; the first one lands on the Hub after the submit gave up.
+        http_hub.hang("create_job", lands_after_requests=10**9)
+        for _ in range(SUBMIT_RETRY.maximum_attempts - 1):
+            http_hub.hang("create_job", lands=False)
+        failed = await ep.call_over(
+            timedelta(minutes=10),
+            "jobs_submit",
+            script="print('x')\n",
+            flavor="cpu-basic",
+            timeout_minutes=5,
+        )
+        assert len(http_hub.requests_to("create_job")) == 1 + SUBMIT_RETRY.maximum_attempts
+        (job_id,) = [j["job_id"] for j in (await ep.status()).jobs if j["job_id"] != followed]
+        assert failed.data.get("job_id", job_id) == job_id
+        before = (await ep.status()).service_spend
+        assert before.settled.usd == 0.0 and before.reserved.usd == reserved_usd(60), before
+        (landed,) = http_hub.land_now()  # billing now, and nothing follows it
+        await ep.skip(timedelta(seconds=150))
+        # One reaper run (its Schedule's period), without time skipping: a skip while the
+        # client awaits it would run the episode into its time limit.
+        with time_skipping_env.auto_time_skipping_disabled():
+            report = await h.client.execute_workflow(
+                ReaperWorkflow.run,
+                ReaperInput(reconcile=False),
+                id=f"reaper-{uuid.uuid4().hex[:8]}",
+                task_queue=h.task_queue,
+            )
+        assert [stray.job_id for stray in report.strays] == [job_id] and not report.orphans
+        assert report.settled_late == [report.strays[0].ref] and not report.failed
+        # The followed job of the same running episode is no stray: it runs on.
+        (running,) = [j for j in hub.jobs.values() if j.id != landed.id]
+        assert hub.info(running.id).status.stage == "RUNNING"
+        stopped = hub.info(landed.id)
+        assert stopped.status.stage == "CANCELED"
+        status = await ep.status()
+        assert not status.done  # settled while the episode runs, not at its close
+        # Its real running time (the Hub's: at least the 150 s skipped, 3 started minutes) is
+        # charged to the episode.
+        assert stopped.durations is not None and stopped.durations.running_secs is not None
+        minutes = math.ceil(stopped.durations.running_secs / 60)
+        assert minutes >= 3
+        assert status.service_spend.settled.usd == reserved_usd(minutes)
+        # A second report of the same job changes nothing.
+        await ep.handle.signal(
+            SIGNAL_LATE_JOB_SETTLED, LateJob(job_id=job_id, ref=report.strays[0].ref, running_s=150)
+        )
+        assert (await ep.status()).service_spend.settled.usd == reserved_usd(minutes)
+        record = await ep.handle.query(EpisodeWorkflow.resume_input)
+        (note,) = [a for a in record.carry.operator_actions if a.action == "late_job_settled"]
+        assert note.job_id == job_id and note.minutes == minutes and note.by == "reaper"
+
+
+async def test_a_create_that_lands_after_its_retrys_job_ended_is_reaped_and_settled(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path, http_hub: HubHttp
+) -> None:
+    hub = http_hub.hub
+    hub.plan = JobPlan(scheduling_s=5, running_s=30)
+    # The first attempt's create hangs and lands only after the retry's own job has ended,
+    # long past the retry's settle window: the watcher's duplicate check never sees it.
+    http_hub.hang("create_job", lands_after_requests=10**9)
+    async with hf_worker(time_skipping_env, tmp_path, hub, http_backend(http_hub)) as h:
+        ep = await h.episode()
+        job_id = await ep.submit_job()
+        done = await ep.wait_job(job_id)
+        assert done.data["state"] == "succeeded" and done.data["cost_usd"] == reserved_usd(1)
+        hub.plan = JobPlan(scheduling_s=0, running_s=86_400)
+        (landed,) = http_hub.land_now()
+        await ep.skip(timedelta(seconds=100))
+        with time_skipping_env.auto_time_skipping_disabled():
+            report = await h.client.execute_workflow(
+                ReaperWorkflow.run,
+                ReaperInput(reconcile=False),
+                id=f"reaper-{uuid.uuid4().hex[:8]}",
+                task_queue=h.task_queue,
+            )
+        assert [stray.job_id for stray in report.strays] == [job_id]
+        assert report.settled_late == [report.strays[0].ref]
+        stopped = hub.info(landed.id)
+        assert stopped.status.stage == "CANCELED"
+        assert stopped.durations is not None and stopped.durations.running_secs is not None
+        minutes = math.ceil(stopped.durations.running_secs / 60)
+        spend = (await ep.status()).service_spend
+        # The followed job's minute, and the stray's real minutes on top.
+        assert spend.settled.usd == reserved_usd(1 + minutes) and spend.settled.jobs == 1

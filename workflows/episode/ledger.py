@@ -156,6 +156,28 @@ class Ledger(BaseModel):
             overrun_micro_usd=max(0, cost - reserved),
         )
 
+    def settle_late(
+        self, key: str, kind: LedgerKind, price: FlavorPrice, running_s: float
+    ) -> Settlement:
+        """Charge a job that ran without a reservation: a create that landed after its submit
+        gave up (or beside the job its retry adopted), found and cancelled by the reaper. Its
+        real cost at `price` joins the settled spend, even past the budget (it was spent); the
+        agent's job counts do not change (it never had this job). Raises ValueError for a
+        negative or non-finite `running_s`."""
+        minutes = billed_minutes(running_s)
+        cost = price.micro_usd_per_minute * minutes
+        self.settled_micro_usd += cost
+        self.settled_gpu_s += price.accelerators * running_s
+        return Settlement(
+            key=key,
+            kind=kind,
+            running_s=running_s,
+            billed_minutes=minutes,
+            cost_micro_usd=cost,
+            reserved_micro_usd=0,
+            overrun_micro_usd=cost,
+        )
+
     def settle_at_reservation(self, key: str) -> Settlement:
         """Settle `key` at its worst case, as if it ran its whole timeout: the cost is the
         reservation. For a job whose backend lost it (it may have run, and may still run, up to

@@ -13,14 +13,15 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from posttrain_common.contracts.jobs import JobRole
+from posttrain_common.contracts.episodes import EpisodeSetup
+from posttrain_common.contracts.jobs import JobRole, LateJob
 from posttrain_common.contracts.operator import (
     MAX_OPERATOR_ACTIONS,
     OperatorAction,
     OperatorRequest,
 )
 from posttrain_env.models import JobState, usd
-from workflows.episode.ledger import Settlement
+from workflows.episode.ledger import LedgerKind, Settlement
 from workflows.episode.state import EpisodeCarry, JobRecord
 from workflows.job.workflow import JobSnapshot
 
@@ -113,3 +114,19 @@ def action_of(request: OperatorRequest, now: datetime) -> OperatorAction:
         job_id=request.job_id,
         minutes=request.minutes,
     )
+
+
+def settle_late_job(
+    setup: EpisodeSetup, carry: EpisodeCarry, record: JobRecord, late: LateJob
+) -> Settlement | None:
+    """Charge a stray job of `record` (cancelled by the reaper) at its real running time and
+    the job's flavor's price; a grader's holds no money (graders are free to the agent), and a
+    flavor without a known price charges nothing (logged by the caller's note)."""
+    if record.role is JobRole.grader:
+        return None
+    price = setup.prices.get(record.flavor)
+    if price is None:
+        return None
+    kind: LedgerKind = "job" if record.role is JobRole.agent else "dev"
+    key = f"{record.job_id}+late:{late.ref}"
+    return carry.ledger.settle_late(key, kind, price, max(0.0, late.running_s))

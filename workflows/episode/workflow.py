@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         episode_over,
     )
     from posttrain_common.contracts.episodes import EpisodeSetup
+    from posttrain_common.contracts.jobs import LateJob
     from posttrain_common.contracts.operator import (
         OperatorAction,
         OperatorOutcome,
@@ -48,16 +49,17 @@ with workflow.unsafe.imports_passed_through():
         pending_cancellations,
         refusal,
         remember_action,
+        settle_late_job,
     )
     from workflows.episode.outbox import EpisodeOutbox
     from workflows.episode.payload_guard import bounded_answer, fit_carry
     from workflows.episode.recent import remember, was_dropped
     from workflows.episode.rules import all_final, already_answered, episode_status, tool_result
-    from workflows.episode.state import EpisodeCarry
+    from workflows.episode.state import EpisodeCarry, JobRecord
     from workflows.episode.timing import next_timer, out_of_time
     from workflows.episode.tools import EpisodeTools
     from workflows.history import history_is_long
-    from workflows.ids import SIGNAL_JOB_CHANGED
+    from workflows.ids import SIGNAL_JOB_CHANGED, SIGNAL_LATE_JOB_SETTLED
     from workflows.job.workflow import JobSnapshot
     from workflows.operations.visibility import Visibility, episode_attributes, episode_memo
     from workflows.waiting import wait_until
@@ -251,6 +253,45 @@ class EpisodeWorkflow:
         """What a new run needs to go on from here (the reconciler starts one, with `wind_down`,
         when this run was terminated from outside)."""
         return EpisodeInput(setup=self._setup, carry=self._s)
+
+    @workflow.signal(name=SIGNAL_LATE_JOB_SETTLED)
+    async def late_job_settled(self, late: LateJob) -> None:
+        """The reaper cancelled a stray job of ours (`OrphanSearch.strays`): a create that
+        landed after its submit gave up, or beside the job it adopted. Its real cost is
+        charged now, while the episode runs (not at its close), and the record notes it."""
+        record = self._s.jobs.get(late.job_id)
+        if record is None or late.ref == record.backend_ref or late.ref in self._s.late_refs:
+            return  # not a stray of this episode, or settled already
+        self._s.late_refs.append(late.ref)
+        settled = settle_late_job(self._setup, self._s, record, late)
+        remember_action(
+            self._s,
+            OperatorAction(
+                action="late_job_settled",
+                by="reaper",
+                reason=(
+                    f"a second backend job of {late.job_id} ({late.state or 'live'}) ran "
+                    "outside the ledger; the reaper cancelled it"
+                ),
+                at=workflow.now(),
+                job_id=late.job_id,
+                minutes=settled.billed_minutes if settled else None,
+                settled_micro_usd=settled.cost_micro_usd if settled else None,
+            ),
+        )
+        workflow.logger.warning(
+            "episode %s: stray job of %s cancelled by the reaper, settled at %s micro-USD",
+            self._setup.episode_id,
+            late.job_id,
+            settled.cost_micro_usd if settled else 0,
+        )
+        self._show()
+        await self._jobs.account_report()
+
+    @workflow.query
+    def job_record(self, job_id: str) -> JobRecord | None:
+        """One job as this episode keeps it (the reaper asks whether it still follows it)."""
+        return self._s.jobs.get(job_id)
 
     @workflow.query
     def status(self) -> EpisodeStatus:

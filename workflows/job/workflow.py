@@ -38,8 +38,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.policies import (
         OBSERVE_TIMEOUT,
         PERSISTENT_RETRY,
-        READ_RETRY,
         READ_TIMEOUT,
+        SCORE_READ_RETRY,
         SUBMIT_HEARTBEAT,
         SUBMIT_RETRY,
         SUBMIT_TIMEOUT,
@@ -416,10 +416,14 @@ class JobWorkflow:
                 JobsApi.read_score,
                 JobRef(ref=self._job.ref, key=workflow.info().workflow_id, now=workflow.now()),
                 start_to_close_timeout=READ_TIMEOUT,
-                retry_policy=READ_RETRY,
+                # Only the policy differs from before (a command's attributes, not its kind:
+                # recorded histories replay unchanged, tests/replay).
+                retry_policy=SCORE_READ_RETRY,
             )
         except ActivityError as err:
             reraise_cancel(err, OUTSIDE_CANCEL_PATCH)
+            # Still unreadable after SCORE_READ_RETRY: unscored (`score_failed`), as any
+            # Hugging Face fault in grading is; never a score of 0 for our own fault.
             self._message = f"could not read the evaluation's log: {tool_error_of(err).message}"
             return None
 

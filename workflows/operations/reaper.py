@@ -11,6 +11,12 @@ orphan is a job that still runs (and bills) on Hugging Face, carries this deploy
 and belongs to an episode whose workflow is closed (or gone): nothing will ever cancel it. Each
 run lists such jobs, cancels them, logs each one, and reports them in its result and the `report`
 query. A cancellation the Hub does not confirm is left for the next run (it is reported failed).
+
+And the strays (`OrphanSearch.strays`): live jobs of a running episode that no job workflow
+follows any more, because the create landed after every submit attempt had given up, or beside
+the job a retried submit adopted, which has ended. Each is cancelled like an orphan, then its
+episode is told (`late_job_settled`), which charges its real running time to its ledger at once
+instead of leaving it to bill outside the ledger until the episode closes.
 """
 
 from __future__ import annotations
@@ -19,19 +25,23 @@ import asyncio
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from posttrain_common.contracts.activities import ReaperApi, ReconcilerApi
-    from posttrain_common.contracts.jobs import OrphanJob
+    from posttrain_common.contracts.jobs import BackendJob, LateJob, OrphanJob
     from posttrain_common.contracts.reconcile import FindStranded, StrandedRun
     from posttrain_common.failures import tool_error_of
+    from workflows.ids import SIGNAL_LATE_JOB_SETTLED, episode_workflow_id
     from workflows.policies import OBSERVE_TIMEOUT, READ_RETRY, READ_TIMEOUT
 
 
 # Runs closed at most this long ago are looked at (a deployment down longer than this leaves
 # older ones to `posttrain-env episodes` and the runbook).
 RECONCILE_LOOKBACK_S = 7 * 24 * 3600
+# Cancelling and settling strays: runs that find none (every run recorded before) issue no
+# command of it and hold no marker.
+STRAYS_PATCH = "pt-reaper-strays-1"
 
 
 class ReaperInput(BaseModel):
@@ -47,6 +57,8 @@ class ReaperReport(BaseModel):
     checked: int = 0  # live jobs of this deployment looked at
     orphans: list[OrphanJob] = Field(default_factory=list)
     cancelled: list[str] = Field(default_factory=list)  # refs
+    strays: list[OrphanJob] = Field(default_factory=list)
+    settled_late: list[str] = Field(default_factory=list)  # refs of strays cancelled and settled
     failed: dict[str, str] = Field(default_factory=dict)  # ref or workflow id -> why
     stranded: list[StrandedRun] = Field(default_factory=list)  # closed from outside
     wound_down: dict[str, str] = Field(default_factory=dict)  # workflow id -> what was done
@@ -113,14 +125,49 @@ class ReaperWorkflow:
             )
         if not inp.dry_run:
             await asyncio.gather(*(self._cancel(orphan) for orphan in found.orphans))
+        self._report.strays = found.strays
+        for stray in found.strays:
+            workflow.logger.warning(
+                "stray job %s (%s, %s) of running episode %s, stage %s: %s",
+                stray.job_id,
+                stray.role,
+                stray.ref,
+                stray.episode_id,
+                stray.stage,
+                "reported" if inp.dry_run else "cancelling and settling",
+            )
+        if found.strays and not inp.dry_run and workflow.patched(STRAYS_PATCH):
+            await asyncio.gather(*(self._settle_stray(stray) for stray in found.strays))
 
     @workflow.query
     def report(self) -> ReaperReport:
         return self._report
 
-    async def _cancel(self, orphan: OrphanJob) -> None:
+    async def _settle_stray(self, stray: OrphanJob) -> None:
+        """Cancel the stray, then have its episode charge what it ran."""
+        job = await self._cancel(stray)
+        if job is None:
+            return  # reported failed: the next run tries again
+        late = LateJob(
+            job_id=stray.job_id,
+            ref=stray.ref,
+            role=stray.role,
+            running_s=job.running_s,
+            state=job.state.value,
+        )
+        handle = workflow.get_external_workflow_handle(episode_workflow_id(stray.episode_id))
         try:
-            await workflow.execute_activity_method(
+            await handle.signal(SIGNAL_LATE_JOB_SETTLED, late)
+        except FailureError as err:
+            # The episode closed meanwhile: its spend is final; the job is stopped anyway.
+            self._report.failed[stray.ref] = f"its episode could not be told: {err}"
+            workflow.logger.warning("stray job %s not settled: %s", stray.job_id, err)
+        else:
+            self._report.settled_late.append(stray.ref)
+
+    async def _cancel(self, orphan: OrphanJob) -> BackendJob | None:
+        try:
+            job = await workflow.execute_activity_method(
                 ReaperApi.cancel_orphan_job,
                 orphan,
                 start_to_close_timeout=OBSERVE_TIMEOUT,
@@ -130,6 +177,7 @@ class ReaperWorkflow:
             why = tool_error_of(err).message
             self._report.failed[orphan.ref] = why
             workflow.logger.warning("orphan job %s not cancelled yet: %s", orphan.job_id, why)
-        else:
-            self._report.cancelled.append(orphan.ref)
-            workflow.logger.warning("orphan job %s cancelled", orphan.job_id)
+            return None
+        self._report.cancelled.append(orphan.ref)
+        workflow.logger.warning("orphan job %s cancelled", orphan.job_id)
+        return job

@@ -12,6 +12,11 @@ are looked up through a second `HfApi(token=False)`. No job ever receives the to
 - observe: one `list_jobs` call per namespace for all of this deployment's live jobs, plus one
   `inspect_job` per watched job that has left that list (i.e. once, at its end). A live job
   that carries a watched job's key but is not that job is a duplicate: it is cancelled.
+  Observe degrades per job: a namespace whose listing is refused (401/403) while another
+  answers, a look that fails, and the looks left when the call's time runs out
+  (`OBSERVE_TIMEOUT`) leave those jobs out of this answer only (the watcher looks again next
+  period); the looks start with the jobs looked at longest ago (`missing.LookOrder`), so
+  none is left out every time.
 - cancel: look, then `cancel_job`, then confirm a terminal stage; an unconfirmed cancellation
   raises `TransientBackendError`, so the cancel activity keeps retrying, visibly, with the job id.
 
@@ -56,7 +61,7 @@ from activities.backends.hf.labels import (
     label_value,
 )
 from activities.backends.hf.listing_reuse import LISTING_REUSE_S, RecentListings
-from activities.backends.hf.missing import MissingJobs
+from activities.backends.hf.missing import LookOrder, MissingJobs
 from activities.backends.hf.namespaces import NamespaceNotes
 from activities.backends.hf.prices import DEFAULT_TTL_S, PriceCache
 from activities.backends.hf.stages import LIVE_STAGES, backend_job, stage_of, vanished_job
@@ -139,6 +144,7 @@ class HfBackend:
         self._missing = MissingJobs(
             self._config.vanished_after_looks, self._config.vanished_after_s
         )
+        self._looks = LookOrder()
         self.job_python_version = self._config.python
 
     # -- JobsBackend ---------------------------------------------------------------------------
@@ -209,21 +215,62 @@ class HfBackend:
             by_namespace.setdefault(hf.namespace or current, {})[ref] = hf
         watched_ids = {hf.job_id for hf in wanted.values()}
         seen: dict[str, BackendJob] = {}
+        refused: list[ToolError] = []
+        left_out = 0
         for namespace, group in by_namespace.items():
             await self._note(namespace)
-            live = await self._listings.live(
-                namespace,
-                partial(self._live_jobs_in, namespace),
-                {hf.job_id for hf in group.values()},
-            )
+            try:
+                live = await self._listings.live(
+                    namespace,
+                    partial(self._live_jobs_in, namespace),
+                    {hf.job_id for hf in group.values()},
+                )
+            except ToolError as err:
+                # One namespace refused (401/403: the token lost access to it): its jobs are
+                # left out of this look, the others' are still observed. When every one
+                # refused, the activity fails (and is retried, visibly) as before. A
+                # transient failure (429, 5xx, a timeout) fails it too: its retry, after the
+                # Hub's own delay, is the next look.
+                refused.append(err)
+                log.warning(
+                    "observe leaves out %d jobs in %s this time: %s",
+                    len(group),
+                    namespace,
+                    err.message,
+                )
+                left_out += len(group)
+                continue
             live_by_id = {info.id: info for info in live}
+            ended = [ref for ref, hf in group.items() if hf.job_id not in live_by_id]
             for ref, hf in group.items():
-                # A job that left the live list is looked at once, to see how it ended.
-                info = live_by_id.get(hf.job_id) or await self._inspect(hf.job_id, namespace)
+                if hf.job_id in live_by_id:
+                    job = self._seen(ref, hf, namespace, live_by_id[hf.job_id])
+                    if job is not None:
+                        seen[ref] = job
+            # A job that left the live list is looked at once, to see how it ended: each look
+            # on its own, those looked at longest ago first, while the call's time lasts.
+            for ref in self._looks.order(ended):
+                hf = group[ref]
+                if self._calls.call_seconds() <= 0:
+                    left_out += 1
+                    continue
+                self._looks.looked(ref)
+                try:
+                    info = await self._inspect(hf.job_id, namespace)
+                except (ToolError, TransientBackendError) as err:
+                    log.warning("observe leaves out job %s this time: %s", hf.job_id, err)
+                    left_out += 1
+                    continue
                 job = self._seen(ref, hf, namespace, info)
                 if job is not None:
                     seen[ref] = job
             await self._cancel_duplicates(namespace, live, watched_ids)
+        if refused and len(refused) == len(by_namespace):
+            raise refused[0]
+        if left_out:
+            log.warning(
+                "observe left out %d of %d jobs; the next look tries again", left_out, len(wanted)
+            )
         return seen
 
     async def cancel(self, ref: str, now: datetime) -> BackendJob:

@@ -25,7 +25,12 @@ from temporalio import activity
 
 from activities.backends.hf.attempt_clock import attempt_started
 from activities.backends.hf.errors import TRANSLATED, translate
-from activities.backends.hf.http import CURRENT_BUDGET, CallBudget, HubHttpLimits
+from activities.backends.hf.http import (
+    CURRENT_BUDGET,
+    CallBudget,
+    HubDeadlineExceeded,
+    HubHttpLimits,
+)
 
 T = TypeVar("T")
 
@@ -112,10 +117,28 @@ class HubCalls:
 
         context = contextvars.copy_context()
         loop = asyncio.get_running_loop()
+        # Awaited until the deadline and a little more (half the activity's margin, so still
+        # before the activity's own timeout): the transport ends its own requests at the
+        # deadline, with its own error; what it does not reach (hf_xet's upload of a job's
+        # script, with a client, timeouts and retries of its own) is not awaited past it.
+        grace = self.limits.activity_margin_s / 2
+        running = loop.run_in_executor(self._pool, context.run, in_thread)
         try:
-            return await loop.run_in_executor(self._pool, context.run, in_thread)
+            done, _ = await asyncio.wait({running}, timeout=max(0.0, budget.remaining()) + grace)
+            if not done:
+                # The thread goes on until that client returns, but starts no Hub request
+                # after this (BoundedTransport refuses it): no job is created after the
+                # deadline. Its result, when it comes, is dropped.
+                budget.ran_out = True
+                running.cancel()
+                raise HubDeadlineExceeded(
+                    f"{doing}: the call's time ran out in work outside our HTTP client "
+                    "(such as hf_xet's upload of the job's script)"
+                )
+            return running.result()
         except asyncio.CancelledError:
             budget.cancelled.set()  # the thread's next request, or next chunk, stops it
+            running.cancel()  # its result, when it comes, is dropped
             raise
         except TRANSLATED as err:
             if keep and isinstance(err, keep):

@@ -20,7 +20,9 @@ safe here, both in one transport wrapped around the real one (`BoundedTransport`
   becomes the next attempt's delay, `activities/backends/hf/errors.py`). One exception: a read
   timeout
   in a Server-Sent-Events body (job logs) passes through as the library expects it, since the
-  library reads "no event for 5 s" as the end of the log replay.
+  library reads "no event for 5 s" as the end of the log replay. That end is no proof the
+  whole log was read: the score read does not trust it (`activities/jobs/activities.py`
+  `read_score` reads a log without a score line again before it counts).
 
 The budget travels in a context variable set by `activities/backends/hf/calls.py` in the thread that
 makes the call, so it reaches the transport through the library without any of its APIs.
@@ -29,11 +31,15 @@ makes the call, so it reaches the transport through the library without any of i
 from __future__ import annotations
 
 import contextvars
+import ipaddress
 import json
+import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -270,9 +276,11 @@ class DeadlineBackend(httpcore2.NetworkBackend):
     long as it likes, each wait inside the timeout. Here every connect, read and write waits
     at most what is left of the budget (`CURRENT_BUDGET`, set in the thread that makes the
     request: a pooled connection serves each request in its caller's thread); a TLS
-    handshake is bounded as a whole by its timeout (`ssl` makes it one deadline). Not reached:
-    the name lookup before a connect (the system resolver's own timeouts) and hf_xet's uploads
-    (their own client)."""
+    handshake is bounded as a whole by its timeout (`ssl` makes it one deadline). The name
+    lookup before a connect, which the system resolver would bound only by its own timeouts
+    (seconds per server and attempt), runs in a resolver thread of its own and is awaited for
+    at most the connect's wait (`resolve`). hf_xet's uploads use a client of their own:
+    `activities/backends/hf/calls.py` stops awaiting a call at its deadline."""
 
     def __init__(self, inner: httpcore2.NetworkBackend) -> None:
         self._inner = inner
@@ -287,10 +295,20 @@ class DeadlineBackend(httpcore2.NetworkBackend):
     ) -> httpcore2.NetworkStream:
         wait = _wait(timeout, httpcore2.ConnectTimeout)
         with _cut(wait):
-            stream = self._inner.connect_tcp(
-                host, port, wait.seconds, local_address, socket_options
-            )
-        return DeadlineStream(stream)
+            addresses = resolve(host, port, wait.seconds)
+        error: Exception | None = None
+        for address in addresses:  # as socket.create_connection: each address in turn
+            wait = _wait(timeout, httpcore2.ConnectTimeout)
+            try:
+                with _cut(wait):
+                    stream = self._inner.connect_tcp(
+                        address, port, wait.seconds, local_address, socket_options
+                    )
+            except httpcore2.ConnectError as err:
+                error = err
+                continue
+            return DeadlineStream(stream)
+        raise error or httpcore2.ConnectError(f"no address for {host}")
 
     def connect_unix_socket(
         self,
@@ -337,6 +355,31 @@ class DeadlineStream(httpcore2.NetworkStream):
 
     def get_extra_info(self, info: str) -> Any:
         return self._inner.get_extra_info(info)
+
+
+# Name lookups run here, never in the Hub call's own thread: a lookup the resolver holds past
+# the deadline keeps one of these threads, not the call. Few: lookups are quick or all stuck.
+_RESOLVER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hf-dns")
+
+
+def resolve(host: str, port: int, seconds: float | None) -> list[str]:
+    """The addresses of `host` (an address is its own), looked up for at most `seconds`:
+    `httpcore2.ConnectTimeout` after that, `httpcore2.ConnectError` when the name is unknown."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        return [host]
+    lookup = _RESOLVER.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+    try:
+        found = lookup.result(timeout=seconds)
+    except FuturesTimeout:
+        lookup.cancel()  # if it has not started yet
+        raise httpcore2.ConnectTimeout(f"looking up {host} took too long") from None
+    except OSError as err:  # socket.gaierror: unknown name, no network
+        raise httpcore2.ConnectError(f"looking up {host}: {err}") from err
+    return list(dict.fromkeys(str(info[4][0]) for info in found))
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Jobs the Hub answers 404 for: when such a job counts as vanished.
+"""Jobs the Hub answers 404 for: when such a job counts as vanished; and in which order jobs
+that left the live list are looked at (`LookOrder`).
 
 A 404 on a job's own URL does not prove the job is gone for good (a job can be briefly unknown
 right after its creation, and a wrong namespace answers 404 too), while settling a job that
@@ -12,6 +13,8 @@ the verdict, never hastens it.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -55,3 +58,23 @@ class MissingJobs:
     def answered(self, job_id: str) -> None:
         """The Hub knows the job (again): its count starts over."""
         self._missing.pop(job_id, None)
+
+
+class LookOrder:
+    """The order in which jobs that left the live list are looked at, one request each: those
+    looked at longest ago (or never) first. Observe stops looking when its time runs out, so
+    a fixed order would leave the same jobs out of every answer."""
+
+    def __init__(self) -> None:
+        self._looked: OrderedDict[str, None] = OrderedDict()  # least recently looked first
+
+    def order(self, refs: Iterable[str]) -> list[str]:
+        refs = list(refs)
+        rank = {ref: n for n, ref in enumerate(self._looked)}
+        return sorted(refs, key=lambda ref: rank.get(ref, -1))
+
+    def looked(self, ref: str) -> None:
+        self._looked.pop(ref, None)
+        self._looked[ref] = None
+        while len(self._looked) > MAX_REMEMBERED:
+            self._looked.popitem(last=False)
