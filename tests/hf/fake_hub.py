@@ -311,14 +311,15 @@ class FakeHub:
         wanted = kw.get("labels") or {}
         status = kw.get("status")
         stages = [status] if isinstance(status, str) else list(status or [])
+        upper = [str(s).upper() for s in stages]
         for job in self.jobs.values():
-            data = self._job_json(job)
-            labels = data.get("labels") or {}
+            # Filtered before the job's JSON is built: the scale bench lists 10,000 jobs.
+            labels = job.spec.get("labels") or {}
             if any(labels.get(k) != v for k, v in wanted.items()):
                 continue
-            if stages and data["status"]["stage"] not in [str(s).upper() for s in stages]:
+            if stages and self._stage(job)[0] not in upper:
                 continue
-            yield JobInfo(**data, endpoint=ENDPOINT)
+            yield JobInfo(**self._job_json(job), endpoint=ENDPOINT)
 
     def _inspect_job(self, api: FakeHfApi, job_id: str, **kw: Any) -> JobInfo:
         namespace = self._ns(api, kw.get("namespace"))

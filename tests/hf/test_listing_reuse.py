@@ -33,14 +33,18 @@ async def test_looks_within_the_reuse_window_share_one_listing_per_namespace() -
     def ids(listing: list) -> list[str]:
         return [info.id for info in listing]
 
-    listings = RecentListings(10.0, clock)
-    first = await asyncio.gather(*(listings.live("a", lambda: fetch("a")) for _ in range(16)))
+    listings = RecentListings(10.0)
+    first = await asyncio.gather(
+        *(listings.live("a", lambda: fetch("a"), clock.now) for _ in range(16))
+    )
     assert fetched == ["a"] and all(ids(got) == ["a-1"] for got in first)
-    assert ids(await listings.live("b", lambda: fetch("b"))) == ["b-2"]  # namespaces apart
+    assert ids(await listings.live("b", lambda: fetch("b"), clock.now)) == [
+        "b-2"
+    ]  # namespaces apart
     clock.now += timedelta(seconds=9.9)
-    assert ids(await listings.live("a", lambda: fetch("a"))) == ["a-1"]
+    assert ids(await listings.live("a", lambda: fetch("a"), clock.now)) == ["a-1"]
     clock.now += timedelta(seconds=0.2)  # older than the window: listed again
-    assert ids(await listings.live("a", lambda: fetch("a"))) == ["a-3"]
+    assert ids(await listings.live("a", lambda: fetch("a"), clock.now)) == ["a-3"]
     assert fetched == ["a", "b", "a"]
 
 
@@ -52,9 +56,9 @@ async def test_a_reuse_window_of_zero_lists_every_time() -> None:
         calls += 1
         return []
 
-    listings = RecentListings(0.0, clock)
+    listings = RecentListings(0.0)
     for _ in range(3):
-        await listings.live("a", fetch)
+        await listings.live("a", fetch, clock.now)
     assert calls == 3
 
 
@@ -72,13 +76,13 @@ async def test_a_job_never_listed_is_listed_again_and_one_that_left_is_not() -> 
         fetches.append(list(live))
         return [Info(i) for i in live]
 
-    listings = RecentListings(10.0, clock)
-    await listings.live("a", fetch, {"j1"})
+    listings = RecentListings(10.0)
+    await listings.live("a", fetch, clock.now, {"j1"})
     live.append("j3")  # created after that listing
-    got = await listings.live("a", fetch, {"j1", "j3"})
+    got = await listings.live("a", fetch, clock.now, {"j1", "j3"})
     assert len(fetches) == 2 and "j3" in {i.id for i in got}  # listed again, not inspected
     live.remove("j2")  # j2 ended: it was listed before, so the listing answers for it
-    await listings.live("a", fetch, {"j2", "j3"})
+    await listings.live("a", fetch, clock.now, {"j2", "j3"})
     assert len(fetches) == 2
-    gone = await listings.live("a", fetch, {"j1"})
+    gone = await listings.live("a", fetch, clock.now, {"j1"})
     assert {i.id for i in gone} == {"j1", "j2", "j3"}  # the reused listing, still recent

@@ -138,7 +138,7 @@ class HfBackend:
         self._config = config or HfBackendConfig()
         self._clock = clock or (lambda: datetime.now(UTC))
         self._calls = calls or HubCalls(self._config.http)
-        self._listings = RecentListings(self._config.listing_reuse_s, self._clock)
+        self._listings = RecentListings(self._config.listing_reuse_s)
         self._namespaces = namespaces or NamespaceNotes()
         self._prices = PriceCache(self._fetch_hardware, ttl_s=self._config.price_ttl_s)
         self._missing = MissingJobs(
@@ -223,6 +223,7 @@ class HfBackend:
                 live = await self._listings.live(
                     namespace,
                     partial(self._live_jobs_in, namespace),
+                    now,
                     {hf.job_id for hf in group.values()},
                 )
             except ToolError as err:

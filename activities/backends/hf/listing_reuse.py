@@ -7,6 +7,8 @@ each make are one listing reused: the Hub sees one listing per namespace per int
 process, however many shards there are, which keeps the rule of at most one status call per job
 per 30 s at any number of jobs.
 
+Ages are counted in the looks' own time (the watcher's workflow time, which every shard's aligned
+look shares), so a test that skips workflow time never reuses a listing across the skip.
 A listing is reused only while it is at most `reuse_s` old and every job the look asks about is
 either in it or was in an earlier listing (so its absence means it left the live list: it is
 looked at once by itself, to see how it ended). A job never listed yet may have been created
@@ -29,9 +31,8 @@ MAX_REMEMBERED_IDS = 100_000
 
 
 class RecentListings:
-    def __init__(self, reuse_s: float, clock: Callable[[], datetime]) -> None:
+    def __init__(self, reuse_s: float) -> None:
         self._reuse_s = reuse_s
-        self._clock = clock
         self._latest: dict[str, tuple[datetime, list[JobInfo], set[str]]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._listed_once: dict[str, None] = {}  # insertion-ordered: the oldest go first
@@ -40,6 +41,7 @@ class RecentListings:
         self,
         namespace: str,
         fetch: Callable[[], Awaitable[list[JobInfo]]],
+        now: datetime,
         wanted: set[str] | None = None,
     ) -> list[JobInfo]:
         """The namespace's live listing: the latest one if it is recent enough and can answer
@@ -49,13 +51,13 @@ class RecentListings:
             latest = self._latest.get(namespace)
             if latest is not None:
                 taken_at, listing, ids = latest
-                age = (self._clock() - taken_at).total_seconds()
+                age = (now - taken_at).total_seconds()
                 unknown = {i for i in wanted or () if i not in ids and i not in self._listed_once}
                 if 0 <= age < self._reuse_s and not unknown:
                     return listing
             listing = await fetch()
             ids = {info.id for info in listing}
-            self._latest[namespace] = (self._clock(), listing, ids)
+            self._latest[namespace] = (now, listing, ids)
             self._remember(ids)
             return listing
 
