@@ -52,6 +52,12 @@ MAX_WAIT_TIMEOUT_S = 600
 DEFAULT_WAIT_TIMEOUT_S = 300
 MAX_LOG_TAIL = 2000
 DEFAULT_LOG_TAIL = 200
+# `jobs_status` without a job id answers a page of jobs: this many by default, at most
+# MAX_JOBS_PAGE (a job's view takes at most about 7 KiB as JSON, its message being the largest
+# part, so a full page stays far below 512 KiB). A page's `next_cursor` is at most this long.
+DEFAULT_JOBS_PAGE = 20
+MAX_JOBS_PAGE = 50
+MAX_CURSOR_CHARS = 128
 
 # -- what comes back -----------------------------------------------------------------------------
 # `jobs_logs`: each line cut to this many bytes (as JSON), the whole answer at most this many.

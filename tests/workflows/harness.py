@@ -39,7 +39,7 @@ budget_usd = {budget_usd}
 max_steps = {max_steps}
 time_limit_s = {time_limit_s}
 score_timeout_s = 600
-max_concurrent_jobs = 2
+max_concurrent_jobs = {max_concurrent_jobs}
 max_dev_evaluations = {max_dev_evaluations}
 eval_flavor = "cpu-basic"
 eval_timeout_minutes = 10
@@ -60,6 +60,7 @@ def write_task(
     max_timeout_minutes: int = 60,
     max_dev_evaluations: int = 2,
     evaluator: bool = True,
+    max_concurrent_jobs: int = 2,
 ) -> None:
     folder = tasks_dir / task_id
     folder.mkdir(parents=True, exist_ok=True)
@@ -71,6 +72,7 @@ def write_task(
             time_limit_s=time_limit_s,
             max_timeout_minutes=max_timeout_minutes,
             max_dev_evaluations=max_dev_evaluations,
+            max_concurrent_jobs=max_concurrent_jobs,
         )
     )
     if evaluator:
