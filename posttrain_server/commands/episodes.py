@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from temporalio.client import Client
 
     from posttrain_common.contracts.audit import AuditRecord
-    from posttrain_common.contracts.episode_calls import EpisodeStatus
     from posttrain_common.settings import Settings
     from posttrain_server.commands.episode_queries import StuckJob
 
@@ -193,6 +192,7 @@ async def episode_summary(client: Client, settings: Settings, episode_id: str) -
     from temporalio.service import RPCError, RPCStatusCode
 
     from posttrain_server.commands.episode_queries import row_of
+    from posttrain_server.episode_pages import status_with_every_job
     from workflows.ids import episode_workflow_id, job_workflow_id
     from workflows.operations import search_attributes as sa
 
@@ -215,7 +215,7 @@ async def episode_summary(client: Client, settings: Settings, episode_id: str) -
         "ui": ui_url(settings, workflow_id),
     }
     try:
-        live = await status_with_every_job(handle)
+        live = await status_with_every_job(handle, STATUS_QUERY_TIMEOUT)
         # The query's time is the workflow's last task's: the time left is as of now.
         live = live.as_of(now)
         summary["live"] = live.model_dump(mode="json", exclude={"metadata"})
@@ -247,30 +247,6 @@ async def episode_summary(client: Client, settings: Settings, episode_id: str) -
         jobs.append(entry)
     summary["jobs"] = jobs
     return summary
-
-
-async def status_with_every_job(handle: Any) -> EpisodeStatus:
-    """The episode's `status` with every job: its pages followed (each answer stays bounded).
-    A worker older than the pages answers every job at once and no cursor."""
-    from posttrain_common.contracts.episode_calls import JobsPage
-    from posttrain_env.limits import MAX_JOBS_PAGE
-    from workflows.episode.workflow import EpisodeWorkflow
-
-    # The first page asked without an argument: a worker older than the pages takes none.
-    status: EpisodeStatus = await handle.query(
-        EpisodeWorkflow.status, rpc_timeout=STATUS_QUERY_TIMEOUT
-    )
-    jobs = list(status.jobs)
-    cursor = status.jobs_next_cursor
-    while cursor is not None:
-        page: EpisodeStatus = await handle.query(
-            EpisodeWorkflow.status,
-            JobsPage(cursor=cursor, limit=MAX_JOBS_PAGE),
-            rpc_timeout=STATUS_QUERY_TIMEOUT,
-        )
-        jobs += page.jobs
-        cursor = page.jobs_next_cursor
-    return status.model_copy(update={"jobs": jobs, "jobs_next_cursor": None})
 
 
 async def show_episode(

@@ -8,7 +8,7 @@ from typing import Any
 
 from posttrain_common.contracts.episode_calls import EpisodeStatus, JobsPage
 from posttrain_env.limits import DEFAULT_JOBS_PAGE, MAX_JOBS_PAGE, MAX_JOBS_PER_EPISODE
-from posttrain_server.commands.episodes import status_with_every_job
+from posttrain_server.episode_pages import status_with_every_job
 from tests.workflows.largest import NOW, largest_episode
 from workflows.episode.rules import episode_status, job_view
 
