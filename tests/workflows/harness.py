@@ -39,7 +39,7 @@ budget_usd = {budget_usd}
 max_steps = {max_steps}
 time_limit_s = {time_limit_s}
 score_timeout_s = 600
-max_concurrent_jobs = {max_concurrent_jobs}
+max_concurrent_jobs = 2
 max_dev_evaluations = {max_dev_evaluations}
 eval_flavor = "cpu-basic"
 eval_timeout_minutes = 10
@@ -72,8 +72,7 @@ def write_task(
             time_limit_s=time_limit_s,
             max_timeout_minutes=max_timeout_minutes,
             max_dev_evaluations=max_dev_evaluations,
-            max_concurrent_jobs=max_concurrent_jobs,
-        )
+        ).replace("max_concurrent_jobs = 2", f"max_concurrent_jobs = {max_concurrent_jobs}")
     )
     if evaluator:
         (folder / "evaluator.py").write_text("print('the fake backend never runs this')\n")
