@@ -144,7 +144,7 @@ def largest_campaign() -> CampaignInput:
             index=MAX_CAMPAIGN_ROLLOUTS - 1 - n, attempt=10, reserved_micro_usd=10**15
         )
     carry.retries = [
-        Retry(index=MAX_CAMPAIGN_ROLLOUTS - 1 - n, attempt=10, not_before=NOW, replaces="unscored")
+        Retry(index=MAX_CAMPAIGN_ROLLOUTS - 1 - n, attempt=10, not_before=NOW, replaces=Outcome.unscored)
         for n in range(MAX_QUEUED_RETRIES)
     ]
     return CampaignInput(
@@ -331,7 +331,7 @@ def test_a_plan_listing_worst_cases_by_cell_decodes_and_is_used_as_it_was() -> N
     recorded = {**s.plan.model_dump(mode="json"), "worst_case_micro_usd": {"t_a/solver": 77}}
     old = CampaignPlan.model_validate(recorded)
     first = slot(inp.spec, 0)
-    assert worst_case(inp.spec, old, first) == 77 and max_worst_case(inp.spec, old) == 77
+    assert worst_case(old, first) == 77 and max_worst_case(inp.spec, old) == 77
 
 
 def test_a_derived_worst_case_is_what_planning_listed() -> None:
@@ -358,7 +358,7 @@ def test_a_derived_worst_case_is_what_planning_listed() -> None:
     )
     for index in range(spec.rollouts):
         cell = slot(spec, index)
-        assert worst_case(spec, plan, cell) == listed[cell.cell]
+        assert worst_case(plan, cell) == listed[cell.cell]
     assert max_worst_case(spec, plan) == max(listed.values())
 
 

@@ -58,7 +58,7 @@ def slot(spec: CampaignSpec, index: int) -> Slot:
     return Slot(index, epoch + 1, spec.tasks[task], spec.agents[agent])
 
 
-def worst_case(spec: CampaignSpec, plan: CampaignPlan, candidate: Slot) -> int:
+def worst_case(plan: CampaignPlan, candidate: Slot) -> int:
     """Micro-USD one rollout of `candidate`'s task and agent may cost at most: the task's
     budget and the agent's LLM cap. Plans made before issue 27 list it by cell; newer ones do
     not (tasks x agents entries made the carry grow)."""
@@ -110,7 +110,7 @@ def next_start(inp: CampaignInput, s: CampaignCarry, now: datetime) -> Start | N
         candidate, attempt, replaces = slot(spec, s.next_index), 1, None
     else:
         return None
-    worst = worst_case(spec, plan, candidate)
+    worst = worst_case(plan, candidate)
     committed = committed_micro_usd(s)
     if committed + worst > spec.budget_micro_usd:
         if not s.in_flight:
