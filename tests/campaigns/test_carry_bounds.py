@@ -144,7 +144,12 @@ def largest_campaign() -> CampaignInput:
             index=MAX_CAMPAIGN_ROLLOUTS - 1 - n, attempt=10, reserved_micro_usd=10**15
         )
     carry.retries = [
-        Retry(index=MAX_CAMPAIGN_ROLLOUTS - 1 - n, attempt=10, not_before=NOW, replaces=Outcome.unscored)
+        Retry(
+            index=MAX_CAMPAIGN_ROLLOUTS - 1 - n,
+            attempt=10,
+            not_before=NOW,
+            replaces=Outcome.unscored,
+        )
         for n in range(MAX_QUEUED_RETRIES)
     ]
     return CampaignInput(
