@@ -13,10 +13,10 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
-from posttrain_common.contracts.episode_calls import EndRequest, EpisodeStatus
+from posttrain_common.contracts.episode_calls import EndRequest, EpisodeStatus, JobsPage
 from posttrain_common.failures import EpisodeNotFound, workflow_is_gone
 from posttrain_env.models import EndReason
 from workflows.episode.workflow import EpisodeWorkflow
@@ -28,6 +28,10 @@ END_WAIT = timedelta(seconds=30)
 EpisodeState = Literal["running", "ending", "ended"]
 
 
+class InvalidPage(ValueError):
+    """A page of an episode's jobs it cannot answer: a cursor it did not give."""
+
+
 class EpisodeControl:
     def __init__(self, client: Client) -> None:
         self._client = client
@@ -37,15 +41,23 @@ class EpisodeControl:
             EpisodeWorkflow.run, episode_workflow_id(episode_id)
         )
 
-    async def status(self, episode_id: str) -> EpisodeStatus:
-        """The episode as it is now. Raises EpisodeNotFound."""
+    async def status(self, episode_id: str, page: JobsPage | None = None) -> EpisodeStatus:
+        """The episode as it is now, with one page of its jobs (the first unless `page` names
+        another). Raises EpisodeNotFound, and InvalidPage for a cursor the episode refused."""
+        handle = self._handle(episode_id)
         try:
-            status = await self._handle(episode_id).query(EpisodeWorkflow.status)
+            if page is None:
+                status = await handle.query(EpisodeWorkflow.status)
+            else:
+                status = await handle.query(EpisodeWorkflow.status, page)
             return status.as_of(datetime.now(UTC))  # a query's clock is its last task's
         except RPCError as err:
             if workflow_is_gone(err):
                 raise EpisodeNotFound(episode_id) from None
             raise
+        except WorkflowQueryFailedError as err:
+            # The query is pure: it fails only on a cursor it did not give (a typed message).
+            raise InvalidPage(str(err)) from None
 
     async def end(self, episode_id: str, wait: timedelta = END_WAIT) -> EpisodeStatus:
         """End the episode as abandoned (an episode already over keeps its end) and wait up to
@@ -91,6 +103,10 @@ def episode_body(status: EpisodeStatus) -> dict[str, Any]:
         }
         if status.end
         else None,
+        # One page of the jobs, oldest first (`?cursor=<jobs_next_cursor>&limit=<n>` for the
+        # next); `jobs_total` counts them all.
         "jobs": status.jobs,
+        "jobs_total": status.jobs_total,
+        "jobs_next_cursor": status.jobs_next_cursor,
         "cancelling": status.cancelling,
     }

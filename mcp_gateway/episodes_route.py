@@ -3,7 +3,8 @@
 - `POST /episodes` starts one in a fresh session that nobody else holds and answers the
   episode's MCP endpoint and bearer token; the session id is not returned (the token is the
   capability). Behind the API keys when they are configured, like every route but the open ones.
-- `GET /episodes/<id>`: its state, steps and time left, `service_spend` and `episode_end`.
+- `GET /episodes/<id>`: its state, steps and time left, `service_spend` and `episode_end`, and
+  a page of its jobs (`?cursor=`, `?limit=`).
 - `DELETE /episodes/<id>`: ends it as `abandoned` (reward 0; its jobs cancelled and confirmed),
   answering 200 once nothing is live, or 202 while a cancellation is still unconfirmed. An
   episode already over keeps its end. Both take the episode token, not an API key.
@@ -15,14 +16,17 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from mcp_gateway.auth import episode_refusal
 from mcp_gateway.bounds import JSON_OBJECT_BODY, read_json_object
-from mcp_gateway.episode_control import EpisodeControl, episode_body, state_of
+from mcp_gateway.episode_control import EpisodeControl, InvalidPage, episode_body, state_of
 from mcp_gateway.protocol import OpenEnvProtocol
 from mcp_gateway.refusals import refusal_body
+from posttrain_common.contracts.episode_calls import JobsPage
 from posttrain_common.failures import EpisodeNotFound
 from posttrain_common.keys import ServerKey
+from posttrain_env.errors import GatewayCode
 
 router = APIRouter()
 ANSWERED = ("episode_id", "mcp_url", "episode_token", "prompt", "task")
@@ -43,14 +47,26 @@ async def create_episode(request: Request) -> Any:
 async def get_episode(episode_id: str, request: Request) -> Any:
     """The episode (`Authorization: Bearer <episode_token>`): `state` (running, ending while
     a cancellation is unconfirmed, ended), steps and time left, `service_spend`, `episode_end`
-    (reason and reward) once it is over, and its jobs."""
+    (reason and reward) once it is over, and a page of its jobs, oldest first: `jobs`,
+    `jobs_total` and `jobs_next_cursor` (pass it as `?cursor=` for the next page; `?limit=`
+    sets the page's size, at most MAX_JOBS_PAGE)."""
     refused = _refused(request, episode_id)
     if refused is not None:
         return refused
     try:
-        status = await _control(request).status(episode_id)
+        page = JobsPage.model_validate(
+            {k: v for k, v in request.query_params.items() if k in ("cursor", "limit")}
+        )
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return _bad_request(f"query parameter {where!r}: {first['msg']}")
+    try:
+        status = await _control(request).status(episode_id, page)
     except EpisodeNotFound:
         return _not_found()
+    except InvalidPage as err:
+        return _bad_request(str(err))
     return episode_body(status)
 
 
@@ -81,6 +97,12 @@ def _refused(request: Request, episode_id: str) -> JSONResponse | None:
     status, message = refusal
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return JSONResponse(refusal_body(status, message, jsonrpc=False), status, headers=headers)
+
+
+def _bad_request(message: str) -> JSONResponse:
+    """A page of jobs that cannot be answered (a bad `limit`, a cursor not given here)."""
+    body = {"detail": {"code": GatewayCode.validation_error.value, "message": message}}
+    return JSONResponse(body, 400)
 
 
 def _not_found() -> JSONResponse:

@@ -101,5 +101,7 @@ def state_body(status: EpisodeStatus | None) -> dict[str, Any]:
         "done": status.done,
         "episode_end": status.end.view() if status.end else None,
         "service_spend": status.service_spend.model_dump(mode="json"),
+        # The first page of the jobs (jobs_status pages through the rest).
         "jobs": status.jobs,
+        "jobs_total": status.jobs_total,
     }

@@ -11,7 +11,8 @@ What it adds to the stock client:
   dropped, so a late reply can never be read as the answer to a later request;
 - a request the server can never take (larger than its limit) raises `RequestTooLarge` at
   once, and an error the server marks as permanent is never re-sent;
-- `episode_id` names the current episode.
+- `episode_id` names the current episode;
+- `iter_jobs()` lists every job of the episode, following `jobs_status`'s pages.
 
 Client code only: importing it pulls in no server module.
 """
@@ -22,6 +23,7 @@ import asyncio
 import json
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlencode
 
@@ -37,8 +39,8 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.frames import CloseCode
 
-from posttrain_env.errors import GatewayCode
-from posttrain_env.limits import MAX_ARGUMENTS_BYTES, MAX_BODY_BYTES
+from posttrain_env.errors import GatewayCode, ToolError, is_error
+from posttrain_env.limits import MAX_ARGUMENTS_BYTES, MAX_BODY_BYTES, MAX_JOBS_PAGE
 
 log = logging.getLogger(__name__)
 # Error frames with this code are worth re-sending (the gateway could not reach Temporal); every
@@ -82,6 +84,30 @@ class PostTrainEnv(MCPToolClient):
             payload["metadata"] = {**action.metadata, "request_id": request_id}
         response = await self._exchange({"type": "step", "data": payload})
         return self._parse_result(response.get("data", {}))
+
+    async def iter_jobs(self, limit: int = MAX_JOBS_PAGE) -> AsyncIterator[dict[str, Any]]:
+        """Every job of the current episode, oldest first: `jobs_status` asked page by page
+        (`limit` jobs a page, each page a step), following `next_cursor` to the last page. A
+        job started meanwhile is listed on a later page; none is listed twice. An error answer
+        raises ToolError."""
+        cursor: str | None = None
+        while True:
+            arguments: dict[str, Any] = {"limit": limit}
+            if cursor is not None:
+                arguments["cursor"] = cursor
+            result = await self._step_async(
+                CallToolAction(tool_name="jobs_status", arguments=arguments)
+            )
+            page = (getattr(result.observation, "result", None) or {}).get("data")
+            if not isinstance(page, dict):
+                raise RuntimeError(f"jobs_status answered no page: {result.observation}")
+            if is_error(page):
+                raise ToolError.from_envelope(page)
+            for job in page["jobs"]:
+                yield job
+            cursor = page.get("next_cursor")
+            if cursor is None:
+                return
 
     async def _state_async(self) -> Any:
         response = await self._exchange({"type": "state"})

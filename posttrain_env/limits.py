@@ -52,6 +52,12 @@ MAX_WAIT_TIMEOUT_S = 600
 DEFAULT_WAIT_TIMEOUT_S = 300
 MAX_LOG_TAIL = 2000
 DEFAULT_LOG_TAIL = 200
+# `jobs_status` without a job id answers a page of jobs: this many by default, at most
+# MAX_JOBS_PAGE (a job's view takes at most about 7 KiB as JSON, its message being the largest
+# part, so a full page stays far below 512 KiB). A page's `next_cursor` is at most this long.
+DEFAULT_JOBS_PAGE = 20
+MAX_JOBS_PAGE = 50
+MAX_CURSOR_CHARS = 128
 
 # -- what comes back -----------------------------------------------------------------------------
 # `jobs_logs`: each line cut to this many bytes (as JSON), the whole answer at most this many.
@@ -138,6 +144,26 @@ MAX_STATUS_ROLLOUTS_LISTED = 100
 # Rollouts one `campaign retry` queues (each a few integers in the campaign's carry); a
 # second `retry` takes the rest.
 MAX_RETRIES_PER_REQUEST = 5_000
+# New attempts waiting in a campaign's carry (asked for by `campaign retry`, or after an
+# `error`), at most. At the cap, `campaign retry` queues none (it answers `more`: ask again once
+# some started) and an attempt that ends in `error` is counted as an error, not retried
+# (`campaign retry --only errors` runs it again later).
+MAX_QUEUED_RETRIES = 1_000
+# A campaign's spec as JSON (it travels in the campaign's input and carry), and each of its task
+# ids (they are part of every rollout id, the keys of the in-flight set): larger specs are
+# refused where a spec is read (`parse_spec`).
+MAX_CAMPAIGN_SPEC_BYTES = 64 * KIB
+MAX_CAMPAIGN_TASK_ID_CHARS = 64
+# A task as JSON (its prompt most of it): it travels in every episode's input and carry and in
+# its session's, so a larger `task.toml` is refused where it is loaded.
+MAX_TASK_SPEC_BYTES = 32 * KIB
+# Live episodes the server-wide account tracks (when a cap is set), whatever
+# POSTTRAIN_MAX_LIVE_EPISODES says: one more is refused as `limit_reached`. Each takes about 42
+# bytes of the account's carry.
+MAX_TRACKED_EPISODES = 10_000
+# What any continue-as-new carry may take at its limits, encoded (issue 27: no payload above
+# this): each carry has a test filling it to its caps and measuring it against this budget.
+CARRY_BUDGET_BYTES = 512 * KIB
 
 # -- the Hugging Face Hub (activities/backends/hf)
 # --------------------------------------------------------

@@ -20,12 +20,15 @@ from pydantic import (
 
 from posttrain_env.errors import ErrorType
 from posttrain_env.limits import (
+    DEFAULT_JOBS_PAGE,
     DEFAULT_LOG_TAIL,
     DEFAULT_WAIT_TIMEOUT_S,
+    MAX_CURSOR_CHARS,
     MAX_DATASETS,
     MAX_DEPENDENCIES,
     MAX_FLAVOR_CHARS,
     MAX_JOB_ID_CHARS,
+    MAX_JOBS_PAGE,
     MAX_LOG_TAIL,
     MAX_REPO_ID_CHARS,
     MAX_REQUIREMENT_CHARS,
@@ -114,8 +117,27 @@ class JobsWaitArgs(JobIdArgs):
 
 class JobsStatusArgs(ToolArgs):
     job_id: str | None = Field(
-        default=None, max_length=MAX_JOB_ID_CHARS, description="One job, or every job when omitted."
+        default=None,
+        max_length=MAX_JOB_ID_CHARS,
+        description="One job; when omitted, a page of the episode's jobs, oldest first.",
     )
+    limit: int = Field(
+        default=DEFAULT_JOBS_PAGE,
+        ge=1,
+        le=MAX_JOBS_PAGE,
+        description="Without job_id: how many jobs one page holds at most.",
+    )
+    cursor: str | None = Field(
+        default=None,
+        max_length=MAX_CURSOR_CHARS,
+        description="Without job_id: the `next_cursor` of the previous page (omit for the first).",
+    )
+
+    @model_validator(mode="after")
+    def _one_job_or_a_page(self) -> JobsStatusArgs:
+        if self.job_id is not None and self.cursor is not None:
+            raise ValueError("pass either job_id (one job) or cursor (the next page), not both")
+        return self
 
 
 class JobsLogsArgs(JobIdArgs):

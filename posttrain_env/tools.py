@@ -14,7 +14,9 @@ from pydantic import ValidationError
 
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.limits import (
+    DEFAULT_JOBS_PAGE,
     MAX_ARGUMENTS_BYTES,
+    MAX_JOBS_PAGE,
     MAX_LOG_ANSWER_BYTES,
     MAX_LOG_LINE_BYTES,
     MAX_LOG_TAIL,
@@ -88,7 +90,12 @@ JOBS_WAIT = Tool(
 JOBS_STATUS = Tool(
     "jobs_status",
     JobsStatusArgs,
-    ("The current state of one job, or of every job of this episode (no job_id)."),
+    (
+        "The current state of one job (job_id), or a page of this episode's jobs, oldest first: "
+        f"`limit` jobs at most ({DEFAULT_JOBS_PAGE} unless given, at most {MAX_JOBS_PAGE}). "
+        "A page answers `jobs`, `total` (jobs so far) and `next_cursor`: pass it as `cursor` "
+        "for the next page; it is null on the last page."
+    ),
 )
 JOBS_LOGS = Tool(
     "jobs_logs",

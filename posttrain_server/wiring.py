@@ -56,6 +56,7 @@ from posttrain_common.contracts.jobs import BackendJob
 from posttrain_common.failures import running_description, update_failure, workflow_is_gone
 from posttrain_common.keys import ServerKey
 from posttrain_common.settings import Settings
+from posttrain_server.episode_pages import status_with_every_job
 from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import SIGNAL_JOB_CHANGED, episode_workflow_id
 from workflows.job.watcher import WatcherInput, WatcherWorkflow, WatchRequest
@@ -254,7 +255,8 @@ class TemporalEpisodeCalls:
         return await self._handle(episode_id).query(EpisodeWorkflow.result_of, request_id)
 
     async def status(self, episode_id: str) -> EpisodeStatus:
-        return await self._handle(episode_id).query(EpisodeWorkflow.status)
+        """The episode with every job (a rollout's record lists their ids): its pages."""
+        return await status_with_every_job(self._handle(episode_id))
 
     async def is_running(self, episode_id: str) -> bool:
         return await TemporalEpisodeLiveness(self._client).is_running(episode_id)

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from posttrain_env.limits import MAX_TASK_SPEC_BYTES
 from posttrain_env.models import ContaminationSpec, TaskSpec
 
 TASKS_DIR = Path(__file__).parent
@@ -77,6 +78,12 @@ def load_task(task_id: str, tasks_dir: Path = TASKS_DIR) -> TaskSpec:
     if spec.id != task_id:
         raise TaskSpecError(
             f"{shown}: field 'id': {spec.id!r} must equal the task's folder name {task_id!r}"
+        )
+    size = len(spec.model_dump_json().encode())
+    if size > MAX_TASK_SPEC_BYTES:
+        raise TaskSpecError(
+            f"{shown}: the task takes {size} bytes as JSON; at most {MAX_TASK_SPEC_BYTES} (it "
+            "travels in every episode's state): shorten the prompt, or point to files"
         )
     evaluator_problem = _evaluator_problem(spec.evaluator)
     if evaluator_problem:

@@ -25,7 +25,7 @@ from activities.heartbeat import heartbeating
 from activities.ports import EpisodeCalls
 from posttrain_common.campaigns.records import CampaignMeta, RepoRevision, read_records
 from posttrain_common.campaigns.retry import RetryPick, pick_retries, rebuild
-from posttrain_common.campaigns.spec import CampaignSpec, SpecError
+from posttrain_common.campaigns.spec import CampaignSpec, SpecError, check_carried_size
 from posttrain_common.contracts.activities import CampaignsApi
 from posttrain_common.contracts.campaigns import (
     CallRef,
@@ -45,7 +45,7 @@ from posttrain_common.failures import campaign_invalid
 from posttrain_env.agents.conversation import AgentCall, Message
 from posttrain_env.agents.prompts import error_data
 from posttrain_env.errors import ToolError
-from posttrain_env.models import MICRO, TaskSpec, usd
+from posttrain_env.models import TaskSpec, usd
 from tasks.registry import TaskSpecError, load_task
 
 # How often a rollout's activity tells Temporal it is alive (the rollout's heartbeat timeout,
@@ -104,6 +104,7 @@ class CampaignActivities(CampaignsApi):
     async def plan_campaign(self, plan: PlanCampaign) -> CampaignPlan:
         spec = plan.spec
         try:
+            check_carried_size(spec)  # a spec that reached the workflow without `parse_spec`
             tasks = check_tasks(spec, self._config.tasks_dir)
             pinned = {
                 task_id: await pinned_base_model(self._backend, task)
@@ -136,7 +137,7 @@ class CampaignActivities(CampaignsApi):
                 )
                 for task_id, task in tasks.items()
             },
-            worst_case_micro_usd=worst,
+            # No worst case by cell: the campaign derives it (its carry stays small).
         )
 
     @activity.defn
@@ -235,7 +236,6 @@ class CampaignActivities(CampaignsApi):
                 )
                 for task_id, task in tasks.items()
             },
-            worst_case_micro_usd={k: round(v * MICRO) for k, v in meta.worst_case_usd.items()},
         )
         return Reopened(plan=plan, rebuilt=rebuild(reopen.spec, records))
 

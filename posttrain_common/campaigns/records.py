@@ -26,11 +26,12 @@ import enum
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
-from posttrain_env.models import ContaminationSummary, EndReason, ServiceSpend
+from posttrain_env.limits import MAX_ERROR_DETAIL_CHARS, cut_text
+from posttrain_env.models import BoundedText, ContaminationSummary, EndReason, ServiceSpend
 
 SCHEMA_VERSION = 1
 RECORDS_FILE = "records.jsonl"
@@ -85,8 +86,10 @@ class LlmSpend(BaseModel):
 
 
 class RecordError(BaseModel):
-    type: str
-    message: str
+    # Cut where they enter (an activity's failure can say anything): a rollout carries its
+    # error through continue-as-new and reports it to its campaign.
+    type: Annotated[str, AfterValidator(lambda text: cut_text(text, MAX_ERROR_DETAIL_CHARS))]
+    message: BoundedText
 
 
 class RolloutRecord(BaseModel):

@@ -45,8 +45,11 @@ from posttrain_env.limits import (
     MAX_AGENT_TURNS,
     MAX_CAMPAIGN_AGENTS,
     MAX_CAMPAIGN_ROLLOUTS,
+    MAX_CAMPAIGN_SPEC_BYTES,
+    MAX_CAMPAIGN_TASK_ID_CHARS,
     MAX_CAMPAIGN_TASKS,
     MAX_CONCURRENCY,
+    cut_text,
 )
 from posttrain_env.models import MICRO
 
@@ -208,10 +211,31 @@ def parse_spec(data: dict[str, Any], **overrides: Any) -> CampaignSpec:
         )
     data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
     try:
-        return CampaignSpec.model_validate(data)
+        spec = CampaignSpec.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(_describe(error) for error in exc.errors())
         raise SpecError(problems) from None
+    check_carried_size(spec)
+    return spec
+
+
+def check_carried_size(spec: CampaignSpec) -> None:
+    """Raise SpecError unless the spec keeps the campaign's carry bounded: the spec travels in
+    it whole, and its task ids in every rollout id (the in-flight set's keys). Checked where a
+    spec is read, not on the model, so that campaigns started before these limits still decode."""
+    long_ids = [t for t in spec.tasks if len(t) > MAX_CAMPAIGN_TASK_ID_CHARS]
+    if long_ids:
+        raise SpecError(
+            f"tasks: {cut_text(long_ids[0], 100)!r} is longer than {MAX_CAMPAIGN_TASK_ID_CHARS} "
+            "characters; a campaign's task ids are part of every rollout id"
+        )
+    size = len(spec.model_dump_json().encode())
+    if size > MAX_CAMPAIGN_SPEC_BYTES:
+        raise SpecError(
+            f"the spec takes {size} bytes as JSON; a campaign's spec may take at most "
+            f"{MAX_CAMPAIGN_SPEC_BYTES} (it travels with the campaign's state): give agents "
+            "shorter arguments"
+        )
 
 
 def load_spec(path: Path, **overrides: Any) -> CampaignSpec:

@@ -33,7 +33,9 @@ class PlanCampaign(BaseModel):
 class CampaignPlan(BaseModel):
     tasks: dict[str, TaskPlan]
     # Worst case of one rollout, by "<task>/<agent>": the task's budget + the agent's LLM cap.
-    worst_case_micro_usd: dict[str, int]
+    # Plans made before issue 27 only: tasks x agents entries (4,096 at the limits) made the
+    # campaign's carry grow, and the rules derive it from `tasks` and the spec now.
+    worst_case_micro_usd: dict[str, int] = Field(default_factory=dict)
 
 
 class CheckAgents(BaseModel):

@@ -15,7 +15,14 @@ import pydantic_core
 from pydantic import BaseModel, Field
 
 from posttrain_env.errors import ErrorType, ToolError
-from posttrain_env.limits import MAX_ARGUMENTS_BYTES, MAX_REQUEST_ID_CHARS, MAX_TOOL_NAME_CHARS
+from posttrain_env.limits import (
+    DEFAULT_JOBS_PAGE,
+    MAX_ARGUMENTS_BYTES,
+    MAX_CURSOR_CHARS,
+    MAX_JOBS_PAGE,
+    MAX_REQUEST_ID_CHARS,
+    MAX_TOOL_NAME_CHARS,
+)
 from posttrain_env.models import EndReason, EpisodeEnd, ServiceSpend, StepMetadata, ToolPath
 
 
@@ -106,6 +113,14 @@ class EpisodeClosed(BaseModel):
     unconfirmed: list[str] = []
 
 
+class JobsPage(BaseModel):
+    """Which page of an episode's jobs the `status` query answers: the first without a cursor,
+    else the one the last page's `jobs_next_cursor` names."""
+
+    cursor: str | None = Field(default=None, max_length=MAX_CURSOR_CHARS)
+    limit: int = Field(default=DEFAULT_JOBS_PAGE, ge=1, le=MAX_JOBS_PAGE)
+
+
 class EpisodeStatus(BaseModel):
     episode_id: str
     task_id: str
@@ -115,6 +130,9 @@ class EpisodeStatus(BaseModel):
     done: bool
     end: EpisodeEnd | None
     service_spend: ServiceSpend
+    # A page of the episode's jobs (evaluations included), oldest first: the first unless the
+    # query named another (`JobsPage`). Every job until workers paged it (issue 27): a status
+    # from such a worker has no `jobs_total`.
     jobs: list[dict[str, Any]]
     cancelling: list[str]
     metadata: StepMetadata | None = None  # what an answer given now would carry
@@ -122,6 +140,9 @@ class EpisodeStatus(BaseModel):
     # field). `status` is a query, and a query's `workflow.now()` is the time of the workflow's
     # last task, not now: `time_left_s` is then stale, and a reader takes `as_of(now)`.
     deadline: datetime | None = None
+    # Jobs of the episode in all, and the cursor of the next page (None on the last page).
+    jobs_total: int | None = None
+    jobs_next_cursor: str | None = None
 
     def as_of(self, now: datetime) -> EpisodeStatus:
         """This status with the time left as of `now` (the reader's clock). Unchanged when the

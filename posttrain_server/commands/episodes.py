@@ -192,7 +192,7 @@ async def episode_summary(client: Client, settings: Settings, episode_id: str) -
     from temporalio.service import RPCError, RPCStatusCode
 
     from posttrain_server.commands.episode_queries import row_of
-    from workflows.episode.workflow import EpisodeWorkflow
+    from posttrain_server.episode_pages import status_with_every_job
     from workflows.ids import episode_workflow_id, job_workflow_id
     from workflows.operations import search_attributes as sa
 
@@ -215,7 +215,7 @@ async def episode_summary(client: Client, settings: Settings, episode_id: str) -
         "ui": ui_url(settings, workflow_id),
     }
     try:
-        live = await handle.query(EpisodeWorkflow.status, rpc_timeout=STATUS_QUERY_TIMEOUT)
+        live = await status_with_every_job(handle, STATUS_QUERY_TIMEOUT)
         # The query's time is the workflow's last task's: the time left is as of now.
         live = live.as_of(now)
         summary["live"] = live.model_dump(mode="json", exclude={"metadata"})

@@ -115,7 +115,7 @@ def test_the_stock_openenv_client_plays_with_an_api_key_in_its_headers(
         assert reset.observation.metadata["episode_id"].startswith("ep-")
         step = env.step(CallToolAction(tool_name="task_info", arguments={}))
         assert step.observation.result["data"]["max_steps"] == 100
-        assert env.call_tool("jobs_status") == {"jobs": []}
+        assert env.call_tool("jobs_status") == {"jobs": [], "total": 0, "next_cursor": None}
     with pytest.raises(Exception, match="401"):
         with MCPToolClient(base_url=server.base_url).sync() as env:
             env.reset(task_id="t0_artifact")

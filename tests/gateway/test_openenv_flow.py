@@ -209,9 +209,9 @@ def test_two_sessions_cannot_see_or_touch_each_others_episode(server: ServerProc
             seen = b.step(CallToolAction(tool_name=tool, arguments={"job_id": job_id}))
             assert seen.observation.result["data"]["error"]["type"] == "unknown_job", tool
         listing = b.step(CallToolAction(tool_name="jobs_status", arguments={}))
-        assert listing.observation.result["data"] == {"jobs": []}
+        assert listing.observation.result["data"] == {"jobs": [], "total": 0, "next_cursor": None}
         # The direct /mcp path is bound to the caller's session too.
-        assert b.call_tool("jobs_status") == {"jobs": []}
+        assert b.call_tool("jobs_status") == {"jobs": [], "total": 0, "next_cursor": None}
         assert [j["job_id"] for j in a.call_tool("jobs_status")["jobs"]] == [job_id]
 
 

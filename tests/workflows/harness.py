@@ -60,6 +60,7 @@ def write_task(
     max_timeout_minutes: int = 60,
     max_dev_evaluations: int = 2,
     evaluator: bool = True,
+    max_concurrent_jobs: int = 2,
 ) -> None:
     folder = tasks_dir / task_id
     folder.mkdir(parents=True, exist_ok=True)
@@ -71,7 +72,7 @@ def write_task(
             time_limit_s=time_limit_s,
             max_timeout_minutes=max_timeout_minutes,
             max_dev_evaluations=max_dev_evaluations,
-        )
+        ).replace("max_concurrent_jobs = 2", f"max_concurrent_jobs = {max_concurrent_jobs}")
     )
     if evaluator:
         (folder / "evaluator.py").write_text("print('the fake backend never runs this')\n")

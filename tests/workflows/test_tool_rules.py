@@ -144,7 +144,11 @@ async def test_another_episodes_job_is_an_unknown_job(
         ):
             error = await error_of(mine, tool, job_id=their_job)
             assert error["type"] == "unknown_job", tool
-        assert (await mine.call("jobs_status")).data == {"jobs": []}
+        assert (await mine.call("jobs_status")).data == {
+            "jobs": [],
+            "total": 0,
+            "next_cursor": None,
+        }
         assert (await theirs.call("jobs_status", job_id=their_job)).data["state"] == "queued"
 
 

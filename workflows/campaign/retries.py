@@ -32,13 +32,19 @@ def queue_retries(
     picks: list[RetryPick],
     now: datetime,
     more: bool,
+    queue_cap: int | None = None,
 ) -> RetryAnswer:
-    """Queue the picked rollouts' new attempts (but those busy since they were picked)."""
+    """Queue the picked rollouts' new attempts (but those busy since they were picked), while
+    fewer than `queue_cap` wait (MAX_QUEUED_RETRIES); the rest are left for another request
+    (`more`)."""
     busy = set(busy_indexes(s))
     queued = []
     for pick in picks:
         if pick.index in busy or not 0 <= pick.index < inp.spec.rollouts:
             continue
+        if queue_cap is not None and len(s.retries) >= queue_cap:
+            more = True
+            break
         busy.add(pick.index)
         s.retries.append(
             Retry(index=pick.index, attempt=pick.attempt, not_before=now, replaces=pick.replaces)

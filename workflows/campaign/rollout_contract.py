@@ -13,6 +13,7 @@ from posttrain_common.campaigns.spec import AgentSpec
 from posttrain_common.contracts.episode_calls import EpisodeClosed
 from posttrain_common.contracts.jobs import RepoRef
 from posttrain_env.agents.conversation import Usage
+from posttrain_env.models import BoundedText
 from workflows.ids import AGENT_TASK_QUEUE
 
 # Why the agent's play ended (the episode's own end reason says how the episode ended).
@@ -52,7 +53,7 @@ class RolloutCarry(BaseModel):
     error: RecordError | None = None
     cancel_requested: bool = False
     # Waiting for server capacity (the server-wide caps refused the episode), with the reason.
-    waiting: str | None = None
+    waiting: BoundedText | None = None
     closed: EpisodeClosed | None = None
 
 

@@ -20,7 +20,8 @@ from datetime import datetime, timedelta
 
 from posttrain_common.campaigns.records import AVERAGED, Outcome
 from posttrain_common.campaigns.spec import AgentSpec, CampaignSpec
-from posttrain_env.limits import MAX_STATUS_ROLLOUTS_LISTED
+from posttrain_common.contracts.campaigns import CampaignPlan
+from posttrain_env.limits import MAX_MESSAGE_CHARS, MAX_STATUS_ROLLOUTS_LISTED, cut_text
 from posttrain_env.models import usd
 from workflows.campaign.contract import (
     BudgetStop,
@@ -57,6 +58,25 @@ def slot(spec: CampaignSpec, index: int) -> Slot:
     return Slot(index, epoch + 1, spec.tasks[task], spec.agents[agent])
 
 
+def worst_case(plan: CampaignPlan, candidate: Slot) -> int:
+    """Micro-USD one rollout of `candidate`'s task and agent may cost at most: the task's
+    budget and the agent's LLM cap. Plans made before issue 27 list it by cell; newer ones do
+    not (tasks x agents entries made the carry grow)."""
+    listed = plan.worst_case_micro_usd.get(candidate.cell)
+    if listed is not None:
+        return listed
+    return plan.tasks[candidate.task_id].budget_micro_usd + candidate.agent.llm_cap_micro_usd
+
+
+def max_worst_case(spec: CampaignSpec, plan: CampaignPlan) -> int:
+    """The costliest rollout's worst case."""
+    if plan.worst_case_micro_usd:
+        return max(plan.worst_case_micro_usd.values())
+    budgets = [task.budget_micro_usd for task in plan.tasks.values()]
+    caps = [agent.llm_cap_micro_usd for agent in spec.agents]
+    return max(budgets, default=0) + max(caps, default=0)
+
+
 def committed_micro_usd(s: CampaignCarry) -> int:
     """Settled spend of every attempt, plus the worst cases of the attempts in flight."""
     reserved = sum(f.reserved_micro_usd for f in s.in_flight.values())
@@ -90,7 +110,7 @@ def next_start(inp: CampaignInput, s: CampaignCarry, now: datetime) -> Start | N
         candidate, attempt, replaces = slot(spec, s.next_index), 1, None
     else:
         return None
-    worst = plan.worst_case_micro_usd[candidate.cell]
+    worst = worst_case(plan, candidate)
     committed = committed_micro_usd(s)
     if committed + worst > spec.budget_micro_usd:
         if not s.in_flight:
@@ -144,7 +164,7 @@ def to_cancel(s: CampaignCarry, told: set[str]) -> list[str]:
 
 def invalid(s: CampaignCarry, error: str, now: datetime) -> None:
     """The spec cannot run (planning or reopening refused it): the campaign ends, nothing ran."""
-    s.error, s.phase, s.finished_at = error, CampaignPhase.invalid, now
+    s.error, s.phase, s.finished_at = cut_text(error, MAX_MESSAGE_CHARS), CampaignPhase.invalid, now
 
 
 def started(inp: CampaignInput, s: CampaignCarry, start: Start) -> None:
@@ -162,8 +182,16 @@ def started(inp: CampaignInput, s: CampaignCarry, start: Start) -> None:
             s.counts[start.replaces] -= 1  # undecided again until the new attempt ends
 
 
-def finished(inp: CampaignInput, s: CampaignCarry, result: RolloutResult, now: datetime) -> bool:
-    """Take a finished attempt's report; False for one that is not in flight (a duplicate)."""
+def finished(
+    inp: CampaignInput,
+    s: CampaignCarry,
+    result: RolloutResult,
+    now: datetime,
+    queue_cap: int | None = None,
+) -> bool:
+    """Take a finished attempt's report; False for one that is not in flight (a duplicate).
+    An `error` is retried while fewer than `queue_cap` new attempts wait (MAX_QUEUED_RETRIES:
+    the carry stays bounded); at the cap it is counted as an error."""
     flight = s.in_flight.get(result.rollout_id)
     if flight is None or flight.attempt != result.attempt:
         return False
@@ -176,6 +204,7 @@ def finished(inp: CampaignInput, s: CampaignCarry, result: RolloutResult, now: d
         and result.attempt < retry.max_attempts
         and not s.cancel_requested
         and (result.error is None or result.error.type not in retry.non_retryable)
+        and (queue_cap is None or len(s.retries) < queue_cap)
     ):
         not_before = now + timedelta(seconds=retry.backoff_s)
         s.retries.append(
@@ -222,7 +251,7 @@ def status(inp: CampaignInput, s: CampaignCarry) -> CampaignStatus:
     asked = 0 if s.cancel_requested else sum(r.replaces is not None for r in s.retries)
     reserved = sum(f.reserved_micro_usd for f in s.in_flight.values())
     spent = s.env_micro_usd + s.llm_micro_usd
-    worst = max(plan.worst_case_micro_usd.values()) if plan else 0
+    worst = max_worst_case(spec, plan) if plan else 0
     return CampaignStatus(
         campaign_id=inp.campaign_id,
         name=spec.name,

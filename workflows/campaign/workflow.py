@@ -37,7 +37,11 @@ with workflow.unsafe.imports_passed_through():
         PlanCampaign,
         ReopenCampaign,
     )
-    from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES, MAX_RETRIES_PER_REQUEST
+    from posttrain_env.limits import (
+        CONTINUE_AS_NEW_HISTORY_BYTES,
+        MAX_QUEUED_RETRIES,
+        MAX_RETRIES_PER_REQUEST,
+    )
     from workflows.campaign.contract import (
         CampaignCarry,
         CampaignInput,
@@ -70,6 +74,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows.policies import READ_RETRY, READ_TIMEOUT
     from workflows.waiting import Alarm
 
+# The new attempts waiting in the carry are capped (MAX_QUEUED_RETRIES, issue 27): runs
+# recorded before queued every one.
+RETRY_QUEUE_CAP_PATCH = "pt-campaign-retry-queue-cap-1"
 # Building every agent once in the agent worker (each in its own process).
 CHECK_AGENTS_TIMEOUT = timedelta(minutes=10)
 
@@ -142,7 +149,7 @@ class CampaignWorkflow:
 
     @workflow.signal(name=SIGNAL_ROLLOUT_FINISHED)
     def rollout_finished(self, result: RolloutResult) -> None:
-        if finished(self._inp, self._s, result, workflow.now()):
+        if finished(self._inp, self._s, result, workflow.now(), self._queue_cap()):
             self._changed = True
 
     @workflow.query
@@ -205,7 +212,7 @@ class CampaignWorkflow:
             retry_policy=READ_RETRY,
         )
         more = len(picks) >= MAX_RETRIES_PER_REQUEST
-        answer = queue_retries(inp, s, request, picks, workflow.now(), more)
+        answer = queue_retries(inp, s, request, picks, workflow.now(), more, self._queue_cap())
         self._changed = True
         return answer
 
@@ -251,6 +258,11 @@ class CampaignWorkflow:
         else:
             await self._alarm.wait(lambda: self._changed, seconds)
         self._changed = False
+
+    def _queue_cap(self) -> int | None:
+        """How many new attempts may wait in the carry (None in runs recorded before the cap,
+        which replay as they ran)."""
+        return MAX_QUEUED_RETRIES if workflow.patched(RETRY_QUEUE_CAP_PATCH) else None
 
     def _history_is_long(self) -> bool:
         return history_is_long(CONTINUE_AS_NEW_HISTORY_BYTES, self._inp.continue_as_new_events)

@@ -10,12 +10,13 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from posttrain_common.contracts.episode_calls import EpisodeStatus, ToolResult
+from posttrain_common.contracts.episode_calls import EpisodeStatus, JobsPage, ToolResult
 from posttrain_common.contracts.episodes import EpisodeSetup
 from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.limits import MAX_JOBS_PER_EPISODE
 from posttrain_env.models import JobState, JobView, ServiceSpend, StepMetadata, usd
+from workflows.episode.paging import page_of
 from workflows.episode.state import EpisodeCarry, JobRecord
 from workflows.job.workflow import JobSnapshot
 
@@ -249,10 +250,17 @@ def tool_result(
     )
 
 
-def episode_status(setup: EpisodeSetup, carry: EpisodeCarry, now: datetime) -> EpisodeStatus:
-    """The `status` query: the episode as an operator, the gateway or a rollout reads it. `now`
-    is the time of the workflow's last task; readers take `as_of` their own clock."""
-    views = [job_view(setup.episode_id, record, now) for record in carry.jobs.values()]
+def episode_status(
+    setup: EpisodeSetup, carry: EpisodeCarry, now: datetime, page: JobsPage | None = None
+) -> EpisodeStatus:
+    """The `status` query: the episode as an operator, the gateway or a rollout reads it, with
+    one page of its jobs (`page`; the first by default), so that it stays bounded however many
+    jobs there are. `now` is the time of the workflow's last task; readers take `as_of` their
+    own clock. Raises ToolError(invalid_argument) for a cursor this episode did not give."""
+    page = page or JobsPage()
+    records = list(carry.jobs.values())
+    listed = page_of(setup.episode_id, "all", records, page.cursor, page.limit)
+    views = [job_view(setup.episode_id, record, now) for record in listed.items]
     return EpisodeStatus(
         episode_id=setup.episode_id,
         task_id=setup.task.id,
@@ -266,6 +274,8 @@ def episode_status(setup: EpisodeSetup, carry: EpisodeCarry, now: datetime) -> E
         cancelling=unconfirmed(carry),
         metadata=step_metadata(setup, carry, now),
         deadline=None if carry.end is not None else deadline(setup, carry),
+        jobs_total=listed.total,
+        jobs_next_cursor=listed.next_cursor,
     )
 
 

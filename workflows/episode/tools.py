@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.episode.contamination import check_contamination
     from workflows.episode.jobs import EpisodeJobs
+    from workflows.episode.paging import page_of
     from workflows.episode.rules import (
         agent_job,
         allowed_flavors,
@@ -188,8 +189,14 @@ class EpisodeTools:
     async def jobs_status(self, args: JobsStatusArgs) -> Answer:
         if args.job_id is not None:
             return self._view(agent_job(self._s, args.job_id))
+        # A page, oldest first: the answer stays bounded however many jobs the episode has.
         agent_jobs = [r for r in self._s.jobs.values() if r.role is JobRole.agent]
-        return {"jobs": [self._view(r) for r in agent_jobs]}
+        page = page_of(self._setup.episode_id, "agent", agent_jobs, args.cursor, args.limit)
+        return {
+            "jobs": [self._view(r) for r in page.items],
+            "total": page.total,
+            "next_cursor": page.next_cursor,
+        }
 
     @handles(JOBS_LOGS)
     async def jobs_logs(self, args: JobsLogsArgs) -> Answer:

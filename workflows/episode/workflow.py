@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from posttrain_common.contracts.episode_calls import (
         EndRequest,
         EpisodeStatus,
+        JobsPage,
         ToolCall,
         ToolResult,
         episode_over,
@@ -294,8 +295,10 @@ class EpisodeWorkflow:
         return self._s.jobs.get(job_id)
 
     @workflow.query
-    def status(self) -> EpisodeStatus:
-        return episode_status(self._setup, self._s, workflow.now())
+    def status(self, page: JobsPage | None = None) -> EpisodeStatus:
+        """The episode with one page of its jobs (the first unless `page` names another);
+        callers that read every job follow `jobs_next_cursor`."""
+        return episode_status(self._setup, self._s, workflow.now(), page)
 
     @workflow.query
     def result_of(self, request_id: str) -> ToolResult | None:

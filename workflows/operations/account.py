@@ -15,6 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from posttrain_env.errors import ErrorType
+    from posttrain_env.limits import MAX_TRACKED_EPISODES
     from posttrain_env.models import usd
     from workflows.ids import SIGNAL_EXPOSURE, SIGNAL_RETIRE
 
@@ -73,8 +74,9 @@ class AccountWorkflow:
     def admit(self, admission: Admission) -> None:
         if admission.episode_id in self._live:
             return
-        limit = admission.max_live_episodes
-        if limit is not None and len(self._live) >= limit:
+        # The carry holds every live episode: bounded even when no count is set.
+        limit = min(admission.max_live_episodes or MAX_TRACKED_EPISODES, MAX_TRACKED_EPISODES)
+        if len(self._live) >= limit:
             raise ApplicationError(
                 f"the server runs its maximum of {limit} live episodes; try again when one ends",
                 {"limit": limit},
