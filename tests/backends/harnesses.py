@@ -443,7 +443,12 @@ class HfHarness(Harness):
         http.add_dataset(DATASET_ID, self.dataset_revision, DATASET_FILES)
         self._plans: dict[str, JobPlan] = {}
         self.hub.plan_for = self._plan_for
-        self.hf: HfBackend = http_backend(http, python=job_python, cancel_confirm_looks=2)
+        # Every observe reaches the Hub here (no listing shared between looks of one moment:
+        # that saving is tested in tests/hf/test_listing_reuse.py), so a fault injected into
+        # the listing is met by the next look.
+        self.hf: HfBackend = http_backend(
+            http, python=job_python, cancel_confirm_looks=2, listing_reuse_s=0.0
+        )
         self.backend = self.hf
 
     def _plan_for(self, labels: dict[str, str]) -> JobPlan:
