@@ -267,6 +267,12 @@ async def run_level(
                 except RPCError:
                     continue
                 level.largest_shard = max(level.largest_shard, len(watched))
+            describing = asyncio.Semaphore(50)  # 10,000 describes at once upset the server
+
+            async def closed(workflow_id: str) -> bool:
+                async with describing:
+                    return await job_closed(client, workflow_id)
+
             open_jobs = set(job_ids)
             limit = run_s + SCHEDULING_S + 20 * 4 + 600
             skipped = 0.0
@@ -276,7 +282,7 @@ async def run_level(
                 skipped += SKIP_STEP.total_seconds()
                 if skipped > run_s:
                     current = sorted(open_jobs)
-                    ended = await asyncio.gather(*(job_closed(client, j) for j in current))
+                    ended = await asyncio.gather(*(closed(j) for j in current))
                     open_jobs -= {j for j, done in zip(current, ended, strict=True) if done}
             if open_jobs:
                 raise RuntimeError(f"{len(open_jobs)} job workflows did not end")
