@@ -355,11 +355,11 @@ def print_tables(levels: list[Level], args: argparse.Namespace) -> None:
         )
     print(
         "\n== history events per episode per hour (episode + job + session workflows of "
-        f"{args.sample} sampled episodes; the one watcher shared) and Hub calls"
+        f"{args.sample} sampled episodes; the watcher shards shared) and Hub calls"
     )
     print(
         f"{'level':>9} {'calling':>8} {'quiet':>8} {'watcher/ep':>10} {'looks/min':>9} "
-        f"{'hub calls/s':>11} {'observe B/job':>13}"
+        f"{'hub calls/s':>11} {'look KiB max':>13}"
     )
     for level in levels:
         watcher = level.watcher_events / level.watcher_wall_s * 3600 / level.live
@@ -367,13 +367,13 @@ def print_tables(levels: list[Level], args: argparse.Namespace) -> None:
             f"{level.name:>9} {level.events_per_ep_h(level.calling):8.0f} "
             f"{level.events_per_ep_h(level.quiet):8.0f} {watcher:10.1f} "
             f"{level.looks_per_s * 60:9.1f} {level.looks_per_s:11.3f} "
-            f"{level.observe_bytes_per_job:13.0f}"
+            f"{level.largest_look_bytes / 1024:13.1f}"
         )
     print(
         f"hub calls/s on the hf backend = namespaces x ceil(N / P) / {HF_WATCH_INTERVAL_S:g} s"
-        " (one list_jobs per namespace per look, every HF_WATCH_INTERVAL_S, of ceil(N/P) "
-        "pages of P jobs, the Hub's page size) + one inspect_job per job that ends: for N running "
-        "jobs in one namespace, the looks/s above (per page), whatever N"
+        " (one list_jobs per namespace per interval, shared by the shards' aligned looks, of "
+        "ceil(N/P) pages of P jobs, the Hub's page size) + one inspect_job per job that ends: "
+        "for N running jobs in one namespace, the looks/s above (per page), whatever N"
     )
     for level in levels:
         for path in PATHS:
