@@ -378,13 +378,17 @@ def main() -> None:
                 levels.append(
                     await run_level(episodes, jobs, args.run_minutes, args.shards, Path(tmp))
                 )
-            print(f"level {episodes}x{jobs} done", file=sys.stderr, flush=True)
+            # Each level's row as soon as it is measured: a later level may not finish.
+            print(report(levels, args.shards)[2 + len(levels) - 1], file=sys.stderr, flush=True)
 
     status = 0
     try:
         asyncio.run(asyncio.wait_for(run_all(), RUN_LIMIT_S))
     except TimeoutError:
         print(f"the benchmark did not finish within {RUN_LIMIT_S} s", file=sys.stderr)
+        status = 1
+    except Exception as err:  # a level that failed: the levels before it are still reported
+        print(f"level {len(levels) + 1} failed: {err!r}", file=sys.stderr)
         status = 1
     if levels:
         print("\n".join(report(levels, args.shards)))
