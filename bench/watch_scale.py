@@ -241,7 +241,13 @@ async def run_level(
     try:
         await add_search_attributes(env.client)
         client, queue = env.client, f"watch-scale-{uuid.uuid4().hex[:8]}"
-        settings = Settings(state_dir=workdir / "state", backend="fake", watch_shards=shards)
+        # Every open workflow stays cached (the SDK's default of 1,000 would replay evicted ones).
+        settings = Settings(
+            state_dir=workdir / "state",
+            backend="fake",
+            watch_shards=shards,
+            max_cached_workflows=2 * episodes * (jobs + 2) + 100,
+        )
         worker = build_worker(
             client, settings, backend, task_queue=queue, tasks_dir=tasks_dir,
             key=ServerKey.load_or_create(settings.server_key_path),

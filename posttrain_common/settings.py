@@ -142,6 +142,10 @@ class Settings(BaseSettings):
     # (no single workflow holds every running job: DESIGN §11). A change applies to episodes
     # started after it; an episode's jobs stay with the shards it started with.
     watch_shards: int = Field(default=DEFAULT_WATCH_SHARDS, ge=1, le=MAX_WATCH_SHARDS)
+    # Workflows a worker keeps in memory (the SDK's default, 1,000). An evicted workflow is
+    # replayed from its history at its next task: a worker that runs more open workflows than
+    # this (about three per live episode, and one per running job) spends its CPU replaying.
+    max_cached_workflows: int = Field(default=1000, ge=0, le=1_000_000)
     # Where episodes' audit records are written (default: <state_dir>/audit).
     audit_dir: Path | None = None
     # Where task specs live (default: the `tasks` package shipped with the server).

@@ -184,6 +184,7 @@ def build_worker(
         interceptors=interceptors,
         workflow_runner=workflow_runner(),
         max_concurrent_workflow_tasks=MAX_WORKFLOW_TASKS,
+        max_cached_workflows=settings.max_cached_workflows,
     )
 
 
