@@ -120,13 +120,11 @@ async def job_closed(client: Client, workflow_id: str) -> bool:
     return description.close_time is not None
 
 
-async def bench(jobs: int, run_minutes: float, interval_s: float, workdir: Path) -> Figures:
-    tasks_dir = workdir / "tasks"
-    (tasks_dir / TASK_ID).mkdir(parents=True)
-    (tasks_dir / TASK_ID / "task.toml").write_text(TASK)
+def staggered_hub(run_s: float) -> tuple[FakeHub, HfBackend]:
+    """The recording fake Hub, whose jobs are scheduled ~45 s and run ~`run_s` (staggered by a
+    few seconds per job, deterministically), and an HfBackend on it that follows its clock."""
     hub = FakeHub()
     hub.models[MODEL] = model_json(MODEL, "b" * 40)
-    run_s = run_minutes * 60
 
     def plan(labels: dict[str, str]) -> JobPlan:
         stagger = int(labels.get(LABEL_JOB, "0")[-3:], 16) % 20  # seconds, per job
@@ -141,6 +139,15 @@ async def bench(jobs: int, run_minutes: float, interval_s: float, workdir: Path)
         config=HfBackendConfig(cancel_confirm_interval_s=0.0),
         clock=hub.clock,
     )
+    return hub, backend
+
+
+async def bench(jobs: int, run_minutes: float, interval_s: float, workdir: Path) -> Figures:
+    tasks_dir = workdir / "tasks"
+    (tasks_dir / TASK_ID).mkdir(parents=True)
+    (tasks_dir / TASK_ID / "task.toml").write_text(TASK)
+    run_s = run_minutes * 60
+    hub, backend = staggered_hub(run_s)
     env = await WorkflowEnvironment.start_time_skipping(
         data_converter=pydantic_data_converter,
         test_server_existing_path=_binary("temporal-test-server"),

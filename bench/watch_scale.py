@@ -44,8 +44,6 @@ from temporalio.testing import WorkflowEnvironment
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from activities.backends.hf.backend import HfBackend, HfBackendConfig  # noqa: E402
-from activities.backends.hf.labels import LABEL_JOB  # noqa: E402
 from bench.hub_api_load import (  # noqa: E402
     MODEL,
     SCHEDULING_S,
@@ -55,6 +53,7 @@ from bench.hub_api_load import (  # noqa: E402
     _binary,
     _by_key,
     job_closed,
+    staggered_hub,
 )
 from posttrain_common.contracts.episode_calls import ToolCall  # noqa: E402
 from posttrain_common.keys import ServerKey  # noqa: E402
@@ -62,7 +61,6 @@ from posttrain_common.settings import Settings  # noqa: E402
 from posttrain_server.shutdown import exit_now  # noqa: E402
 from posttrain_server.temporal.setup import add_search_attributes  # noqa: E402
 from posttrain_server.worker import build_worker  # noqa: E402
-from tests.hf.fake_hub import FakeHub, JobPlan, model_json  # noqa: E402
 from workflows.episode.session import ResetRequest, SessionState, SessionWorkflow  # noqa: E402
 from workflows.episode.workflow import EpisodeWorkflow  # noqa: E402
 from workflows.ids import watcher_shard_ids, watcher_workflow_id  # noqa: E402
@@ -216,23 +214,8 @@ async def run_level(
     (tasks_dir / TASK_ID / "task.toml").write_text(
         TASK.format(task=TASK_ID, jobs=jobs, model=MODEL)
     )
-    hub = FakeHub()
-    hub.models[MODEL] = model_json(MODEL, "b" * 40)
     run_s = run_minutes * 60
-
-    def plan(labels: dict[str, str]) -> JobPlan:
-        stagger = int(labels.get(LABEL_JOB, "0")[-3:], 16) % 20
-        return JobPlan(scheduling_s=SCHEDULING_S + stagger, running_s=run_s + 3 * stagger)
-
-    hub.plan_for = plan
-    backend = HfBackend(
-        hub.api("hf_benchBrokerToken0123456789"),  # type: ignore[arg-type]
-        hub.api(False),  # type: ignore[arg-type]
-        deployment="dbench",
-        namespace=hub.namespace,
-        config=HfBackendConfig(cancel_confirm_interval_s=0.0),
-        clock=hub.clock,
-    )
+    hub, backend = staggered_hub(run_s)
     env = await WorkflowEnvironment.start_time_skipping(
         data_converter=pydantic_data_converter,
         test_server_existing_path=_binary("temporal-test-server"),
