@@ -28,7 +28,8 @@ MAX_UPDATE_BYTES = 3 * MIB // 2
 MAX_ANSWER_BYTES = 1 * MIB
 # What an episode hands to its next run at continue-as-new, at most, encoded (the worker's last
 # guard: over it, the episode drops its carried answers, then shortens its finished jobs' texts).
-MAX_CARRY_BYTES = 3 * MIB // 2
+# CARRY_BUDGET_BYTES, the budget of every carry (the worst case fits only by that guard).
+MAX_CARRY_BYTES = 512 * KIB
 
 # -- transport (every route of the gateway) ------------------------------------------------------
 # HTTP request bodies and WebSocket messages: refused above this without being read whole.
@@ -94,7 +95,7 @@ MAX_MEMO_VALUE_CHARS = 100
 # -- what an episode carries (its continue-as-new input stays far below the payload limit) --------
 # Results of recent requests, kept so that a re-sent request is answered once; oldest dropped
 # first. Requests whose result was dropped are remembered by a short hash and refused.
-RECENT_RESULTS_BYTES = 512 * KIB
+RECENT_RESULTS_BYTES = 256 * KIB
 # Steps per episode (a task's `max_steps` may not exceed this) and jobs per episode (agent jobs
 # and evaluations together).
 MAX_STEPS = 10_000
@@ -106,6 +107,9 @@ CONTINUE_AS_NEW_HISTORY_BYTES = 8 * MIB
 # texts of finished jobs (message, error, evaluator reason) are shortened to this many
 # characters, oldest job first, and their evaluator details replaced by a note.
 COMPACT_JOB_TEXT_CHARS = 120
+# ... and, when that is not enough (256 finished jobs whose every text is at its limit in
+# four-byte characters), to this many, their errors to their type and message alone.
+MIN_JOB_TEXT_CHARS = 24
 
 # -- the contamination check (activities/contamination/activities.py; docs/tasks.md, "Contamination
 # check")

@@ -22,6 +22,7 @@ from posttrain_common.contracts.retention import cut as retention_cut
 from posttrain_common.keys import ServerKey
 from posttrain_env.errors import ErrorType, SessionError, ToolError
 from posttrain_env.limits import (
+    CARRY_BUDGET_BYTES,
     KIB,
     MAX_ANSWER_BYTES,
     MAX_ARGUMENTS_BYTES,
@@ -442,7 +443,7 @@ def test_the_largest_episode_carry_is_brought_far_below_temporals_payload_limit(
     encoded = len(pydantic_core.to_json({"setup": setup, "carry": carry}))
     print(f"worst-case continue-as-new input: {before} bytes before the guard, {encoded} after")
     assert before > TEMPORAL_PAYLOAD_LIMIT_BYTES  # the guard is what makes it fit
-    assert encoded == after <= MAX_CARRY_BYTES <= TEMPORAL_PAYLOAD_LIMIT_BYTES * 0.75
+    assert encoded == after <= MAX_CARRY_BYTES == CARRY_BUDGET_BYTES
     assert {job_id: (r.state, r.settlement) for job_id, r in carry.jobs.items()} == jobs_before
     assert all(rid in carry.recent or was_dropped(carry, rid) for rid in answered)
     assert carry.ledger.reservations and carry.end is not None

@@ -9,6 +9,8 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
 from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -21,10 +23,12 @@ from posttrain_common.contracts.jobs import BackendJob, ObserveJobs
 from posttrain_common.contracts.watching import (
     MAX_ENDED_REMEMBERED,
     MAX_JOBS_PER_SHARD,
+    MAX_WATCH_SHARDS,
     OBSERVE_ANSWER_BUDGET,
     WATCHER_PAYLOAD_BUDGET,
 )
 from posttrain_common.keys import ServerKey
+from posttrain_common.settings import Settings
 from posttrain_env.limits import MAX_MESSAGE_CHARS
 from posttrain_env.models import JobState
 from posttrain_server.worker import workflow_runner
@@ -70,6 +74,24 @@ def test_ten_thousand_jobs_spread_evenly_over_the_shards() -> None:
     assert len(load) == 16
     mean = statistics.mean(load.values())
     assert max(load.values()) <= 1.15 * mean, load  # no shard near twice its share
+
+
+@pytest.mark.parametrize("shards", ["0", "-1", str(MAX_WATCH_SHARDS + 1), "sixteen"])
+def test_a_shard_count_outside_its_bounds_is_refused_naming_the_setting(
+    shards: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POSTTRAIN_WATCH_SHARDS", shards)
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    assert "watch_shards" in str(refused.value)
+
+
+def test_the_largest_shard_count_is_accepted_and_every_shard_gets_its_own_id() -> None:
+    assert Settings(watch_shards=MAX_WATCH_SHARDS).watch_shards == MAX_WATCH_SHARDS
+    ids = watcher_shard_ids(STEM, MAX_WATCH_SHARDS)
+    assert len(set(ids)) == MAX_WATCH_SHARDS
+    # Temporal allows workflow ids of 1,000 bytes; the longest shard id stays far below.
+    assert max(len(i.encode()) for i in ids) < 1000
 
 
 # -- what a shard carries and sends at its limit ------------------------------------------------

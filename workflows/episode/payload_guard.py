@@ -12,6 +12,7 @@ episode degrades instead, and says so in the worker's log:
 - a continue-as-new input over MAX_CARRY_BYTES first drops its carried answers (oldest first;
   their requests stay answered, `already_answered`), then shortens the texts of its finished
   jobs (oldest first) to COMPACT_JOB_TEXT_CHARS and replaces their evaluator details by a note,
+  then, if that is not enough, to MIN_JOB_TEXT_CHARS with only their errors' type and message,
   then shortens the texts of the contamination check's evidence (kept for the audit record).
   Ids, states, money and counts are never touched.
 """
@@ -30,6 +31,7 @@ from posttrain_env.limits import (
     COMPACT_JOB_TEXT_CHARS,
     MAX_ANSWER_BYTES,
     MAX_CARRY_BYTES,
+    MIN_JOB_TEXT_CHARS,
     cut_text,
 )
 from workflows.episode.recent import drop_oldest
@@ -80,15 +82,18 @@ def fit_carry(setup: EpisodeSetup, carry: EpisodeCarry, limit: int | None = None
             size -= drop_oldest(carry)
         size = carry_bytes(setup, carry)
     compacted = 0
-    for record in carry.jobs.values():  # in the order the jobs were started
-        if size <= limit:
-            break
-        if not record.final:
-            continue
-        was = encoded(record)
-        compact(record)
-        size -= was - encoded(record)
-        compacted += 1
+    # Oldest finished jobs first, at COMPACT_JOB_TEXT_CHARS; then, should every one of them be
+    # shortened and the input still not fit, again at MIN_JOB_TEXT_CHARS.
+    for chars in (COMPACT_JOB_TEXT_CHARS, MIN_JOB_TEXT_CHARS):
+        for record in carry.jobs.values():  # in the order the jobs were started
+            if size <= limit:
+                break
+            if not record.final:
+                continue
+            was = encoded(record)
+            compact(record, chars)
+            size -= was - encoded(record)
+            compacted += 1
     report = carry.contamination
     if size > limit and report is not None and report.evidence is not None:
         carry.contamination = ContaminationReport.model_validate(
@@ -103,17 +108,21 @@ def fit_carry(setup: EpisodeSetup, carry: EpisodeCarry, limit: int | None = None
     return size
 
 
-def compact(record: JobRecord) -> None:
-    """Shorten a finished job's texts: its message, error and evaluator reason to
-    COMPACT_JOB_TEXT_CHARS, its evaluator details to a note."""
-    record.message = cut_text(record.message, COMPACT_JOB_TEXT_CHARS)
+def compact(record: JobRecord, chars: int = COMPACT_JOB_TEXT_CHARS) -> None:
+    """Shorten a finished job's texts: its message, error and evaluator reason to `chars`
+    characters, its evaluator details to a note. Below COMPACT_JOB_TEXT_CHARS, its error keeps
+    only its type and message (the other fields quote what the agent sent)."""
+    record.message = cut_text(record.message, chars)
     if record.error is not None:
-        record.error = _compact_value(record.error)
+        error = record.error
+        if chars < COMPACT_JOB_TEXT_CHARS:
+            error = _type_and_message(error)
+        record.error = _compact_value(error, chars)
     if record.score is not None:
         details = record.score.details
         record.score = record.score.model_copy(
             update={
-                "reason": cut_text(record.score.reason, COMPACT_JOB_TEXT_CHARS),
+                "reason": cut_text(record.score.reason, chars),
                 "details": {"details_cut": "shortened to keep the episode's state small"}
                 if details
                 else {},
@@ -121,16 +130,22 @@ def compact(record: JobRecord) -> None:
         )
 
 
-def _compact_value(value: Any) -> Any:
+def _compact_value(value: Any, chars: int = COMPACT_JOB_TEXT_CHARS) -> Any:
     if isinstance(value, str):
-        return cut_text(value, COMPACT_JOB_TEXT_CHARS)
+        return cut_text(value, chars)
     if isinstance(value, dict):
-        return {
-            cut_text(str(k), COMPACT_JOB_TEXT_CHARS): _compact_value(v) for k, v in value.items()
-        }
+        return {cut_text(str(k), chars): _compact_value(v, chars) for k, v in value.items()}
     if isinstance(value, list):
-        return [_compact_value(v) for v in value]
+        return [_compact_value(v, chars) for v in value]
     return value
+
+
+def _type_and_message(envelope: dict[str, Any]) -> dict[str, Any]:
+    """A tool error's envelope (`{"error": {...}}`) with only its type and message."""
+    inner = envelope.get("error")
+    if not isinstance(inner, dict):
+        return envelope
+    return {"error": {k: v for k, v in inner.items() if k in ("type", "message")}}
 
 
 def _warn(message: str) -> None:
