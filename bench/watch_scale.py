@@ -8,7 +8,10 @@ and the real `HfBackend` talking to the recording fake `HfApi` (tests/hf/fake_hu
 bench/hub_api_load.py does: every job is scheduled for ~45 s and runs ~`--run-minutes`
 (staggered per job), workflow time is skipped in steps while the fake Hub's clock follows it,
 until every job workflow has ended. The watcher is sharded as the settings say
-(`POSTTRAIN_WATCH_SHARDS`, default 16; `--shards`).
+(`POSTTRAIN_WATCH_SHARDS`, default 16; `--shards`). `--workflow-processes N`: workflow code runs
+in N worker processes of its own (`workflow_only_worker`) and this process runs the activities
+only, as a deployment with several workers spreads them (one process runs workflow code on one
+core at a time: the GIL).
 
 Reported per level, and how each grows from the first level to the last:
 - the largest payload any workflow sent or received (inputs, results, signals, continue-as-new
@@ -27,6 +30,7 @@ import asyncio
 import logging
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,7 +64,7 @@ from posttrain_common.keys import ServerKey  # noqa: E402
 from posttrain_common.settings import Settings  # noqa: E402
 from posttrain_server.shutdown import exit_now  # noqa: E402
 from posttrain_server.temporal.setup import add_search_attributes  # noqa: E402
-from posttrain_server.worker import build_worker  # noqa: E402
+from posttrain_server.worker import build_worker, workflow_only_worker  # noqa: E402
 from workflows.episode.session import ResetRequest, SessionState, SessionWorkflow  # noqa: E402
 from workflows.episode.workflow import EpisodeWorkflow  # noqa: E402
 from workflows.ids import watcher_shard_ids, watcher_workflow_id  # noqa: E402
@@ -205,8 +209,27 @@ async def start_episode(
     return reset.workflow_id, [f"{reset.workflow_id}/job/{n}" for n in range(1, jobs + 1)]
 
 
+def start_workflow_processes(
+    n: int, address: str, queue: str, cache: int
+) -> list[subprocess.Popen[bytes]]:
+    command = [sys.executable, __file__, "--serve-workflows", address, queue, str(cache)]
+    return [subprocess.Popen(command) for _ in range(n)]
+
+
+async def serve_workflows(address: str, queue: str, cache: int) -> None:
+    """A workflow-only worker process (`--workflow-processes`): until it is terminated."""
+    client = await Client.connect(address, data_converter=pydantic_data_converter)
+    async with workflow_only_worker(client, queue, cache):
+        await asyncio.Event().wait()
+
+
 async def run_level(
-    episodes: int, jobs: int, run_minutes: float, shards: int, workdir: Path
+    episodes: int,
+    jobs: int,
+    run_minutes: float,
+    shards: int,
+    workdir: Path,
+    workflow_processes: int = 0,
 ) -> Level:
     level = Level(episodes, jobs)
     tasks_dir = workdir / "tasks"
@@ -221,6 +244,7 @@ async def run_level(
         test_server_existing_path=_binary("temporal-test-server"),
     )
     started = time.monotonic()
+    helpers: list[subprocess.Popen[bytes]] = []
     try:
         await add_search_attributes(env.client)
         client, queue = env.client, f"watch-scale-{uuid.uuid4().hex[:8]}"
@@ -231,9 +255,15 @@ async def run_level(
             watch_shards=shards,
             max_cached_workflows=2 * episodes * (jobs + 2) + 100,
         )
+        if workflow_processes:
+            address = client.service_client.config.target_host
+            helpers = start_workflow_processes(
+                workflow_processes, address, queue, settings.max_cached_workflows
+            )
         worker = build_worker(
             client, settings, backend, task_queue=queue, tasks_dir=tasks_dir,
             key=ServerKey.load_or_create(settings.server_key_path),
+            run_workflows=not workflow_processes,
         )  # fmt: skip
         async with worker:
             gate = asyncio.Semaphore(20)
@@ -285,6 +315,9 @@ async def run_level(
                 level.shard_runs += len(await histories_of(client, shard))
             await read_histories(client, shard_ids, level)
     finally:
+        for helper in helpers:
+            helper.terminate()
+            helper.wait()
         await env.shutdown()
     status = [c for c in hub.calls if c.method in STATUS_CALLS and not _by_key(c.args)]
     level.status_calls = len(status)
@@ -357,7 +390,15 @@ def main() -> None:
     parser.add_argument("--levels", type=parse_levels, default=parse_levels("100x10,1000x10"))
     parser.add_argument("--run-minutes", type=float, default=10.0, help="running time per job")
     parser.add_argument("--shards", type=int, default=Settings().watch_shards)
+    parser.add_argument(
+        "--workflow-processes", type=int, default=0, help="workflow-only worker processes"
+    )
+    parser.add_argument("--serve-workflows", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_workflows:
+        address, queue, cache = args.serve_workflows
+        asyncio.run(serve_workflows(address, queue, int(cache)))
+        return
     logging.basicConfig(level=logging.ERROR)
     levels: list[Level] = []
 
@@ -365,7 +406,14 @@ def main() -> None:
         for episodes, jobs in args.levels:
             with tempfile.TemporaryDirectory(prefix="watch-scale-") as tmp:
                 levels.append(
-                    await run_level(episodes, jobs, args.run_minutes, args.shards, Path(tmp))
+                    await run_level(
+                        episodes,
+                        jobs,
+                        args.run_minutes,
+                        args.shards,
+                        Path(tmp),
+                        args.workflow_processes,
+                    )
                 )
             # Each level's row as soon as it is measured: a later level may not finish.
             print(report(levels, args.shards)[2 + len(levels) - 1], file=sys.stderr, flush=True)

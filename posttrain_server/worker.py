@@ -97,10 +97,13 @@ def build_worker(
     tasks_dir: Path | None = None,
     watch_interval_s: float | None = None,
     storage: JobStorage | None = None,
+    run_workflows: bool = True,
 ) -> Worker:
     """A worker for `task_queue` (default: the settings') with every workflow and activity.
     `key`: the deployment's server key (`deployment_key.resolve_server_key`; a test passes its
-    own); `storage`: where the backend keeps job folders (default: the backend's own)."""
+    own); `storage`: where the backend keeps job folders (default: the backend's own);
+    `run_workflows=False`: activities only, beside `workflow_only_worker`s in other processes
+    (a process runs workflow code on one core: the GIL)."""
     queue = task_queue or settings.task_queue
     info = backend_info(backend.name)
     capabilities = info.capabilities
@@ -142,7 +145,7 @@ def build_worker(
         TemporalEpisodeCalls(client),
         CampaignConfig(tasks_dir=tasks_dir, project_version=project_version()),
     )
-    workflows = list(WORKFLOWS)
+    workflows = list(WORKFLOWS) if run_workflows else []
     activities: list[Callable[..., Any]] = [
         jobs.submit_job,
         jobs.observe_jobs,
@@ -185,6 +188,19 @@ def build_worker(
         workflow_runner=workflow_runner(),
         max_concurrent_workflow_tasks=MAX_WORKFLOW_TASKS,
         max_cached_workflows=settings.max_cached_workflows,
+    )
+
+
+def workflow_only_worker(client: Client, task_queue: str, max_cached_workflows: int) -> Worker:
+    """A worker that runs our workflows and no activity, for a process of its own beside one
+    built with `build_worker(..., run_workflows=False)`: workflow code then spreads over cores."""
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=list(WORKFLOWS),
+        workflow_runner=workflow_runner(),
+        max_concurrent_workflow_tasks=MAX_WORKFLOW_TASKS,
+        max_cached_workflows=max_cached_workflows,
     )
 
 
