@@ -58,7 +58,8 @@ class Resends(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if "re-sending" in record.getMessage():
-            self.problems[str(record.args[0]) if record.args else record.getMessage()] += 1
+            args = record.args if isinstance(record.args, tuple) else ()
+            self.problems[str(args[0]) if args else record.getMessage()] += 1
 
 
 @dataclass
@@ -138,7 +139,7 @@ def report(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--shape", choices=("allinone", "split"), default="allinone")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (split)")
     parser.add_argument("--clients", default="50,200", help="burst sizes, one server each")

@@ -134,7 +134,7 @@ def import_time() -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--cold", action="store_true", help="every run on an empty state dir")
     parser.add_argument("--venv", action="store_true", help="the venv's script, not `uv run`")

@@ -144,7 +144,7 @@ async def episode_callers(client: Client, task_queue: str, n: int) -> list[Call]
     async def episode() -> Call:
         async with gate:
             reset = await reset_new_session(client, task_queue, TASK_ID)
-            handle = client.get_workflow_handle(reset.workflow_id)
+            handle = client.get_workflow_handle_for(EpisodeWorkflow.run, reset.workflow_id)
             episode_id = reset.episode_id
             submitted = await handle.execute_update(
                 EpisodeWorkflow.call_tool,
@@ -158,7 +158,6 @@ async def episode_callers(client: Client, task_queue: str, n: int) -> list[Call]
                     },
                 ),
                 id=f"{episode_id}:submit",
-                result_type=ToolResult,
             )
             if "error" in submitted.data:
                 raise RuntimeError(f"jobs_submit failed: {submitted.data}")
@@ -169,7 +168,6 @@ async def episode_callers(client: Client, task_queue: str, n: int) -> list[Call]
                 EpisodeWorkflow.call_tool,
                 ToolCall(request_id=rid, tool="jobs_status", path="step"),
                 id=f"{episode_id}:{rid}",
-                result_type=ToolResult,
             )
             if "error" in result.data or len(result.data["jobs"]) != 1:
                 raise RuntimeError(f"unexpected jobs_status answer: {result.data}")
@@ -248,7 +246,7 @@ def table(rows: list[tuple[int, Level, Level]], calls: int) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--calls", type=int, default=300, help="updates per level and kind")
     parser.add_argument(
         "--levels",
