@@ -155,8 +155,21 @@ async def test_the_scale_benchmark_runs_on_a_temporal_of_your_own(tmp_path: Path
     assert len(episodes) >= 3  # the episodes ran on the given server
 
 
-def test_the_watch_scale_benchmark_runs_and_meets_its_targets_at_a_small_level() -> None:
-    out = run("bench/watch_scale.py", "--levels", "4x5,12x5", "--run-minutes", "2")
+@pytest.mark.parametrize("processes", ["0", "2"])
+def test_the_watch_scale_benchmark_runs_and_meets_its_targets_at_a_small_level(
+    processes: str,
+) -> None:
+    # With "2", every workflow runs in the two workflow-only worker processes: the bench's own
+    # worker has no workflow, so a job that ended was followed there.
+    out = run(
+        "bench/watch_scale.py",
+        "--levels",
+        "4x5,12x5",
+        "--run-minutes",
+        "2",
+        "--workflow-processes",
+        processes,
+    )
     assert "watcher shards: 16" in out, out
     rows = [line for line in out.splitlines() if line.strip().startswith(("4x5", "12x5"))]
     assert len(rows) == 2, out
