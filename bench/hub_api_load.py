@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
@@ -116,18 +118,25 @@ async def start_episode(client: Client, queue: str, timeout_minutes: int) -> str
 
 
 async def job_closed(client: Client, workflow_id: str) -> bool:
-    description = await client.get_workflow_handle(workflow_id).describe()
-    return description.close_time is not None
+    """Whether the workflow's latest run has closed. Read raw: the SDK's `describe()` cannot
+    decode the datetime search attributes the time-skipping server returns (a rollout's)."""
+    described = await client.workflow_service.describe_workflow_execution(
+        DescribeWorkflowExecutionRequest(
+            namespace=client.namespace, execution=WorkflowExecution(workflow_id=workflow_id)
+        )
+    )
+    return described.workflow_execution_info.HasField("close_time")
 
 
-def staggered_hub(run_s: float) -> tuple[FakeHub, HfBackend]:
-    """The recording fake Hub, whose jobs are scheduled ~45 s and run ~`run_s` (staggered by a
-    few seconds per job, deterministically), and an HfBackend on it that follows its clock."""
+def staggered_hub(run_s: float, stagger_s: int = 20) -> tuple[FakeHub, HfBackend]:
+    """The recording fake Hub, whose jobs are scheduled ~45 s and run ~`run_s` (staggered by up
+    to `stagger_s` seconds per job, deterministically; 0: all alike), and an HfBackend on it
+    that follows its clock."""
     hub = FakeHub()
     hub.models[MODEL] = model_json(MODEL, "b" * 40)
 
     def plan(labels: dict[str, str]) -> JobPlan:
-        stagger = int(labels.get(LABEL_JOB, "0")[-3:], 16) % 20  # seconds, per job
+        stagger = int(labels.get(LABEL_JOB, "0")[-3:], 16) % stagger_s if stagger_s else 0
         return JobPlan(scheduling_s=SCHEDULING_S + stagger, running_s=run_s + 3 * stagger)
 
     hub.plan_for = plan

@@ -16,11 +16,19 @@ core at a time: the GIL).
 Reported per level, and how each grows from the first level to the last:
 - the largest payload any workflow sent or received (inputs, results, signals, continue-as-new
   carries; every watcher shard and a sample of episodes and jobs): target <= 512 KiB;
-- history events per job workflow (the sample): target <= 30;
+- history events per job workflow (the sample; jobs that ran to their end: a job its episode
+  cancelled as it ended is reported apart): target <= 30;
 - workflow-task latency, scheduled to completed, p50/p99 over every workflow task of the
   sampled workflows and all shards: target p99 <= 1 s;
 - Hub status calls per job per 30 s of running: target <= 1;
 - jobs per shard (largest), shard runs (continued as new), submit time.
+
+`--campaign ROLLOUTSxJOBS` (e.g. 1000x10) adds a campaign level after the others: one campaign
+of that many rollouts, all in flight at once, whose scripted agent submits JOBS jobs, waits for
+the last to end and stops (its jobs all run alike, so none is left to cancel). Its agent turns
+run in this process (`InProcessTurns`: the scripted agent's code, without the process each turn
+gets in production), so what is measured is the workflows. The same figures, over a sample of
+the rollouts' jobs and episodes, every rollout and campaign run and every shard.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,10 +53,13 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from activities.campaigns.agent_turns import AgentTurnActivities  # noqa: E402
+from activities.campaigns.store import CampaignStore  # noqa: E402
 from bench.hub_api_load import (  # noqa: E402
     MODEL,
     SCHEDULING_S,
@@ -59,15 +71,26 @@ from bench.hub_api_load import (  # noqa: E402
     job_closed,
     staggered_hub,
 )
+from posttrain_common.campaigns.spec import parse_spec  # noqa: E402
 from posttrain_common.contracts.episode_calls import ToolCall  # noqa: E402
 from posttrain_common.keys import ServerKey  # noqa: E402
 from posttrain_common.settings import Settings  # noqa: E402
+from posttrain_env.agents.runner import TurnReply, TurnRequest, take_turn  # noqa: E402
 from posttrain_server.shutdown import exit_now  # noqa: E402
 from posttrain_server.temporal.setup import add_search_attributes  # noqa: E402
 from posttrain_server.worker import build_worker, workflow_only_worker  # noqa: E402
+from workflows.campaign.contract import CampaignInput  # noqa: E402
+from workflows.campaign.workflow import CampaignWorkflow  # noqa: E402
 from workflows.episode.session import ResetRequest, SessionState, SessionWorkflow  # noqa: E402
 from workflows.episode.workflow import EpisodeWorkflow  # noqa: E402
-from workflows.ids import watcher_shard_ids, watcher_workflow_id  # noqa: E402
+from workflows.ids import (  # noqa: E402
+    campaign_workflow_id,
+    episode_workflow_id,
+    rollout_episode_id,
+    rollout_workflow_id,
+    watcher_shard_ids,
+    watcher_workflow_id,
+)
 
 PAYLOAD_TARGET = 512 * 1024
 EVENTS_TARGET = 30
@@ -100,11 +123,15 @@ revision = "main"
 class Level:
     episodes: int
     jobs_per_episode: int
+    campaign: bool = False
     submit_s: float = 0.0
     wall_s: float = 0.0
     running_s: float = 0.0
     status_calls: int = 0
     job_events: list[int] = field(default_factory=list)
+    # Jobs their episode cancelled as it ended (their end not yet reported to it): a cancel's
+    # activities and confirmation are history a job that ran to its end does not have.
+    cancelled_job_events: list[int] = field(default_factory=list)
     task_latency_s: list[float] = field(default_factory=list)
     largest_payload: int = 0
     largest_payload_of: str = ""
@@ -114,6 +141,10 @@ class Level:
     @property
     def jobs(self) -> int:
         return self.episodes * self.jobs_per_episode
+
+    @property
+    def label(self) -> str:
+        return f"{'c' if self.campaign else ''}{self.episodes}x{self.jobs_per_episode}"
 
     @property
     def status_per_job_per_30s(self) -> float:
@@ -160,12 +191,29 @@ async def histories_of(client: Client, workflow_id: str) -> list[list[HistoryEve
             return runs
 
 
-async def read_histories(client: Client, workflow_ids: list[str], level: Level) -> list[int]:
-    """Fold every run of each workflow into the level's figures; events per workflow."""
+def cancelled(runs: list[list[HistoryEvent]]) -> bool:
+    """Whether a job workflow was asked to cancel its job (it scheduled `cancel_job`)."""
+    return any(
+        event.activity_task_scheduled_event_attributes.activity_type.name == "cancel_job"
+        for events in runs
+        for event in events
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    )
+
+
+async def read_histories(
+    client: Client, workflow_ids: list[str], level: Level, jobs: bool = False
+) -> list[int]:
+    """Fold every run of each workflow into the level's figures; events per workflow (for
+    `jobs`, per job that ran to its end: the cancelled ones go to `cancelled_job_events`)."""
     lengths: list[int] = []
     for workflow_id in workflow_ids:
         runs = await histories_of(client, workflow_id)
-        lengths.append(sum(len(events) for events in runs))
+        length = sum(len(events) for events in runs)
+        if jobs and cancelled(runs):
+            level.cancelled_job_events.append(length)
+        else:
+            lengths.append(length)
         for events in runs:
             scheduled: dict[int, float] = {}
             for event in events:
@@ -223,6 +271,39 @@ async def serve_workflows(address: str, queue: str, cache: int) -> None:
         await asyncio.Event().wait()
 
 
+class InProcessTurns(AgentTurnActivities):
+    """The agent worker's turns, the agent's code run in this process (`take_turn`, what the
+    turn's process runs) instead of a process per turn: thousands of rollouts' turns on two
+    cores would measure process start-up, not the workflows."""
+
+    async def _run(self, request: TurnRequest, timeout_s: float) -> TurnReply:
+        reply = await take_turn(request)
+        if reply.error is not None:
+            raise RuntimeError(f"the scripted agent failed: {reply.error}")
+        return reply
+
+
+def scripted_calls(jobs: int, timeout_minutes: int) -> list[dict[str, object]]:
+    """Submit `jobs` jobs, wait for the last to end, stop."""
+    submits: list[dict[str, object]] = [
+        {
+            "tool": "jobs_submit",
+            "arguments": {
+                "script": f"print('bench {n}')\n",
+                "flavor": "cpu-basic",
+                "timeout_minutes": timeout_minutes,
+            },
+        }
+        for n in range(1, jobs + 1)
+    ]
+    return [*submits, {"wait": True}, {"stop": True}]
+
+
+async def closed(client: Client, workflow_id: str, gate: asyncio.Semaphore) -> bool:
+    async with gate:
+        return await job_closed(client, workflow_id)
+
+
 async def run_level(
     episodes: int,
     jobs: int,
@@ -230,21 +311,26 @@ async def run_level(
     shards: int,
     workdir: Path,
     workflow_processes: int = 0,
+    campaign: bool = False,
 ) -> Level:
-    level = Level(episodes, jobs)
+    level = Level(episodes, jobs, campaign)
     tasks_dir = workdir / "tasks"
     (tasks_dir / TASK_ID).mkdir(parents=True)
     (tasks_dir / TASK_ID / "task.toml").write_text(
         TASK.format(task=TASK_ID, jobs=jobs, model=MODEL)
     )
     run_s = run_minutes * 60
-    hub, backend = staggered_hub(run_s)
+    timeout_minutes = int(run_minutes) + 30
+    # A campaign's jobs run alike: its agent waits for its last job, and its episode's end
+    # would cancel any still running (a cancelled job's history is not the running one's).
+    hub, backend = staggered_hub(run_s, stagger_s=0 if campaign else 20)
     env = await WorkflowEnvironment.start_time_skipping(
         data_converter=pydantic_data_converter,
         test_server_existing_path=_binary("temporal-test-server"),
     )
     started = time.monotonic()
     helpers: list[subprocess.Popen[bytes]] = []
+    describing = asyncio.Semaphore(50)  # 10,000 describes at once upset the server
     try:
         await add_search_attributes(env.client)
         client, queue = env.client, f"watch-scale-{uuid.uuid4().hex[:8]}"
@@ -253,7 +339,8 @@ async def run_level(
             state_dir=workdir / "state",
             backend="fake",
             watch_shards=shards,
-            max_cached_workflows=2 * episodes * (jobs + 2) + 100,
+            max_cached_workflows=2 * episodes * (jobs + 3) + 100,
+            campaigns_dir=workdir / "campaigns",
         )
         if workflow_processes:
             address = client.service_client.config.target_host
@@ -265,19 +352,68 @@ async def run_level(
             key=ServerKey.load_or_create(settings.server_key_path),
             run_workflows=not workflow_processes,
         )  # fmt: skip
-        async with worker:
-            gate = asyncio.Semaphore(20)
+        agent_queue = f"{queue}-agents"
+        turns = InProcessTurns(CampaignStore(settings.campaign_root), {})
+        agents = Worker(
+            client,
+            task_queue=agent_queue,
+            activities=[turns.agent_turn, turns.check_agents],
+            max_concurrent_activities=32,
+        )
+        async with worker, agents:
+            if campaign:
+                campaign_id = f"watch-scale-{uuid.uuid4().hex[:8]}"
+                spec = parse_spec(
+                    {
+                        "name": "watch-scale",
+                        "tasks": [TASK_ID],
+                        "agents": [
+                            {
+                                "name": "s",
+                                "agent": "scripted",
+                                "args": {"calls": scripted_calls(jobs, timeout_minutes)},
+                            }
+                        ],
+                        "epochs": episodes,
+                        "concurrency": episodes,
+                        "budget_usd": episodes * 100.0,
+                    }
+                )
+                rollout_ids = [f"{campaign_id}/{TASK_ID}/s/{n}" for n in range(1, episodes + 1)]
+                episode_ids = [episode_workflow_id(rollout_episode_id(r, 1)) for r in rollout_ids]
+                job_ids = [f"{e}/job/{n}" for e in episode_ids for n in range(1, jobs + 1)]
+                # Every job submitted under a paused clock, as the sessions' level does.
+                with env.auto_time_skipping_disabled():
+                    handle = await client.start_workflow(
+                        CampaignWorkflow.run,
+                        CampaignInput(
+                            campaign_id=campaign_id, spec=spec, agent_task_queue=agent_queue
+                        ),
+                        id=campaign_workflow_id(campaign_id),
+                        task_queue=queue,
+                    )
+                    while len(hub.jobs) < len(job_ids):
+                        if await job_closed(client, handle.id):
+                            raise RuntimeError(
+                                "the campaign ended before its jobs all started: "
+                                f"{await handle.result()}"
+                            )
+                        await asyncio.sleep(1)
+                extra_ids = [handle.id] + [rollout_workflow_id(r, 1) for r in rollout_ids]
+            else:
+                gate = asyncio.Semaphore(20)
 
-            async def one() -> tuple[str, list[str]]:
-                async with gate:
-                    return await start_episode(client, queue, jobs, int(run_minutes) + 30)
+                async def one() -> tuple[str, list[str]]:
+                    async with gate:
+                        return await start_episode(client, queue, jobs, timeout_minutes)
 
-            # Submitting under a paused clock: every job is running before time moves on.
-            with env.auto_time_skipping_disabled():
-                submitted = await asyncio.gather(*(one() for _ in range(episodes)))
+                # Submitting under a paused clock: every job is running before time moves on.
+                with env.auto_time_skipping_disabled():
+                    submitted = await asyncio.gather(*(one() for _ in range(episodes)))
+                episode_ids = [e for e, _ in submitted]
+                job_ids = [j for _, js in submitted for j in js]
+                extra_ids = []
             level.submit_s = time.monotonic() - started
-            episode_ids = [e for e, _ in submitted]
-            job_ids = [j for _, js in submitted for j in js]
             stem = watcher_workflow_id(client.namespace, queue)
             shard_ids = watcher_shard_ids(stem, settings.watch_shards)
             for shard in shard_ids:
@@ -286,31 +422,27 @@ async def run_level(
                 except RPCError:
                     continue
                 level.largest_shard = max(level.largest_shard, len(watched))
-            describing = asyncio.Semaphore(50)  # 10,000 describes at once upset the server
-
-            async def closed(workflow_id: str) -> bool:
-                async with describing:
-                    return await job_closed(client, workflow_id)
-
-            open_jobs = set(job_ids)
+            # Until every job workflow (and the campaign, its rollouts, their episodes) ended.
+            open_ids = set(job_ids) | set(extra_ids)
             limit = run_s + SCHEDULING_S + 20 * 4 + 600
             skipped = 0.0
-            while open_jobs and skipped < limit:
+            while open_ids and skipped < limit:
                 await env.sleep(SKIP_STEP)
                 hub.advance(SKIP_STEP.total_seconds())
                 skipped += SKIP_STEP.total_seconds()
                 if skipped > run_s:
-                    current = sorted(open_jobs)
-                    ended = await asyncio.gather(*(closed(j) for j in current))
-                    open_jobs -= {j for j, done in zip(current, ended, strict=True) if done}
-            if open_jobs:
-                raise RuntimeError(f"{len(open_jobs)} job workflows did not end")
+                    current = sorted(open_ids)
+                    ended = await asyncio.gather(*(closed(client, w, describing) for w in current))
+                    open_ids -= {w for w, done in zip(current, ended, strict=True) if done}
+            if open_ids:
+                raise RuntimeError(f"{len(open_ids)} workflows did not end")
             level.wall_s = time.monotonic() - started
             rng = random.Random(7)
             sample_jobs = rng.sample(job_ids, min(SAMPLE_JOBS, len(job_ids)))
             sample_episodes = rng.sample(episode_ids, min(SAMPLE_EPISODES, len(episode_ids)))
-            level.job_events = await read_histories(client, sample_jobs, level)
+            level.job_events = await read_histories(client, sample_jobs, level, jobs=True)
             await read_histories(client, sample_episodes, level)
+            await read_histories(client, extra_ids[: SAMPLE_EPISODES + 1], level)
             for shard in shard_ids:
                 level.shard_runs += len(await histories_of(client, shard))
             await read_histories(client, shard_ids, level)
@@ -341,8 +473,8 @@ def report(levels: list[Level], shards: int) -> list[str]:
     lines.append(header)
     for lv in levels:
         lines.append(
-            f"{f'{lv.episodes}x{lv.jobs_per_episode}':>10} {lv.jobs:>6} "
-            f"{lv.largest_payload / 1024:>11.1f} {max(lv.job_events):>10} "
+            f"{lv.label:>10} {lv.jobs:>6} "
+            f"{lv.largest_payload / 1024:>11.1f} {max(lv.job_events, default=0):>10} "
             f"{lv.quantile(0.5) * 1000:>11.1f} {lv.quantile(0.99) * 1000:>11.1f} "
             f"{lv.status_per_job_per_30s:>14.4f} {lv.largest_shard:>13} {lv.shard_runs:>10} "
             f"{lv.submit_s:>8.0f} {lv.wall_s:>7.0f}"
@@ -352,20 +484,25 @@ def report(levels: list[Level], shards: int) -> list[str]:
     lines += [
         f"largest payload: {last.largest_payload / 1024:.1f} KiB ({last.largest_payload_of}) "
         f"(target <= {PAYLOAD_TARGET // 1024} KiB)  {verdict(payload_ok)}",
-        f"history events per job: mean {statistics.mean(last.job_events):.1f}, max "
-        f"{max(last.job_events)} (target <= {EVENTS_TARGET})  "
-        f"{verdict(max(last.job_events) <= EVENTS_TARGET)}",
+        f"history events per job: mean {statistics.mean(last.job_events or [0]):.1f}, max "
+        f"{max(last.job_events, default=0)} (target <= {EVENTS_TARGET})  "
+        f"{verdict(max(last.job_events, default=0) <= EVENTS_TARGET)}",
         f"workflow-task latency p99: {last.quantile(0.99) * 1000:.0f} ms "
         f"(target <= {TASK_P99_TARGET_S * 1000:.0f} ms)  "
         f"{verdict(last.quantile(0.99) <= TASK_P99_TARGET_S)}",
         f"Hub status calls per job per 30 s: {last.status_per_job_per_30s:.4f} (target <= 1)  "
         f"{verdict(last.status_per_job_per_30s <= 1)}",
     ]
+    if last.cancelled_job_events:
+        lines.append(
+            f"jobs cancelled by their episode's end: {len(last.cancelled_job_events)} of the "
+            f"sample, max {max(last.cancelled_job_events)} events"
+        )
     if len(levels) > 1:
         first = levels[0]
         scale = last.jobs / first.jobs
         payload = last.largest_payload / max(first.largest_payload, 1)
-        events = max(last.job_events) / max(first.job_events)
+        events = max(last.job_events, default=0) / max(max(first.job_events, default=1), 1)
         p99 = last.quantile(0.99) / max(first.quantile(0.99), 1e-6)
         calls = last.status_per_job_per_30s / max(first.status_per_job_per_30s, 1e-9)
         lines.append(
@@ -393,6 +530,12 @@ def main() -> None:
     parser.add_argument(
         "--workflow-processes", type=int, default=0, help="workflow-only worker processes"
     )
+    parser.add_argument(
+        "--campaign",
+        type=parse_levels,
+        default=[],
+        help="ROLLOUTSxJOBS: a campaign level after the others",
+    )
     parser.add_argument("--serve-workflows", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_workflows:
@@ -403,7 +546,8 @@ def main() -> None:
     levels: list[Level] = []
 
     async def run_all() -> None:
-        for episodes, jobs in args.levels:
+        plan = [(e, j, False) for e, j in args.levels] + [(e, j, True) for e, j in args.campaign]
+        for episodes, jobs, campaign in plan:
             with tempfile.TemporaryDirectory(prefix="watch-scale-") as tmp:
                 levels.append(
                     await run_level(
@@ -413,6 +557,7 @@ def main() -> None:
                         args.shards,
                         Path(tmp),
                         args.workflow_processes,
+                        campaign,
                     )
                 )
             # Each level's row as soon as it is measured: a later level may not finish.
@@ -426,6 +571,7 @@ def main() -> None:
         status = 1
     except Exception as err:  # a level that failed: the levels before it are still reported
         print(f"level {len(levels) + 1} failed: {err!r}", file=sys.stderr)
+        traceback.print_exc()
         status = 1
     if levels:
         print("\n".join(report(levels, args.shards)))
