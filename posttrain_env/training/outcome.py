@@ -79,14 +79,8 @@ class RolloutOutcome(BaseModel):
             reward=end.reward if end is not None else None,
             end=end,
             spend=spend,
-            replayed=_replayed(raw_end, answer),
+            # The replay backend flags both: `service_spend.replayed` (what of the spend was
+            # replayed) and `episode_end.replayed` (the reward was not measured).
+            replayed=spend.replayed is not None or bool(end is not None and end.replayed),
             latency_s=latency_s,
         )
-
-
-def _replayed(raw_end: Any, answer: dict[str, Any]) -> bool:
-    """Whether the service flagged the reward or the spend as replayed by a stand-in."""
-    flags = [answer.get("service_spend", {}).get("replayed")]
-    if isinstance(raw_end, dict):
-        flags.append(raw_end.get("replayed"))
-    return any(bool(flag) for flag in flags)

@@ -61,3 +61,15 @@ def submit(script: str, timeout_minutes: int = 10) -> dict[str, object]:
 def episode(script: str) -> list[dict[str, object]]:
     """Submit, wait, submit for grading: a whole scored (or unscored) episode."""
     return [submit(script), {"wait": True}, {"tool": "submit", "arguments": {"job_id": "$job"}}]
+
+
+def replay_env(tasks_dir: Path, time_scale: float = 0.01) -> dict[str, str]:
+    """A server's settings: the replay backend over the fake one, recording what falls
+    through, with these tasks."""
+    return {
+        "POSTTRAIN_BACKEND": "replay",
+        "POSTTRAIN_REPLAY_INNER": "fake",
+        "POSTTRAIN_REPLAY_FALL_THROUGH": "true",
+        "POSTTRAIN_REPLAY_TIME_SCALE": str(time_scale),
+        "POSTTRAIN_TASKS_DIR": str(tasks_dir),
+    }

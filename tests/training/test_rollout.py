@@ -115,3 +115,17 @@ async def test_rollouts_reach_the_sampler_with_none_kept_and_one_cost_each(
     bridge.update(outcomes)
     assert seen == [(TASK, [0.75, None, 0.25], [1.0, 1.0, 1.0])]
     assert bridge.totals.unscored == 1 and bridge.totals.usd == 3 * ONE_MINUTE_USD
+
+
+async def test_a_replayed_rollout_is_flagged_and_charged_what_its_recording_cost(
+    server: ServerProcess,
+) -> None:
+    # The first run of the script falls through to the fake backend and is recorded (unless an
+    # earlier test recorded it); the second is replayed.
+    await play(server, episode(SCORE_LOW))
+    reward, cost, transcript = await play(server, episode(SCORE_LOW))
+    assert reward == 0.25 and cost == ONE_MINUTE_USD
+    outcome = transcript.outcome
+    assert outcome.replayed
+    assert outcome.spend.replayed is not None and outcome.spend.replayed.jobs == 1
+    assert outcome.end is not None and outcome.end.replayed is True

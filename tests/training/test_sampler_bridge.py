@@ -145,6 +145,9 @@ def test_an_outcome_reads_a_steps_metadata_and_an_episodes_answer() -> None:
     assert live.end is None and live.orphan
     flagged = {**answer, "episode_end": {"reason": "submitted", "reward": 1, "replayed": True}}
     assert RolloutOutcome.from_answer("t", flagged).replayed
+    spent = {"service_spend": {"version": 1, "replayed": {"usd": 0.1, "jobs": 1}}}
+    assert RolloutOutcome.from_answer("t", spent).replayed
+    assert not read.replayed
 
 
 @pytest.mark.parametrize(
