@@ -89,7 +89,9 @@ async def _lost(env: PostTrainEnv, task_id: str, latency_s: float) -> RolloutOut
     try:
         answer = await env.end_episode()
     except (ConnectionError, TimeoutError, OSError, RuntimeError):
-        return RolloutOutcome(task_id=task_id, episode_id=env.episode_id, reward=None, latency_s=latency_s)
+        return RolloutOutcome(
+            task_id=task_id, episode_id=env.episode_id, reward=None, latency_s=latency_s
+        )
     outcome = RolloutOutcome.from_answer(
         task_id, answer, episode_id=env.episode_id, latency_s=latency_s
     )

@@ -76,7 +76,9 @@ def cost_of(outcome: RolloutOutcome, unit: CostUnit | Callable[[RolloutOutcome],
             return float(settled.calls)
         case "episodes":
             return 1.0
-    raise BridgeConfigError(f"unknown cost unit {unit!r}: one of {', '.join(COST_UNITS)}, or a function")
+    raise BridgeConfigError(
+        f"unknown cost unit {unit!r}: one of {', '.join(COST_UNITS)}, or a function"
+    )
 
 
 @dataclass(frozen=True)

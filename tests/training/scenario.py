@@ -35,7 +35,11 @@ SCENARIO = FakeScenario(
             outcome="failed",
         ),
         FakeJobScript(
-            role=JobRole.grader, evaluated_script_contains="SCORE_LOW", queue_s=0, run_s=1, score=0.25
+            role=JobRole.grader,
+            evaluated_script_contains="SCORE_LOW",
+            queue_s=0,
+            run_s=1,
+            score=0.25,
         ),
         FakeJobScript(role=JobRole.grader, queue_s=0, run_s=1, score=0.75),
         FakeJobScript(queue_s=0, run_s=1, score=0.5),

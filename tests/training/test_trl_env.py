@@ -45,9 +45,7 @@ class Logs:
 
 
 def play(env: PostTrainTRLEnv, script: str) -> None:
-    submitted = json.loads(
-        env.jobs_submit(script=script, flavor="cpu-basic", timeout_minutes=10)
-    )
+    submitted = json.loads(env.jobs_submit(script=script, flavor="cpu-basic", timeout_minutes=10))
     assert submitted["state"] in ("queued", "running", "succeeded"), submitted
     while json.loads(env.jobs_wait(timeout_s=60))["state"] in ("queued", "running"):
         pass
@@ -89,7 +87,10 @@ def test_rollouts_are_rewarded_with_none_kept_and_their_costs_logged(
         # envs[2]: the policy made no call; the reward function ends its episode (abandoned, 0).
         logs = Logs()
         rewards = posttrain.reward(
-            environments=envs, log_extra=logs.log_extra, log_metric=logs.log_metric, task_id=[TASK] * 3
+            environments=envs,
+            log_extra=logs.log_extra,
+            log_metric=logs.log_metric,
+            task_id=[TASK] * 3,
         )
         assert rewards == [0.75, None, 0.0]  # None stays None: TRL leaves it out of the baseline
         assert seen == [(TASK, [0.75, None, 0.0], [ONE_MINUTE_USD, ONE_MINUTE_USD, 0.0])]
