@@ -1,4 +1,4 @@
-"""One rollout for any trainer: `rollout(env, policy, task_id) -> (reward | None, cost, transcript)`.
+"""One rollout for any trainer: `rollout(env, policy, task) -> (reward | None, cost, transcript)`.
 
     async with PostTrainEnv(base_url=URL, message_timeout_s=3600) as env:
         reward, cost, transcript = await rollout(env, policy, "t0_artifact")

@@ -141,7 +141,7 @@ class SamplerBridge:
                 "(an unscored rollout is never scored 0)"
             )
         self.sampler = sampler
-        self.cost_unit = cost_unit
+        self.cost_unit: CostUnit | Callable[[RolloutOutcome], float] = cost_unit
         self.unscored = unscored
         self.task_of = task_of
         self.totals = BridgeTotals()

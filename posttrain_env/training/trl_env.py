@@ -195,6 +195,7 @@ class PostTrainTRLEnv:
             message_timeout_s=owner.message_timeout_s,
             headers=owner.headers,
         )
+        self._episodes = client  # the async client: which episode is current
         self._client = client.sync()
         self._task_id: str | None = None
         self._started = 0.0
@@ -299,7 +300,7 @@ class PostTrainTRLEnv:
         self._outcome = RolloutOutcome.from_answer(
             self._task_id,
             answer,
-            episode_id=self._client.async_client.episode_id,
+            episode_id=self._episodes.episode_id,
             latency_s=time.monotonic() - self._started,
         )
 
