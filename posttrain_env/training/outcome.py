@@ -35,6 +35,9 @@ class RolloutOutcome(BaseModel):
     replayed: bool = False
     # Wall time from the reset to the end, seconds (0 when not measured).
     latency_s: float = 0.0
+    # Of that, the time spent waiting on the service (its answers), without the trainer's own
+    # work between calls (generation, other rollouts' calls): what the rollout would take alone.
+    service_s: float = 0.0
 
     @property
     def scored(self) -> bool:
@@ -60,6 +63,7 @@ class RolloutOutcome(BaseModel):
         *,
         episode_id: str | None = None,
         latency_s: float = 0.0,
+        service_s: float = 0.0,
     ) -> RolloutOutcome:
         """From the metadata of an episode's last step, or from `GET`/`DELETE /episodes/<id>`:
         both carry `service_spend` and, once the episode is over, `episode_end`.
@@ -83,4 +87,5 @@ class RolloutOutcome(BaseModel):
             # replayed) and `episode_end.replayed` (the reward was not measured).
             replayed=spend.replayed is not None or bool(end is not None and end.replayed),
             latency_s=latency_s,
+            service_s=service_s,
         )

@@ -76,8 +76,10 @@ async def rollout(
         }
     else:  # the policy stopped first: end it, so nothing is left billing
         answer = await env.end_episode()
+    latency_s = time.monotonic() - started
+    # The policy's turns are part of a rollout here: its service time is its whole time.
     outcome = RolloutOutcome.from_answer(
-        task_id, answer, episode_id=played.episode_id, latency_s=time.monotonic() - started
+        task_id, answer, episode_id=played.episode_id, latency_s=latency_s, service_s=latency_s
     )
     transcript = Transcript(conversation=played.conversation, finish=played.finish, outcome=outcome)
     return Rollout(outcome.reward, cost_of(outcome, cost_unit), transcript)

@@ -199,6 +199,7 @@ class PostTrainTRLEnv:
         self._client = client.sync()
         self._task_id: str | None = None
         self._started = 0.0
+        self._service_s = 0.0  # time spent in this rollout's calls to the service
         self._outcome: RolloutOutcome | None = None
         self._latest_job: str | None = None
 
@@ -212,7 +213,8 @@ class PostTrainTRLEnv:
         self._outcome = None
         self._latest_job = None
         self._started = time.monotonic()
-        result = self._client.reset(task_id=self._task_id)
+        self._service_s = 0.0
+        result = self._timed(self._client.reset, task_id=self._task_id)
         prompt = result.observation.metadata.get("prompt")
         return prompt if isinstance(prompt, str) else None
 
@@ -273,7 +275,7 @@ class PostTrainTRLEnv:
         answers the model with the message)."""
         if self._outcome is not None or self._task_id is None:
             raise ValueError("the episode is over: no more tool calls")
-        step = self._client.step(CallToolAction(tool_name=tool, arguments=arguments))
+        step = self._timed(self._client.step, CallToolAction(tool_name=tool, arguments=arguments))
         body = getattr(step.observation, "result", None)
         data = body.get("data") if isinstance(body, dict) else None
         if tool == "jobs_submit" and isinstance(data, dict) and "job_id" in data:
@@ -283,8 +285,16 @@ class PostTrainTRLEnv:
                 self._task_id,
                 step.observation.metadata or {},
                 latency_s=time.monotonic() - self._started,
+                service_s=self._service_s,
             )
         return json.dumps(data)
+
+    def _timed(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            self._service_s += time.monotonic() - started
 
     def _finish(self) -> RolloutOutcome:
         """The rollout's outcome, ending its episode first when the policy left it running."""
@@ -296,12 +306,13 @@ class PostTrainTRLEnv:
     def _finish_if_live(self) -> None:
         if self._task_id is None or self._outcome is not None:
             return
-        answer = self._client.end_episode()
+        answer = self._timed(self._client.end_episode)
         self._outcome = RolloutOutcome.from_answer(
             self._task_id,
             answer,
             episode_id=self._episodes.episode_id,
             latency_s=time.monotonic() - self._started,
+            service_s=self._service_s,
         )
 
     def _close(self) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -39,7 +38,14 @@ from trl.chat_template_utils import qwen3_chat_template
 from posttrain_env.training.trl_env import PostTrainTRL
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-PLAIN = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+PLAIN = [
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+]
 # Logit weights on the normalized hidden state (the final RMSNorm makes a unit vector of 32
 # dimensions about 5.7 long): a certain successor gets about SURE * 5.7; the first call's choice
 # among the submits is FIRST ahead of the others; the share of a call made among the tokens so
@@ -68,7 +74,12 @@ def build_policy(scripts: list[str], tools: list[Any], folder: Path) -> tuple[An
     macros = [text for texts in bodies.values() for text in texts]
     tokenizer = _tokenizer(macros, tools)
     tid = tokenizer.convert_tokens_to_ids
-    newline, opened, closed, end = tid("\u010a"), tid("<tool_call>"), tid("</tool_call>"), tid("<|im_end|>")
+    newline, opened, closed, end = (
+        tid("\u010a"),
+        tid("<tool_call>"),
+        tid("</tool_call>"),
+        tid("<|im_end|>"),
+    )
     vocab, hidden = len(tokenizer), 32
     # Dimensions: 0..15 say which token this is (0: any other), 16.. say which calls were made.
     current = {newline: 1, opened: 2, closed: 3}
@@ -120,6 +131,11 @@ def build_policy(scripts: list[str], tools: list[Any], folder: Path) -> tuple[An
                     head[tid(text), made[order[n - 1]]] += HISTORY
                 head[tid(text), made[kind]] -= HISTORY  # never the same call twice
         model.lm_head.weight.copy_(head)
+    # The attention that counts the calls made, the embeddings and the MLP are frozen: an
+    # optimizer step moves every weight by about the learning rate, which would drown the
+    # history signal (a share of about 1/3000). GRPO trains the head and the norms.
+    for module in (model.model.embed_tokens, layer.self_attn, layer.mlp):
+        module.requires_grad_(False)
     model.generation_config.eos_token_id = end
     model.generation_config.pad_token_id = tid("<|endoftext|>")
     tokenizer.save_pretrained(folder)
@@ -147,7 +163,9 @@ def _tokenizer(macros: list[str], tools: list[Any]) -> Any:
         return tokenizer
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    bytes_only = build(Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[])))
+    bytes_only = build(
+        Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    )
     messages = [{"role": "user", "content": "Post-train the model."}]
     text = bytes_only.apply_chat_template(messages, tools=tools, tokenize=False)
     core = Tokenizer(models.BPE())
@@ -215,7 +233,7 @@ def main() -> None:
             num_generations=args.group,
             max_completion_length=8192,
             max_tool_calling_iterations=5,
-            learning_rate=1e-3,
+            learning_rate=1e-4,
             beta=0.0,
             logging_steps=1,
             report_to="none",
