@@ -129,6 +129,7 @@ def cpu_s(topology: Topology) -> float:
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # rows appear as each level ends
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=200, help="rollouts per level")
     parser.add_argument("--concurrency", default="1,10,50", help="client coroutines, per level")

@@ -5,13 +5,16 @@ transformers beside posttrain-env (none of them is a project dependency):
 
     python trl_grpo_run.py --base-url URL --task TASK --scripts SCRIPTS.json --out RESULT.json
 
-The policy is a tiny Llama whose weights this script sets: it attends to nothing (attention and
-MLP outputs are zero), so each next token depends on the last one alone, a table of bigrams. Its
-vocabulary is the 256 byte-level tokens, the chat template's special tokens, and whole tool calls
-as single tokens: after the assistant header it picks one of the `jobs_submit` calls (one script
-each) with equal probability, then three `jobs_wait`, a `submit`, and the end of its turn. Its
-chat template is TRL's own copy of Qwen3's, so TRL parses its tool calls with its own Qwen3
-parser. GRPO trains these weights like any others.
+The policy is a tiny one-layer Llama whose weights this script sets. Its vocabulary is a
+byte-level BPE trained on the prompt, the chat template's special tokens, and each tool call's
+body as one token. Its queries and keys are zero, so its attention is uniform: at each position
+it sees the share of each kind of call among the tokens so far, beside the current token. That
+picks the next token: after the assistant header `<tool_call>`; then, if no call was made,
+`jobs_submit` with one of the scripts (equal odds), else the call after the last one made
+(`jobs_wait` three times, then `submit`); then `</tool_call>` and the end of the turn: one call a
+turn, five turns. Its chat template is TRL's own copy of Qwen3's, so TRL parses the calls with
+its own Qwen3 parser. The attention, the embeddings and the MLP are frozen; GRPO trains the
+head and the norms.
 
 Writes RESULT.json: the steps the trainer ran, each scored batch (the rewards the reward function
 answered, the advantages TRL computed from them), every rollout's outcome, the log history, and
