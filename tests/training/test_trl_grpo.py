@@ -129,6 +129,13 @@ async def test_trl_grpo_trains_on_the_replayed_service_with_unscored_rollouts_le
     unscored = [o for o in outcomes if o["reward"] is None]
     assert unscored, "the policy never chose the script whose grader fails"
     assert all(o["end"]["reason"] == "score_failed" for o in unscored)
+    # The sampler got one RFC 013 update per step (one task, one group): the rewards as the
+    # trainer got them, None kept, and one cost per rollout, the unscored ones' included.
+    updates = result["sampler_updates"]
+    assert [u["task"] for u in updates] == [TASK] * STEPS
+    assert [u["rewards"] for u in updates] == [b["rewards"] for b in batches]
+    assert all(u["costs"] == [ONE_MINUTE_USD] * GROUP for u in updates)
+    assert sum(u["rewards"].count(None) for u in updates) == len(unscored)
     mixed = 0
     for batch in batches:
         rewards, advantages = batch["rewards"], batch["advantages"]

@@ -206,7 +206,15 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     scripts: list[str] = json.loads(args.scripts.read_text())
-    posttrain = PostTrainTRL(args.base_url, message_timeout_s=300)
+    updates: list[dict[str, Any]] = []
+
+    class RecordingSampler:
+        """An RFC 013 sampler that keeps every update it is given."""
+
+        def update(self, task: Any, rewards: Any, costs: Any = None) -> None:
+            updates.append({"task": task, "rewards": list(rewards), "costs": list(costs or [])})
+
+    posttrain = PostTrainTRL(args.base_url, sampler=RecordingSampler(), message_timeout_s=300)
     probe = posttrain.environment()  # its tools, as TRL will list them
     tools = [
         getattr(probe, name)
@@ -270,6 +278,7 @@ def main() -> None:
     result = {
         "global_step": trainer.state.global_step,
         "batches": batches,
+        "sampler_updates": updates,
         "outcomes": outcomes,
         "log_history": trainer.state.log_history,
         "step_s": clock.steps,
