@@ -11,7 +11,8 @@ What it adds to the stock client:
   dropped, so a late reply can never be read as the answer to a later request;
 - a request the server can never take (larger than its limit) raises `RequestTooLarge` at
   once, and an error the server marks as permanent is never re-sent;
-- `episode_id` names the current episode;
+- `episode_id` names the current episode, and `end_episode()` ends it as `abandoned` (reward 0,
+  its jobs cancelled) with its final spend;
 - `iter_jobs()` lists every job of the episode, following `jobs_status`'s pages.
 
 Client code only: importing it pulls in no server module.
@@ -60,6 +61,8 @@ class PostTrainEnv(MCPToolClient):
         super().__init__(base_url, **kwargs)
         self.reconnect_timeout_s = reconnect_timeout_s
         self._episode_id: str | None = None
+        # The current episode's token (a capability: kept in memory, never logged).
+        self._episode_token: str | None = None
 
     @property
     def episode_id(self) -> str | None:
@@ -72,8 +75,29 @@ class PostTrainEnv(MCPToolClient):
         data = {**kwargs, "request_id": kwargs.get("request_id") or uuid.uuid4().hex}
         response = await self._exchange({"type": "reset", "data": data})
         result = self._parse_result(response.get("data", {}))
-        self._episode_id = result.observation.metadata.get("episode_id", self._episode_id)
+        metadata = result.observation.metadata
+        self._episode_id = metadata.get("episode_id", self._episode_id)
+        self._episode_token = metadata.get("episode_token", self._episode_token)
         return result
+
+    async def end_episode(self) -> dict[str, Any]:
+        """End the current episode as `abandoned` (reward 0; its live jobs cancelled and
+        confirmed) through `DELETE /episodes/<id>`; an episode already over keeps its end. The
+        answer: `state` (`ended`, or `ending` while a cancellation is unconfirmed),
+        `service_spend`, `episode_end`. Raises RuntimeError before any reset, or when the server
+        refuses (the status and its message)."""
+        import httpx
+
+        if self._episode_id is None or self._episode_token is None or self._base_url is None:
+            raise RuntimeError("no episode to end: reset first")
+        headers = {**(self._headers or {}), "Authorization": f"Bearer {self._episode_token}"}
+        async with httpx.AsyncClient(timeout=self._connect_timeout + 60.0) as http:
+            response = await http.delete(
+                f"{self._base_url}/episodes/{self._episode_id}", headers=headers
+            )
+        if response.status_code not in (200, 202):
+            raise RuntimeError(f"ending the episode was refused: HTTP {response.status_code}")
+        return response.json()
 
     async def _step_async(self, action: Any, **kwargs: Any) -> StepResult[Observation]:
         payload = self._step_payload(action)

@@ -37,6 +37,10 @@ class ErrorType(enum.StrEnum):
     # A request sent again whose answer the episode no longer keeps (DESIGN §9 "Dedup"): it
     # was run once and is never run again.
     already_answered = "already_answered"
+    # The replay backend (a stand-in for the jobs service, for training-time rollouts) has no
+    # recorded outcome for this job's script and inputs; `nearest` names the recorded keys
+    # closest to it and which inputs differ.
+    not_recorded = "not_recorded"
 
 
 ERROR_TYPES = frozenset(t.value for t in ErrorType)

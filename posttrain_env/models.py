@@ -14,7 +14,9 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -201,6 +203,15 @@ class ReservedSpend(BaseModel):
     usd: float = 0.0
 
 
+class ReplayedSpend(BaseModel):
+    """The part of the settled spend whose jobs never ran: their outcomes were replayed from
+    recordings of earlier runs (the replay backend), at the cost those runs were billed."""
+
+    usd: float = 0.0
+    jobs: int = 0  # replayed agent jobs among `settled.jobs`
+    calls: int = 0  # replayed dev evaluations among `settled.calls`
+
+
 class ServiceSpend(BaseModel):
     """The episode's spend, on every observation (DESIGN §4)."""
 
@@ -208,6 +219,15 @@ class ServiceSpend(BaseModel):
     settled: SettledSpend = Field(default_factory=SettledSpend)
     reserved: ReservedSpend = Field(default_factory=ReservedSpend)
     final: bool = True
+    # Present only when some settled job was replayed (never on a backend that runs its jobs).
+    replayed: ReplayedSpend | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_replay(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("replayed") is None:
+            data.pop("replayed", None)
+        return data
 
 
 class EndReason(enum.StrEnum):
@@ -256,6 +276,9 @@ class EpisodeEnd(BaseModel):
     # evaluator's reason: cut where it enters, as every reason is.
     invalid_score: BoundedText | None = None
     contamination: ContaminationSummary | None = None
+    # True when some job of the episode was replayed from a recording (the replay backend): the
+    # reward was not measured. Absent otherwise.
+    replayed: bool | None = None
 
     def view(self) -> dict[str, Any]:
         """As clients see it: `reward` always present (null: no reward), other fields when set."""

@@ -191,6 +191,7 @@ def _take_snapshot(trail: _Trail, snap: JobSnapshot, at: datetime) -> None:
         job.started_at = snap.backend.started_at
         job.finished_at = snap.backend.finished_at
         job.running_s = snap.backend.running_s
+        job.replayed = True if snap.backend.replayed else None
     last = job.state_changes[-1].state if job.state_changes else None
     if snap.state.value != last:
         job.state_changes.append(
@@ -231,6 +232,7 @@ def _finish(trail: _Trail) -> AuditRecord:
             reason=trail.end.reason.value,
             reward=trail.end.reward,
             invalid_score=trail.end.invalid_score,
+            replayed=trail.end.replayed,
         )
         record.ended_at = trail.ended_at
     return record

@@ -184,3 +184,15 @@ def test_the_watch_scale_benchmark_runs_and_meets_its_targets_at_a_small_level(
         (line,) = [line for line in out.splitlines() if line.startswith(target)]
         assert line.endswith("OK"), line
     assert "growth x1.5 in jobs" in out, out
+
+
+@DEPLOYMENT
+def test_the_rollouts_benchmark_runs_and_prints_its_table() -> None:
+    out = run("bench/rollouts.py", "--rollouts", "4", "--concurrency", "1,2", "--step-s", "1")
+    # A level's row: clients, rollouts, per s, calls, p50, p99, replayed, CPU s per rollout.
+    rows = [row for row in (line.split() for line in out.splitlines()) if len(row) == 8]
+    rows = [row for row in rows if row[0] in ("1", "2")]
+    assert [row[0] for row in rows] == ["1", "2"], out
+    assert all(row[1] == "4" and row[6] == "4" for row in rows), out  # 4 rollouts, all replayed
+    assert "target: 50 rollouts/s" in out and "max_staleness 4" in out, out
+    assert "1 clients, step 1 s: p50" in out and "2 clients, step 1 s: p50" in out, out

@@ -12,9 +12,10 @@ from activities.backends.fake import info as fake
 from activities.backends.hf import info as hf
 from activities.backends.interface import BackendInfo
 from activities.backends.local import info as local
+from activities.backends.replay import info as replay
 
 BACKENDS: dict[str, BackendInfo] = {
-    info.name: info for info in (local.BACKEND, hf.BACKEND, fake.BACKEND)
+    info.name: info for info in (local.BACKEND, hf.BACKEND, fake.BACKEND, replay.BACKEND)
 }
 
 

@@ -75,6 +75,13 @@ class AuditJob(BaseModel):
             "deleted is in <audit dir>/retention/<episode_id>.json."
         ),
     )
+    replayed: bool | None = Field(
+        default=None,
+        description=(
+            "True: the job never ran; its outcome was replayed from a recording of an earlier "
+            "run with the same script and inputs (the replay backend)."
+        ),
+    )
 
 
 class AuditEvaluation(BaseModel):
@@ -91,6 +98,8 @@ class AuditEnd(BaseModel):
     reason: str
     reward: float | None = None
     invalid_score: str | None = None
+    # True when some job of the episode was replayed (the replay backend): not a measured reward.
+    replayed: bool | None = None
 
 
 class AuditRecord(BaseModel):

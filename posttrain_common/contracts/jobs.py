@@ -62,6 +62,10 @@ class BackendJob(BaseModel):
     # The backend lost track of the job (Hugging Face answers 404 for it): its real running time
     # is unknown, so the episode settles it at its worst case, the whole reservation.
     vanished: bool = False
+    # The job never ran: its outcome was answered from a recording of an earlier run with the
+    # same script and inputs (the replay backend, activities/backends/replay/). Its spend and
+    # any score it yields are flagged replayed, never taken for measured ones.
+    replayed: bool = False
 
 
 # -- activity inputs and outputs -----------------------------------------------------------------

@@ -5,6 +5,9 @@ faults the conformance suite injects (tests/backends/test_conformance.py).
   match a marker in each job's script; its clock is the `now` every call carries.
 - local: real jobs in bubblewrap on this machine (as tests/local/conftest.py builds them); the
   scripts really do what the behaviour says, in real time.
+- replay: the replay backend over the fake, with fall-through: the suite's behaviours are
+  recorded in its store (as a recorded run of them would be), so they are replayed; a script it
+  has not recorded (the syntax cases) runs on the fake.
 - hf: HfBackend on real `HfApi` objects over the HTTP-level fake Hub (tests/hf/http_hub.py), whose
   jobs follow `JobPlan`s on the Hub's own clock; an evaluation's score line is printed by a stand-in
   evaluator that reads what the evaluation really has mounted at /model.
@@ -47,6 +50,15 @@ from activities.backends.interface import JobRequest, JobsBackend
 from activities.backends.local import jobfiles as jf
 from activities.backends.local.backend import LocalBackend
 from activities.backends.local.store import job_ref
+from activities.backends.replay.backend import ReplayBackend
+from activities.backends.replay.recording import (
+    NONCE_PLACEHOLDER,
+    JobInputs,
+    RecordedState,
+    Recording,
+    sha256_text,
+)
+from activities.backends.replay.store import ReplayStore
 from activities.jobs.activities import HIDDEN_SEED_SECRET
 from job_launcher.trusted_lines import NONCE_ENV, SCORE_TAG, format_trusted_line
 from posttrain_common.contracts.jobs import BackendJob, JobRole, RepoRef
@@ -508,8 +520,127 @@ def hf_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> HfHarness:
     return HfHarness(http)
 
 
+# -- replay ----------------------------------------------------------------------------------------
+
+
+class ReplayHarness(Harness):
+    name = "replay"
+    cannot: ClassVar[dict[str, str]] = {
+        "transient": "a replayed job is answered from files on this machine (its recording and "
+        "its state), which succeed or fail for good, so it never raises TransientBackendError; "
+        "a job that falls through raises its underlying backend's",
+        "unknown_model": "models are resolved by the underlying backend, here the fake, which "
+        "resolves every model repo",
+        "real_evaluation": "a replayed evaluation prints the recorded run's score line; nothing "
+        "reads a mounted artifact",
+    }
+    transient_faults = ()
+    end_within_s = 3600.0
+    step_s = 5.0
+
+    def __init__(self, tmp_path: Path, job_python: str = "3.12") -> None:
+        self.inner = FakeHarness(tmp_path / "inner", job_python=job_python)
+        self.model = self.inner.model
+        self.dataset_revision = self.inner.dataset_revision
+        self.store = ReplayStore(tmp_path / "store")
+        self._tmp_path = tmp_path
+        self._record_behaviours()
+        self.replay = ReplayBackend(
+            tmp_path / "replay", self.store, self.inner.fake, fall_through=True
+        )
+        self.backend = self.replay
+
+    def _inputs(self, behaviour: Behaviour, role: JobRole, evaluated: str | None) -> JobInputs:
+        return JobInputs(
+            role=role,
+            task_id="t0_artifact",
+            script_sha256=sha256_text(script_for(behaviour)),
+            flavor="cpu-basic",
+            base_model=self.model,
+            evaluated=evaluated,
+        )
+
+    def _record(
+        self,
+        inputs: JobInputs,
+        state: RecordedState,
+        running_s: float,
+        *,
+        script: str = "",
+        lines: list[str] | None = None,
+        trusted: list[int] | None = None,
+        artifact_bytes: int | None = None,
+    ) -> str:
+        key = inputs.key()
+        self.store.put(
+            Recording(
+                key=key,
+                inputs=inputs,
+                script=script,
+                state=state,
+                queue_s=2,
+                running_s=running_s,
+                timeout_s=7200,
+                message="exit 3" if state == "failed" else "",
+                lines=lines or [],
+                trusted=trusted or [],
+                artifact_bytes=artifact_bytes,
+                source="conformance",
+                recorded_at=datetime(2026, 3, 1, tzinfo=UTC),
+            )
+        )
+        return key
+
+    def _record_behaviours(self) -> None:
+        """The suite's behaviours as a recorded run of each left them."""
+        agent = JobRole.agent
+        runs: dict[Behaviour, tuple[RecordedState, float, list[str]]] = {
+            "succeeds": ("succeeded", SIMULATED_RUN_S, list(LINES)),
+            "fails": ("failed", 5, ["failing on purpose"]),
+            "runs_long": ("succeeded", 3600, ["running"]),
+        }
+        for behaviour, (state, running_s, lines) in runs.items():
+            inputs = self._inputs(behaviour, agent, None)
+            self._record(inputs, state, running_s, script=script_for(behaviour), lines=lines)
+        artifact = self._record(
+            self._inputs("writes_artifact", agent, None),
+            "succeeded",
+            10,
+            script=script_for("writes_artifact"),
+            lines=["saved"],
+            artifact_bytes=ARTIFACT_BYTES,
+        )
+        score = format_trusted_line(SCORE_TAG, NONCE_PLACEHOLDER, {"score": 1.0})
+        for role in (JobRole.dev, JobRole.grader):
+            inputs = self._inputs("evaluates", role, artifact)
+            self._record(inputs, "succeeded", 10, lines=["evaluating", score], trusted=[1])
+
+    def now(self) -> datetime:
+        return self.inner.now()
+
+    async def advance(self) -> None:
+        await self.inner.advance()
+
+    def unknown_ref(self) -> str:
+        return "replay-" + "0" * 24
+
+    def inject(self, fault: Fault, ref: str | None) -> None:
+        raise AssertionError(self.cannot["transient"])
+
+    def declaring(self, python: str) -> JobsBackend:
+        inner = self.inner.declaring(python)
+        return ReplayBackend(self._tmp_path / f"replay-{python}", self.store, inner)
+
+    async def stick_cancellations(self, ref: str) -> None:
+        self.replay.hold_cancellation(ref)
+
+    async def release_cancellations(self, ref: str) -> None:
+        self.replay.release_cancellation(ref)
+
+
 HARNESSES: dict[str, Callable[[Path, pytest.MonkeyPatch], Harness]] = {
     "fake": lambda tmp_path, _monkeypatch: FakeHarness(tmp_path),
     "local": LocalHarness,
     "hf": hf_harness,
+    "replay": lambda tmp_path, _monkeypatch: ReplayHarness(tmp_path),
 }

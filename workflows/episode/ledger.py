@@ -19,7 +19,14 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from posttrain_env.errors import ErrorType, ToolError
-from posttrain_env.models import FlavorPrice, ReservedSpend, ServiceSpend, SettledSpend, usd
+from posttrain_env.models import (
+    FlavorPrice,
+    ReplayedSpend,
+    ReservedSpend,
+    ServiceSpend,
+    SettledSpend,
+    usd,
+)
 
 LedgerKind = Literal["job", "dev"]
 
@@ -75,6 +82,11 @@ class Ledger(BaseModel):
     settled_gpu_s: float = 0.0  # accelerator-seconds: accelerators × running_s, summed
     settled_jobs: int = 0  # settled agent jobs (kind "job")
     settled_calls: int = 0  # settled dev evaluations (kind "dev")
+    # The part of the settled spend whose jobs were replayed from recordings (the replay
+    # backend): charged as the recorded runs were billed, and said so in `service_spend`.
+    replayed_micro_usd: int = 0
+    replayed_jobs: int = 0
+    replayed_calls: int = 0
 
     @property
     def reserved_micro_usd(self) -> int:
@@ -128,8 +140,9 @@ class Ledger(BaseModel):
         self.reservations[key] = reservation
         return reservation
 
-    def settle(self, key: str, running_s: float) -> Settlement:
-        """Release `key`'s reservation and charge its real cost at the locked price.
+    def settle(self, key: str, running_s: float, *, replayed: bool = False) -> Settlement:
+        """Release `key`'s reservation and charge its real cost at the locked price
+        (`replayed`: the job's outcome, running time included, was replayed from a recording).
 
         Raises KeyError for a key not reserved (never reserved, or already settled) and ValueError
         for a negative or non-finite `running_s`; nothing changes when it raises.
@@ -146,6 +159,10 @@ class Ledger(BaseModel):
             self.settled_jobs += 1
         else:
             self.settled_calls += 1
+        if replayed:
+            self.replayed_micro_usd += cost
+            self.replayed_jobs += reservation.kind == "job"
+            self.replayed_calls += reservation.kind != "job"
         return Settlement(
             key=key,
             kind=reservation.kind,
@@ -202,6 +219,11 @@ class Ledger(BaseModel):
             ),
             reserved=ReservedSpend(usd=usd(self.reserved_micro_usd)),
             final=final,
+            replayed=ReplayedSpend(
+                usd=usd(self.replayed_micro_usd), jobs=self.replayed_jobs, calls=self.replayed_calls
+            )
+            if self.replayed_jobs or self.replayed_calls
+            else None,
         )
 
     def _refusal_message(self, reservation: Reservation) -> str:

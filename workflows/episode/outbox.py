@@ -65,7 +65,10 @@ class EpisodeOutbox:
                 WriteAudit(
                     episode_id=self._setup.episode_id,
                     end=AuditEnd(
-                        reason=end.reason.value, reward=end.reward, invalid_score=end.invalid_score
+                        reason=end.reason.value,
+                        reward=end.reward,
+                        invalid_score=end.invalid_score,
+                        replayed=end.replayed,
                     ),
                     now=workflow.now(),
                     contamination=self._s.contamination,

@@ -153,6 +153,7 @@ def take_snapshot(carry: EpisodeCarry, record: JobRecord, snap: JobSnapshot) -> 
         record.started_at = snap.backend.started_at
         record.finished_at = snap.backend.finished_at
         record.running_s = snap.backend.running_s
+        record.replayed = snap.backend.replayed
     if snap.error is not None:
         record.error = snap.error
         record.final = True
@@ -167,7 +168,9 @@ def take_snapshot(carry: EpisodeCarry, record: JobRecord, snap: JobSnapshot) -> 
                 # Its real running time is unknown: never 0, always the worst case.
                 record.settlement = carry.ledger.settle_at_reservation(record.job_id)
             else:
-                record.settlement = carry.ledger.settle(record.job_id, record.running_s)
+                record.settlement = carry.ledger.settle(
+                    record.job_id, record.running_s, replayed=record.replayed
+                )
 
 
 # -- views -------------------------------------------------------------------------------------

@@ -42,6 +42,8 @@ class JobRecord(BaseModel):
     # When the episode first saw this job cancelling (workflow time): an operator looks for
     # cancellations pending too long (`PtCancelPendingSince`).
     cancel_requested_at: datetime | None = None
+    # Its outcome was replayed from a recording (the backend said so: `BackendJob.replayed`).
+    replayed: bool = False
 
     @property
     def live(self) -> bool:

@@ -334,6 +334,8 @@ class EpisodeWorkflow:
                 reward=reward,
                 invalid_score=invalid_score,
                 contamination=contamination,
+                # Jobs replayed from recordings (the replay backend): the reward is not measured.
+                replayed=True if any(r.replayed for r in self._s.jobs.values()) else None,
             )
             self._rearm = True
             workflow.logger.info("episode %s ended: %s", self._setup.episode_id, reason.value)
