@@ -70,9 +70,15 @@ def record(episode_id: str, campaign_id: str | None = None) -> AuditRecord:
         ],
         evaluations=[
             AuditEvaluation(job_id="eval-1", role="dev", split="dev", valid=True, score=0.25),
-            AuditEvaluation(job_id="eval-2", role="grader", split="hidden", valid=False,
-                            score=0.0, reason="the evaluator printed 2 score lines"),
-        ],  # fmt: skip
+            AuditEvaluation(
+                job_id="eval-2",
+                role="grader",
+                split="hidden",
+                valid=False,
+                score=0.0,
+                reason="the evaluator printed 2 score lines",
+            ),
+        ],
         scripts={digest: SCRIPT},
         end=AuditEnd(reason="submitted", reward=0.0),
     )
