@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
             from posttrain_server.commands.key import run_key
 
             status = run_key(args)
-        elif args.command == "replay":
+        elif args.command == "replay-store":
             from posttrain_server.commands.replay import run_replay
 
             status = run_replay(args)

@@ -1,7 +1,8 @@
-"""`posttrain-env replay`: the replay backend's store (docs/backends.md, "Replay backend").
+"""`posttrain-env replay-store`: the replay backend's store (docs/backends.md, "Replay backend").
 
-    posttrain-env replay build [--audit-dir DIR] [--campaign ID] [--store DIR] [--tasks-dir DIR]
-    posttrain-env replay list [--store DIR]
+    posttrain-env replay-store build [--audit-dir DIR] [--campaign ID] [--store DIR]
+                                     [--tasks-dir DIR]
+    posttrain-env replay-store list [--store DIR]
 
 `build` records every ended job of a deployment's audit records (default: its
 `<state_dir>/audit`, or POSTTRAIN_AUDIT_DIR) into the store (default: POSTTRAIN_REPLAY_STORE, else
@@ -20,7 +21,7 @@ REPLAY_HELP = "the replay backend's store of recorded job outcomes"
 
 def add_replay_commands(subparsers: argparse._SubParsersAction) -> None:  # pyright: ignore[reportPrivateUsage]
     """Register `replay` and its subcommands on the top-level parser's subparsers."""
-    replay = subparsers.add_parser("replay", help=REPLAY_HELP, description=REPLAY_HELP)
+    replay = subparsers.add_parser("replay-store", help=REPLAY_HELP, description=REPLAY_HELP)
     commands = replay.add_subparsers(dest="replay_command", required=True)
     build = commands.add_parser(
         "build", help="record the ended jobs of a deployment's audit records into the store"
@@ -57,7 +58,7 @@ def run_replay(args: argparse.Namespace) -> int:
         return 0
     audit_dir = args.audit_dir or settings.audit_dir or settings.state_dir / "audit"
     if not audit_dir.is_dir():
-        print(f"posttrain-env replay: no audit folder at {audit_dir}", file=sys.stderr)
+        print(f"posttrain-env replay-store: no audit folder at {audit_dir}", file=sys.stderr)
         return 1
     tasks_dir = args.tasks_dir or settings.tasks_dir or TASKS_DIR
     report = build_store(audit_dir, tasks_dir, store, campaign_id=args.campaign)

@@ -1,5 +1,5 @@
-"""Building a replay store from audit records (`posttrain-env replay build|list`), and the replay
-backend's settings (`POSTTRAIN_REPLAY_*`)."""
+"""Building a replay store from audit records (`posttrain-env replay-store build|list`), and
+the replay backend's settings (`POSTTRAIN_REPLAY_*`)."""
 
 from __future__ import annotations
 
@@ -91,10 +91,10 @@ def write_records(audit: Path, *records: AuditRecord) -> None:
 
 
 def cli(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """The real `posttrain-env replay ...` process."""
+    """The real `posttrain-env replay-store ...` process."""
     env = {**os.environ, "POSTTRAIN_STATE_DIR": str(state)}
     return subprocess.run(
-        [sys.executable, "-m", "posttrain_server.cli", "replay", *args],
+        [sys.executable, "-m", "posttrain_server.cli", "replay-store", *args],
         capture_output=True,
         text=True,
         env=env,

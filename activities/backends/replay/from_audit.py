@@ -1,4 +1,4 @@
-"""Build a replay store from a deployment's audit records (`posttrain-env replay build`).
+"""Build a replay store from a deployment's audit records (`posttrain-env replay-store build`).
 
 Every episode writes its audit record when it ends (`<audit dir>/<episode_id>.json`,
 posttrain_common/contracts/audit.py); a campaign's rollouts are episodes whose records carry its
