@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import secrets
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -341,3 +342,18 @@ def test_the_store_skips_other_formats_and_recordings_whose_key_is_not_their_inp
     with pytest.raises(ValueError):
         store.path("../../etc/passwd")
     assert hashlib.sha256(b"").hexdigest() not in store.keys()
+
+
+def test_the_nearest_keys_are_looked_for_among_the_newest_recordings_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("activities.backends.replay.store.MAX_SCANNED", 2)
+    store = ReplayStore(tmp_path / "store")
+    flavors = ["t4-small", "l4x1", "a10g-small"]  # the oldest is the same script on t4-small
+    for age, flavor in zip((300, 200, 100), flavors, strict=True):
+        job = inputs(flavor=flavor)
+        store.put(recording(job))
+        stamp = T0.timestamp() - age
+        os.utime(store.path(job.key()), (stamp, stamp))
+    near = store.nearest(inputs(), TRAIN, 3)
+    assert [n.key for n in near] == sorted(inputs(flavor=f).key() for f in flavors[1:])
