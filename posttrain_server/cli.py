@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     from posttrain_server.commands.key import add_key_commands
 
     add_key_commands(sub)
+    from posttrain_server.commands.replay import add_replay_commands
+
+    add_replay_commands(sub)
     sub.add_parser(
         "demo",
         help="play one whole t0_artifact episode on this machine (local backend, no token)",
@@ -97,6 +100,10 @@ def main(argv: list[str] | None = None) -> None:
             from posttrain_server.commands.key import run_key
 
             status = run_key(args)
+        elif args.command == "replay-store":
+            from posttrain_server.commands.replay import run_replay
+
+            status = run_replay(args)
         elif args.command == "demo":
             from posttrain_server.demo import main as run_demo
 

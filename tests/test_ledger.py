@@ -502,3 +502,19 @@ def test_a_late_job_is_charged_its_real_cost_even_past_the_budget_without_a_rese
     with pytest.raises(ValueError):
         ledger.settle_late("job-c+late:y", "dev", CPU, -1.0)
     assert ledger.settled_micro_usd == 2 * 6_667  # nothing changed
+
+
+def test_a_replayed_settlement_is_charged_as_any_and_counted_apart() -> None:
+    ledger = Ledger(budget_micro_usd=10_000)
+    assert "replayed" not in ledger.service_spend(final=True).model_dump()
+    ledger.reserve("job-1", "job", CPU, 5)
+    ledger.reserve("eval-1", "dev", CPU, 5)
+    ledger.reserve("job-2", "job", CPU, 5)
+    ledger.settle("job-1", 61, replayed=True)
+    ledger.settle("eval-1", 30, replayed=True)
+    ledger.settle("job-2", 120)
+    spend = ledger.service_spend(final=True)
+    assert spend.settled.usd == 5 * 167 / 1e6 and ledger.remaining_micro_usd == 10_000 - 5 * 167
+    assert spend.replayed is not None
+    assert spend.replayed.model_dump() == {"usd": 3 * 167 / 1e6, "jobs": 1, "calls": 1}
+    assert ServiceSpend.model_validate(spend.model_dump()) == spend

@@ -123,6 +123,9 @@ class RolloutRecord(BaseModel):
     # The contamination check's counts, as the episode's end carried them (the evidence stays
     # in the episode's audit record); None: not checked, or a record from before they were kept.
     contamination: ContaminationSummary | None = None
+    # True when the episode's end said some job was replayed from a recording (the replay
+    # backend): its reward was not measured. None: measured, or a record from before.
+    replayed: bool | None = None
 
     @property
     def contamination_flagged(self) -> bool:
@@ -183,6 +186,8 @@ class Summary(BaseModel):
     error_rate: float | None = None
     env_usd: float = 0.0
     llm_usd: float = 0.0
+    # Rollouts whose deciding attempt had jobs replayed from recordings (not measured rewards).
+    replayed: int = 0
 
 
 def summarize(records: Iterable[RolloutRecord]) -> Summary:
@@ -191,6 +196,7 @@ def summarize(records: Iterable[RolloutRecord]) -> Summary:
     summary = Summary(rollouts=len(latest), attempts=len(records))
     for record in latest:
         summary.counts[record.outcome] += 1
+        summary.replayed += bool(record.replayed)
     rewards = [r.reward or 0.0 for r in latest if r.outcome in AVERAGED]
     if rewards:
         summary.mean_reward = sum(rewards) / len(rewards)

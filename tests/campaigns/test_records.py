@@ -96,3 +96,16 @@ def test_the_mean_is_over_scored_and_limit_and_the_latest_attempt_decides() -> N
     }
     assert summary.mean_reward == pytest.approx(1.0 / 3)
     assert summary.unscored_rate == 1 / 5 and summary.error_rate == 1 / 5
+
+
+def test_replayed_rollouts_are_flagged_and_counted_by_their_deciding_attempt() -> None:
+    records = [
+        record("1", reward=0.5),
+        record("2", reward=0.5, replayed=True),
+        record("3", reward=0.2, replayed=True),
+        record("3", attempt=2, reward=0.4),  # measured on its retry: it decides
+    ]
+    summary = summarize(records)
+    assert summary.replayed == 1 and summary.rollouts == 3
+    line = RolloutRecord.model_validate_json(records[1].model_dump_json())
+    assert line.replayed is True and records[0].replayed is None

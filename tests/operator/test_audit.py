@@ -65,7 +65,13 @@ async def test_a_scripted_episodes_record_holds_every_call_and_job_and_no_secret
         assert await export_record(h.client, h.settings, ep.episode_id) == record
 
     assert end["reason"] == "submitted"
-    assert record["end"] == {"reason": "submitted", "reward": 0.625, "invalid_score": None}
+    assert record["end"] == {
+        "reason": "submitted",
+        "reward": 0.625,
+        "invalid_score": None,
+        "replayed": None,  # a measured reward: its jobs ran (on the fake)
+    }
+    assert all(job["replayed"] is None for job in record["jobs"])
     assert record["task_id"] == "t_test" and record["backend"] == "fake"
     calls = record["calls"]
     assert len(calls) == steps

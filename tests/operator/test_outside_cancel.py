@@ -128,6 +128,7 @@ async def test_cancelling_an_episode_workflow_ends_it_as_an_operator_would(
             "reason": "cancelled_by_operator",
             "reward": None,
             "invalid_score": None,
+            "replayed": None,
         }
         (action,) = record["operator_actions"]
         assert action["action"] == "temporal_cancel" and action["jobs"] == [job_id]

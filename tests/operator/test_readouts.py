@@ -198,6 +198,7 @@ async def test_an_export_of_an_ending_episode_has_its_end_and_spend(tmp_path: Pa
             "reason": "cancelled_by_operator",
             "reward": None,
             "invalid_score": None,
+            "replayed": None,
         }
         spend = status.service_spend
         assert record["final_spend_micro_usd"] == round(spend.settled.usd * 1e6) > 0

@@ -55,6 +55,7 @@ def attempt_record(inp: RolloutInput, s: RolloutCarry, now: datetime) -> Rollout
         error=s.error,
         conversation=s.conversation,
         contamination=end.contamination if end else None,
+        replayed=end.replayed if end else None,
     )
 
 

@@ -133,7 +133,7 @@ class ReplayBackend:
         )
         if recording is None or refusal is not None:
             if not self.fall_through:
-                raise self._not_recorded(inputs, request, refusal)
+                raise await self._not_recorded(inputs, request, refusal)
             job.inner_ref = await self._start_inner(request)
             job.inputs, job.script = inputs, request.script if request.role is JobRole.agent else ""
         self._save(job)
@@ -236,8 +236,12 @@ class ReplayBackend:
             evaluated=evaluated,
         )
 
-    def _not_recorded(self, inputs: JobInputs, request: JobRequest, why: str | None) -> ToolError:
-        near = self.store.nearest(inputs, request.script, NEAREST_KEYS)
+    async def _not_recorded(
+        self, inputs: JobInputs, request: JobRequest, why: str | None
+    ) -> ToolError:
+        # Reads and compares up to MAX_SCANNED recordings (about a second per thousand on a busy
+        # machine): off the event loop.
+        near = await asyncio.to_thread(self.store.nearest, inputs, request.script, NEAREST_KEYS)
         what = "script and inputs" if request.role is JobRole.agent else "evaluation"
         message = why or (
             f"the replay backend has no recorded outcome for this {what} (key {inputs.key()}) "

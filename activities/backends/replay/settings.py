@@ -20,7 +20,7 @@ class ReplaySettings(BaseSettings):
     )
 
     # The store of recordings (default: <state_dir>/replay/store). Build one from a deployment's
-    # audit records with `posttrain-env replay build`.
+    # audit records with `posttrain-env replay-store build`.
     store: Path | None = None
     # Recorded queueing and running times are replayed multiplied by this (0.01: a 10-minute
     # job ends in 6 s). Charges are the recorded ones whatever the scale.

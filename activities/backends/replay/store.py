@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 KEY = re.compile(r"[0-9a-f]{64}")
 # Recordings read when looking for the nearest keys (the newest first); the rest are not compared.
-MAX_SCANNED = 10_000
+MAX_SCANNED = 2_000
 
 
 class ReplayStore:
