@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import os
 import shutil
 import statistics
@@ -99,7 +100,8 @@ async def level(base_url: str, rollouts: int, concurrency: int) -> dict[str, obj
     queue = list(range(rollouts))
 
     async def client() -> None:
-        async with PostTrainEnv(base_url=base_url, message_timeout_s=600) as env:
+        env = PostTrainEnv(base_url=base_url, message_timeout_s=600)
+        async with env:
             while queue:
                 queue.pop()
                 latency, n, was_replayed, reward = await play_one(env)
@@ -129,8 +131,9 @@ def cpu_s(topology: Topology) -> float:
 
 
 def main() -> None:
-    sys.stdout.reconfigure(line_buffering=True)  # rows appear as each level ends
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)  # rows appear as each level ends
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=200, help="rollouts per level")
     parser.add_argument("--concurrency", default="1,10,50", help="client coroutines, per level")
     parser.add_argument("--step-s", default="0.5,2,10", help="trainer step times to compare")
