@@ -171,3 +171,27 @@ def test_the_engine_switch_in_the_evaluators_own_venv(
     reading = read_score(done.stdout.splitlines(), "nonce-1")
     assert reading.valid and reading.details["engine"] == "transformers"
     assert reading.details["device"] == "cpu" and reading.details["artifact_valid"] is True
+
+
+def test_weights_that_are_not_finite_score_0_before_the_model_runs(
+    jobs: Jobs, model_python: Path, tmp_path: Path
+) -> None:
+    from tasks.evaluator_kit import read_tensor_set, write_safetensors
+
+    base = jobs.backend.hub.path("models", "test/base", jobs.model.revision)
+    tensors = {}
+    for name, info in read_tensor_set(base).items():
+        with open(info.path, "rb") as source:
+            source.seek(info.begin)
+            data = source.read(info.nbytes)
+        if name == "model.norm.weight":
+            data = b"\x00\x00\xc0\x7f" + data[4:]  # a NaN
+        tensors[name] = (info.dtype, info.shape, data)
+    poisoned = tmp_path / "nan" / "outputs"
+    poisoned.mkdir(parents=True)
+    write_safetensors(poisoned / "model.safetensors", tensors)
+    done = evaluator_process(model_python, base, poisoned, PARAMS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reading = read_score(done.stdout.splitlines(), "nonce-1")
+    assert reading.score == 0.0 and reading.details["artifact_valid"] is False
+    assert "NaN or inf" in reading.details["reason"]
