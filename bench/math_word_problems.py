@@ -116,7 +116,7 @@ def qwen_sized(folder: Path, layers: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="The math word problems family, measured.")
     parser.add_argument("--quick", action="store_true")
     quick = parser.parse_args().quick
     python = model_python(Path(tempfile.gettempdir()) / "posttrain-bench")

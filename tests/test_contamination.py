@@ -464,4 +464,4 @@ def test_a_jobs_outputs_are_read_training_data_first_and_weights_by_their_header
     read = read_folder(tmp_path, 8 * MIB, outputs=True)
     assert len(read.files[1][1]) == 8 + SAFETENSORS_HEADER_BYTES
     # Without `outputs` (a dataset), files are read in path order, whole, up to the cap.
-    assert [p for p, _ in read_folder(tmp_path, 8 * MIB).files][0] == "a-model.safetensors"
+    assert read_folder(tmp_path, 8 * MIB).files[0][0] == "a-model.safetensors"
