@@ -28,7 +28,8 @@ from activities.jobs.activities import HIDDEN_SEED_SECRET, TASK_PARAMS_ENV
 from job_launcher.trusted_lines import NONCE_ENV, SCORE_TAG, ScoreReading, read_score
 from posttrain_common.contracts.jobs import JobRole
 from tasks.models.tiny_math_lm import generate
-from tasks.registry import TASKS_DIR, evaluator_script, load_task, test_items_path
+from tasks.registry import TASKS_DIR, evaluator_script, load_task
+from tasks.registry import test_items_path as items_file  # not collected as a test
 from tests.local.conftest import JOB_PYTHON, TEST_BWRAP, Jobs
 from tests.local.test_arithmetic_format import ROOMY, model_python, torch_wheels
 
@@ -117,7 +118,7 @@ def scan_outputs(jobs: Jobs, ref: str) -> list[str]:
     backend, as the check reads them), under the task's n-gram and threshold."""
     spec = TASK.contamination
     assert spec is not None
-    items = load_test_items(test_items_path(TASK.id, TASK.family, spec))
+    items = load_test_items(items_file(TASK.id, TASK.family, spec))
     scan = Scan(items, spec.ngram, spec.threshold)
     read = asyncio.run(jobs.backend.read_outputs(ref, 32 << 20))
     assert not read.cut and "train.jsonl" in [path for path, _ in read.files]
