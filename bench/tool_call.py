@@ -181,7 +181,13 @@ def main() -> None:
             "max_new_tokens": 4 if args.quick else 64,
         }
         details, wall, cpu = evaluate(
-            python, qwen, qwen_artifact, work, full_params, hidden=False, items=8 if args.quick else 64
+            python,
+            qwen,
+            qwen_artifact,
+            work,
+            full_params,
+            hidden=False,
+            items=8 if args.quick else 64,
         )
         tokens, generation_s = details["generated_tokens"], details["generation_s"]
         per_s, per_cpu_s = tokens / generation_s, tokens / cpu

@@ -255,8 +255,9 @@ def embedded_files(spec: TaskSpec, tasks_dir: Path = TASKS_DIR) -> dict[str, str
     folder), each LZMA-compressed then base85-encoded, by name. Raises TaskSpecError for a
     malformed list, a path outside the folder, and a missing file (the task is then listed but
     cannot be evaluated: its task.toml says how its files are made)."""
-    names = spec.evaluation.get("files", [])
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+    given = spec.evaluation.get("files", [])
+    names = [name for name in given if isinstance(name, str)] if isinstance(given, list) else []
+    if not isinstance(given, list) or len(names) != len(given):
         raise TaskSpecError(f"task {spec.id!r}: [evaluation] files must be a list of paths")
     folder = tasks_dir / (spec.family or spec.id)
     encoded = {}

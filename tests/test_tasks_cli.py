@@ -61,7 +61,9 @@ def test_tasks_list_prints_each_family_then_its_members() -> None:
     family_at = lines.index("t1_tool_call")
     tiny = next(line for line in lines if line.startswith("  t1_tool_call_tiny "))
     assert lines.index(tiny) > family_at
-    assert "budget $0.50" in tiny and "time 2h00m" in tiny and "flavors cpu-basic,cpu-upgrade" in tiny
+    assert (
+        "budget $0.50" in tiny and "time 2h00m" in tiny and "flavors cpu-basic,cpu-upgrade" in tiny
+    )
     assert "base posttrain-env/tiny-tool-lm@main (local: tiny-tool-lm)" in tiny
     real = next(line for line in lines if line.startswith("  t1_tool_call "))
     assert "budget $20.00" in real and "Qwen/Qwen2.5-0.5B-Instruct@7ae5576" in real

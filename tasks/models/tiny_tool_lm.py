@@ -6,11 +6,12 @@
 A Llama-style causal LM that `transformers` loads as `LlamaForCausalLM`, the size of
 `tiny-arith-lm` (hidden size 128, 2 layers, F32, one token per printable ASCII character) with
 room for longer prompts (384 positions), and a chat template that renders the `tools` it is
-given, as the real member's base model (Qwen2.5-Instruct) does, only shorter: each tool as
-`name(param:type,...)` (a required parameter marked `!`, an enum's values after `=` joined by
-`|`), all of them in one turn before the conversation:
+given, as the real member's base model (Qwen2.5-Instruct) does, only much shorter (every
+character is a token and a position the model must learn across): each tool as its name and
+its parameters' names, `name(param,...)`, a required parameter marked `!`, all of them in one
+turn before the conversation:
 
-    <|im_start|>set_timer(minutes!:integer);get_stock(symbol!:string,days:integer)<|im_end|>
+    <|im_start|>set_timer(minutes!);get_stock(symbol!,days)<|im_end|>
     <|im_start|>price of abc stock<|im_end|>
 
 after which the model answers (a call is `{"name": ..., "arguments": {...}}`) and ends its
@@ -36,7 +37,6 @@ CHAT_TEMPLATE = (
     "{{- f.name + '(' }}"
     "{%- for name, p in f.parameters.properties.items() %}"
     "{{- name }}{% if name in f.parameters.get('required', []) %}!{% endif %}"
-    "{{- ':' + p.type }}{% if p.enum %}{{ '=' + p.enum | join('|') }}{% endif %}"
     "{%- if not loop.last %},{% endif %}"
     "{%- endfor %}"
     "{{- ')' }}{% if not loop.last %};{% endif %}"

@@ -19,7 +19,7 @@ written, `t1_tool_call` is listed and its episodes start, but its evaluations an
 text, unchanged but for the conversion below; their licence is BFCL's (Apache-2.0).
 
 BFCL's format: a question file holds one JSON object per line, `{"id", "question": [[message,
-...]], "function": [{"name", "description", "parameters": {"type": "dict", "properties", 
+...]], "function": [{"name", "description", "parameters": {"type": "dict", "properties",
 "required"}}]}`, and its `possible_answer/` twin `{"id", "ground_truth": [{name: {param:
 [accepted values]}}]}`, "" among a parameter's values meaning that it may be left out. The
 conversion (`convert`) keeps the first turn's messages, wraps each function as an OpenAI-style
@@ -45,7 +45,11 @@ REVISION = "a47290ec96c5533102ee526548807024b1dda53b"
 HIDDEN_SOURCE, DEV_SOURCE = "BFCL_v3_simple.json", "BFCL_v3_live_simple.json"
 ANSWERS = "possible_answer/"
 DEV_ITEMS, DEV_SEED = 100, "t1_tool_call/dev/1"
-DEV_FILE, HIDDEN_FILE, TEST_ITEMS_FILE = "bfcl_dev.jsonl", "bfcl_hidden.jsonl", "bfcl_test_items.jsonl"
+DEV_FILE, HIDDEN_FILE, TEST_ITEMS_FILE = (
+    "bfcl_dev.jsonl",
+    "bfcl_hidden.jsonl",
+    "bfcl_test_items.jsonl",
+)
 TYPE_NAMES = {"dict": "object", "float": "number", "tuple": "array"}
 
 
@@ -79,7 +83,10 @@ def convert(question: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any] 
         return None
     ((name, arguments),) = calls[0].items()
     tools = [
-        {"type": "function", "function": {**function, "parameters": json_schema(function["parameters"])}}
+        {
+            "type": "function",
+            "function": {**function, "parameters": json_schema(function["parameters"])},
+        }
         for function in question["function"]
     ]
     return {
@@ -128,9 +135,7 @@ def download() -> dict[str, Path]:
 
     names = [HIDDEN_SOURCE, DEV_SOURCE, ANSWERS + HIDDEN_SOURCE, ANSWERS + DEV_SOURCE]
     return {
-        name: Path(
-            hf_hub_download(DATASET, name, repo_type="dataset", revision=REVISION)
-        )
+        name: Path(hf_hub_download(DATASET, name, repo_type="dataset", revision=REVISION))
         for name in names
     }
 

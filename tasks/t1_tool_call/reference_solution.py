@@ -16,7 +16,8 @@ The job script a good agent submits: it reads the base model from /base_model, d
 the task's distribution (tools, a request, the expected call; the job has no network), renders
 each request with its tools through the base model's own chat template, exactly as the
 evaluator does, trains the model to reply with the call as one compact JSON object
-`{"name": ..., "arguments": {...}}` and the end of turn, and writes the weights as safetensors
+`{"name": ..., "arguments": {...}}` and the end of turn (the arguments' values weighing more
+in the loss than the format), and writes the weights as safetensors
 to /data/outputs in the base model's dtype and tensor names. Its training data stays in memory:
 nothing of it is written where the contamination check reads.
 
@@ -36,9 +37,11 @@ import sys
 import time
 from pathlib import Path
 
-STEPS = 700
+STEPS = 1000
 BATCH_SIZE = 32
 LEARNING_RATE = 3e-3
+# How much more an argument's value counts in the loss than the call's format.
+VALUE_WEIGHT = 4.0
 # The time the training loop may take whatever the step (the job's own timeout is longer);
 # the learning-rate schedule ends with it.
 MAX_TRAIN_SECONDS = float(os.environ.get("MAX_TRAIN_SECONDS", 20 * 60))
@@ -190,10 +193,22 @@ def learning_rate_factor(progress: float) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * (progress - WARMUP) / (1.0 - WARMUP)))
 
 
+def call_segments(name: str, arguments: dict) -> list:
+    """The call as compact JSON, in (text, weight) pieces: each argument's value weighs
+    VALUE_WEIGHT in the loss, the rest 1 (the format is learned in a few steps; copying the
+    request's values is what takes long)."""
+    segments = [('{"name":' + json.dumps(name) + ',"arguments":{', 1.0)]
+    for n, (key, value) in enumerate(arguments.items()):
+        segments.append(((',' if n else '') + json.dumps(key) + ":", 1.0))
+        segments.append((json.dumps(value), VALUE_WEIGHT))
+    segments.append(("}}", 1.0))
+    return segments
+
+
 def examples(tokenizer, rng: random.Random, count: int) -> list:
-    """(input ids, labels) pairs: the prompt as the evaluator builds it (the request with its
-    tools, through the chat template), then the call and the end of turn; the loss is on the
-    call only."""
+    """(input ids, loss weights) pairs: the prompt as the evaluator builds it (the request with
+    its tools, through the chat template), then the call and the end of turn; the loss is on
+    the call only (weight 0 on the prompt)."""
     end = tokenizer.eos_token or ""
     pairs = []
     for _ in range(count):
@@ -204,11 +219,25 @@ def examples(tokenizer, rng: random.Random, count: int) -> list:
             tokenize=False,
             add_generation_prompt=True,
         )
-        call = json.dumps({"name": name, "arguments": arguments}, separators=(",", ":"))
-        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        reply_ids = tokenizer(call + end, add_special_tokens=False)["input_ids"]
-        pairs.append((prompt_ids + reply_ids, [-100] * len(prompt_ids) + reply_ids))
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        weights = [0.0] * len(ids)
+        for piece, weight in [*call_segments(name, arguments), (end, 1.0)]:
+            piece_ids = tokenizer(piece, add_special_tokens=False)["input_ids"]
+            ids, weights = ids + piece_ids, weights + [weight] * len(piece_ids)
+        pairs.append((ids, weights))
     return pairs
+
+
+def weighted_loss(model, inputs: dict):
+    """Next-token cross-entropy, each target token weighted (0 on the prompt and padding)."""
+    import torch
+
+    logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+    targets, weights = inputs["input_ids"][:, 1:], inputs["weights"][:, 1:]
+    losses = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="none"
+    )
+    return (losses * weights.reshape(-1)).sum() / weights.sum()
 
 
 def batch(pairs: list, pad_id: int, device: str) -> dict:
@@ -216,11 +245,11 @@ def batch(pairs: list, pad_id: int, device: str) -> dict:
 
     width = max(len(ids) for ids, _ in pairs)
     ids = [ids + [pad_id] * (width - len(ids)) for ids, _ in pairs]
-    labels = [labels + [-100] * (width - len(labels)) for _, labels in pairs]
+    weights = [w + [0.0] * (width - len(w)) for _, w in pairs]
     mask = [[1] * len(i) + [0] * (width - len(i)) for i, _ in pairs]
     return {
         "input_ids": torch.tensor(ids, device=device),
-        "labels": torch.tensor(labels, device=device),
+        "weights": torch.tensor(weights, device=device),
         "attention_mask": torch.tensor(mask, device=device),
     }
 
@@ -254,13 +283,16 @@ def main(base_dir: Path, outputs: Path) -> None:
         for group in optimizer.param_groups:
             group["lr"] = LEARNING_RATE * learning_rate_factor(progress)
         inputs = batch(examples(tokenizer, rng, BATCH_SIZE), pad_id, device)
-        loss = model(**inputs).loss
+        loss = weighted_loss(model, inputs)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if step % 50 == 0 or step == STEPS - 1:
-            print(f"step {step} loss {loss.item():.4f} ({time.monotonic() - started:.0f} s)", flush=True)
+            print(
+                f"step {step} loss {loss.item():.4f} ({time.monotonic() - started:.0f} s)",
+                flush=True,
+            )
         if not math.isfinite(loss.item()):
             raise SystemExit("the loss is not finite; stopping")
     model.to(dtype=saved_dtype).eval()

@@ -30,7 +30,11 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).parent
-DEV_FILE, HIDDEN_FILE, TEST_ITEMS_FILE = "tiny_dev.jsonl", "tiny_hidden.jsonl", "tiny_test_items.jsonl"
+DEV_FILE, HIDDEN_FILE, TEST_ITEMS_FILE = (
+    "tiny_dev.jsonl",
+    "tiny_hidden.jsonl",
+    "tiny_test_items.jsonl",
+)
 DEV_ITEMS, HIDDEN_ITEMS = 100, 200
 DEV_SEED, HIDDEN_SEED = "t1_tool_call_tiny/dev/1", "t1_tool_call_tiny/hidden/1"
 TOOLS_PER_ITEM = 3

@@ -154,7 +154,7 @@ def call(**arguments: Any) -> str:
         call(city="NYC", days=3, ratio=0.5, tags=["A", "b"], exact=True),
         call(city="NYC", days=3, ratio=0.50),
         '  {"name": "get_weather", "arguments": {"city": "NYC", "days": 3}}\n',
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "NYC", "days": 3}}\n</tool_call>',
+        "<tool_call>\n" + call(city="NYC", days=3) + "\n</tool_call>",
     ],
 )
 def test_a_right_call_counts(reply: str) -> None:
@@ -197,7 +197,11 @@ def test_an_optional_parameter_bfcl_requires_must_be_given() -> None:
 
 
 def test_the_counts_tell_parsing_naming_and_correctness_apart() -> None:
-    replies = ["not json", json.dumps({"name": "get_time", "arguments": {}}), call(city="x", days=3)]
+    replies = [
+        "not json",
+        json.dumps({"name": "get_time", "arguments": {}}),
+        call(city="x", days=3),
+    ]
     counts = EVALUATOR.score_replies([ITEM] * 3, replies)
     assert counts == {"parsed": 2, "name_ok": 1, "correct": 0}
 
@@ -268,7 +272,7 @@ def _job(tmp_path: Path, seed: str | None):
     return GraderInputs(NONCE, seed, tmp_path, tmp_path, {})
 
 
-# -- the items inside the one-file grader -----------------------------------------------------------
+# -- the items inside the one-file grader ---------------------------------------------------
 
 
 def test_the_assembled_evaluator_holds_the_tiny_splits_and_fits_a_jobs_script() -> None:
@@ -287,13 +291,15 @@ def test_the_bfcl_member_cannot_be_evaluated_until_its_files_are_fetched(tmp_pat
     """The repository does not ship BFCL's files: the member loads, its evaluator does not
     assemble, and the message names the missing file (the agent reads it as not_allowed)."""
     tasks_dir = tmp_path / "tasks"
-    shutil.copytree(FAMILY, tasks_dir / "t1_tool_call", ignore=shutil.ignore_patterns("bfcl_*.jsonl"))
+    shutil.copytree(
+        FAMILY, tasks_dir / "t1_tool_call", ignore=shutil.ignore_patterns("bfcl_*.jsonl")
+    )
     spec = load_task("t1_tool_call", tasks_dir)
     with pytest.raises(TaskSpecError, match=r"bfcl_dev\.jsonl does not exist"):
         evaluator_script(spec, tasks_dir)
     (tasks_dir / "t1_tool_call" / "bfcl_dev.jsonl").write_text(json.dumps(ITEM) + "\n")
     (tasks_dir / "t1_tool_call" / "bfcl_hidden.jsonl").write_text(json.dumps(ITEM) + "\n")
-    assert "EMBEDDED_FILES: dict[str, str] = {\"bfcl_dev.jsonl\"" in evaluator_script(spec, tasks_dir)
+    assert 'EMBEDDED_FILES: dict[str, str] = {"bfcl_dev.jsonl"' in evaluator_script(spec, tasks_dir)
 
 
 def family_copy(tmp_path: Path, evaluation: str) -> tuple[Path, Any]:
@@ -324,7 +330,9 @@ def test_files_to_embed_must_be_a_list_of_paths_in_the_family(
 
 
 def test_an_evaluator_over_a_jobs_script_limit_is_refused(tmp_path: Path) -> None:
-    evaluation = '[evaluation]\nfiles = ["big.jsonl"]\ndev_file = "big.jsonl"\nhidden_file = "big.jsonl"'
+    evaluation = (
+        '[evaluation]\nfiles = ["big.jsonl"]\ndev_file = "big.jsonl"\nhidden_file = "big.jsonl"'
+    )
     tasks_dir, spec = family_copy(tmp_path, evaluation)
     # Random bytes do not compress: the embedded file alone is over the limit.
     (tasks_dir / "t1_tool_call" / "big.jsonl").write_bytes(random.Random(0).randbytes(300_000))
