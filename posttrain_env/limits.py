@@ -116,6 +116,11 @@ CONTAMINATION_DATASET_BYTES = 32 * MIB
 # ... and of all the datasets an episode mounted together (datasets past it are listed as not
 # read). The scan reads a few MB of text per second: this keeps a check within minutes.
 CONTAMINATION_TOTAL_BYTES = 256 * MIB
+# Bytes of one agent job's outputs (`/data/outputs/`) the check reads: every file but the
+# weights first, then each weights file's header only (activities/contamination/dataset_bytes.py
+# `outputs_order`); and of all the episode's agent jobs together (the submitted job first).
+CONTAMINATION_OUTPUTS_BYTES = 32 * MIB
+CONTAMINATION_OUTPUTS_TOTAL_BYTES = 128 * MIB
 # A task's test items file: larger ones are refused (the check reports `check_failed`).
 CONTAMINATION_ITEMS_BYTES = 16 * MIB
 # Evidence kept for the audit record (it crosses Temporal once, in the check's result): this

@@ -288,6 +288,17 @@ class FlavorPrice(BaseModel):
 EvaluationParam = int | float | str | bool | list[str] | list[int]
 
 
+class EvaluationDataset(BaseModel):
+    """A public dataset mounted read-only at `/datasets/<repo_id>` in the task's evaluation jobs
+    (dev and grader), at a pinned commit: the evaluator's own data (e.g. a benchmark's splits),
+    never the agent's choice."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    repo_id: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+    revision: str = Field(pattern=r"^[0-9a-f]{40}$")
+
+
 class BaseModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -373,6 +384,8 @@ class TaskSpec(BaseModel):
     family: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_]*$")
     # The evaluator's parameters (the `[evaluation]` table), handed to every evaluation job.
     evaluation: dict[str, EvaluationParam] = Field(default_factory=dict)
+    # Datasets mounted in every evaluation job (`[[evaluation_datasets]]`), at pinned commits.
+    evaluation_datasets: list[EvaluationDataset] = Field(default_factory=list)
     # Where the test items come from, for the grader-side contamination check (the
     # `[contamination]` table). None: the task declares nothing and nothing is checked.
     contamination: ContaminationSpec | None = None

@@ -202,7 +202,8 @@ def evaluator_script(spec: TaskSpec, tasks_dir: Path = TASKS_DIR) -> str:
     replaced by tasks/generation_kit.py (less its own import of the kit, already embedded).
     A generation evaluator of a task whose `engine` parameter is "vllm" or "auto" (the default)
     gets the pinned vLLM (generation_kit.VLLM_REQUIREMENT) added to its PEP 723 dependencies:
-    the one place the GPU engine is installed, so a task on the CPU sets "transformers". Any
+    the one place the GPU engine is installed, so a task on the CPU sets "transformers"; the
+    task's `data_dependencies` (a list, e.g. pyarrow to read a mounted dataset) too. Any
     other evaluator is returned as it is. An evaluator with the line `EMBEDDED_FILES: dict[str,
     str] = {}` gets the files its task's `[evaluation] files` names (its items: a grader job
     uploads one file) in that dict, each LZMA-compressed and base85-encoded (`embedded_files`).
@@ -233,8 +234,12 @@ def evaluator_script(spec: TaskSpec, tasks_dir: Path = TASKS_DIR) -> str:
                 "generation kit is embedded after the kit, whose names it uses)"
             )
         text = _GENERATION_KIT_IMPORT.sub(lambda _: _generation_kit_source(), text, count=1)
+        # Added in reverse, each first in the list: the list keeps this order.
+        added = _listed(spec, "data_dependencies", shown)
         if spec.evaluation.get("engine", "auto") in ("vllm", "auto"):
-            text = _with_dependency(text, _vllm_requirement(), shown)
+            added.insert(0, _vllm_requirement())
+        for requirement in reversed(added):
+            text = _with_dependency(text, requirement, shown)
     kit = _kit_source()
     script = _KIT_IMPORT.sub(lambda _: kit, text, count=1)
     size = len(script.encode("utf-8"))
@@ -294,6 +299,14 @@ _GENERATION_KIT_IMPORT = re.compile(
 )
 # The first line of a PEP 723 header's dependency list, as the evaluators write it.
 _DEPENDENCIES_LINE = re.compile(r"^# dependencies = \[\n", re.MULTILINE)
+
+
+def _listed(spec: TaskSpec, key: str, shown: str) -> list[str]:
+    """A list of strings among the task's evaluation parameters ([] when absent)."""
+    value = spec.evaluation.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise TaskSpecError(f"{shown}: evaluation.{key} must be a list of requirement strings")
+    return [str(item) for item in value]
 
 
 def _with_dependency(text: str, requirement: str, shown: str) -> str:

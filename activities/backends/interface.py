@@ -118,6 +118,13 @@ class JobsBackend(Protocol):
         Raises TransientBackendError when a retry may help, ToolError when it cannot."""
         ...
 
+    async def read_outputs(self, ref: str, max_bytes: int) -> DatasetBytes:
+        """What the job `ref` left under `/data/outputs/` (its artifact), up to `max_bytes`, in
+        `activities.contamination.dataset_bytes.outputs_order` (weights last, their headers
+        only), for the contamination check. Raises TransientBackendError when a retry may
+        help, ToolError when it cannot (no such job, outputs gone)."""
+        ...
+
 
 class LiveJob(BaseModel):
     """One of this deployment's jobs that is still starting or running (for the orphan reaper)."""

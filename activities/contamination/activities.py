@@ -6,12 +6,16 @@ nothing. What it reads: the text of every script the episode's agent jobs ran (f
 episode's own history, through `EpisodeTrail`, so no script crosses Temporal again) and the
 first bytes of every dataset those jobs mounted, at the revision they mounted, read through the
 backend as a job would see it (`activities/contamination/dataset_bytes.py`: compressed files
-decompressed).
+decompressed), and what those jobs wrote under `/data/outputs/` (the submitted job's first):
+the training inputs and outputs an agent keeps beside its weights, every file but the weights
+read first, each weights file's header only.
 Each dataset gets at most CONTAMINATION_DATASET_BYTES, and its fair share of what is left of
 CONTAMINATION_TOTAL_BYTES (what is left divided by the datasets still to read), so datasets
-mounted first cannot use up the total before a later one is read. What was not read (cut at a
-cap, not read at all, unreadable) is recorded in the evidence and counted, with no name, in
-the agent's `unread_datasets`. The scan itself is `activities/contamination/scan.py`.
+mounted first cannot use up the total before a later one is read; each job's outputs likewise
+get at most CONTAMINATION_OUTPUTS_BYTES and their fair share of
+CONTAMINATION_OUTPUTS_TOTAL_BYTES. What was not read (cut at a cap, not read at all,
+unreadable), dataset or outputs, is recorded in the evidence and counted, with no name, in the
+agent's `unread_datasets`. The scan itself is `activities/contamination/scan.py`.
 
 A task whose declaration cannot be read (its test items file missing or malformed) or a dataset
 that cannot be read is not retried forever: the check reports `check_failed` (or the source as
@@ -33,7 +37,7 @@ from activities.contamination.dataset_bytes import opaque_format
 from activities.contamination.scan import ItemText, Scan, cap_matches
 from activities.ports import EpisodeTrail
 from posttrain_common.contracts.activities import ContaminationApi
-from posttrain_common.contracts.audit import AuditRecord
+from posttrain_common.contracts.audit import AuditJob, AuditRecord
 from posttrain_common.contracts.contamination import (
     MAX_LISTED_SOURCES,
     CheckContamination,
@@ -48,6 +52,8 @@ from posttrain_env.errors import ToolError
 from posttrain_env.limits import (
     CONTAMINATION_DATASET_BYTES,
     CONTAMINATION_ITEMS_BYTES,
+    CONTAMINATION_OUTPUTS_BYTES,
+    CONTAMINATION_OUTPUTS_TOTAL_BYTES,
     CONTAMINATION_TOTAL_BYTES,
     cut_text,
 )
@@ -77,6 +83,8 @@ class ContaminationActivities(ContaminationApi):
         dataset_bytes: int = CONTAMINATION_DATASET_BYTES,
         total_bytes: int = CONTAMINATION_TOTAL_BYTES,
         read_seconds: float = CONTAMINATION_READ_S,
+        outputs_bytes: int = CONTAMINATION_OUTPUTS_BYTES,
+        outputs_total_bytes: int = CONTAMINATION_OUTPUTS_TOTAL_BYTES,
     ) -> None:
         self._trail = trail
         self._backend = backend
@@ -84,6 +92,8 @@ class ContaminationActivities(ContaminationApi):
         self._dataset_bytes = dataset_bytes
         self._total_bytes = total_bytes
         self._read_seconds = read_seconds
+        self._outputs_bytes = outputs_bytes
+        self._outputs_total_bytes = outputs_total_bytes
 
     @activity.defn
     async def check_contamination(self, check: CheckContamination) -> ContaminationReport:
@@ -169,6 +179,49 @@ class ContaminationActivities(ContaminationApi):
             try:
                 read = await self._backend.read_dataset(repo_id, revision, share)
             except ToolError as err:  # gone, or never readable: not scanned, said so
+                sources.append(ContaminationSource(where=where, error=cut_text(err.message)))
+                continue
+            size = 0
+            opaque: Counter[str] = Counter()
+            for path, data in read.files:
+                await asyncio.to_thread(scan.feed_bytes, f"{where}/{path}", data)
+                size += len(data)
+                kind = opaque_format(data[:8])
+                if kind is not None:
+                    opaque[kind] += 1
+            left -= size
+            sources.append(
+                ContaminationSource(
+                    where=where, bytes_read=size, cut=read.cut, opaque_files=dict(opaque)
+                )
+            )
+        sources += await self._scan_outputs(scan, record, agent_jobs, deadline)
+        return sources
+
+    async def _scan_outputs(
+        self, scan: Scan, record: AuditRecord, agent_jobs: list[AuditJob], deadline: float
+    ) -> list[ContaminationSource]:
+        """Feed what each agent job left under /data/outputs/ to `scan`, the submitted job's
+        first, each within its fair share of the outputs' total; what was read."""
+        submitted = {e.evaluated_job_id for e in record.evaluations if e.role == "grader"}
+        jobs = sorted(
+            (job for job in agent_jobs if job.backend_job_id),
+            key=lambda job: job.job_id not in submitted,  # stable: the rest keep their order
+        )
+        sources: list[ContaminationSource] = []
+        left = self._outputs_total_bytes
+        for n, job in enumerate(jobs):
+            where = f"outputs:{job.job_id}"
+            share = min(self._outputs_bytes, left // (len(jobs) - n))
+            if share <= 0:
+                sources.append(ContaminationSource(where=where, cut=True, error="not read: cap"))
+                continue
+            if time.monotonic() >= deadline:
+                sources.append(ContaminationSource(where=where, cut=True, error="not read: time"))
+                continue
+            try:
+                read = await self._backend.read_outputs(str(job.backend_job_id), share)
+            except ToolError as err:  # gone (retention), or never written
                 sources.append(ContaminationSource(where=where, error=cut_text(err.message)))
                 continue
             size = 0

@@ -14,6 +14,12 @@ time. A file that claims to be compressed but whose stream breaks off (a damaged
 text behind a compression header) is scanned as what decompressed followed by its raw bytes,
 so nothing an agent writes hides behind a header alone.
 
+A job's outputs (`/data/outputs/`, the artifact) are read the same way (`outputs_order`), with
+one difference: the weights. A `*.safetensors` file is read only as far as its JSON header (at
+most SAFETENSORS_HEADER_BYTES), never its tensor data (numbers, not training text: a 1 GB
+checkpoint would otherwise use up the cap before the training data beside it), and after every
+other file, so the training inputs and outputs an agent keeps there are read first.
+
 Not decompressed (scanned as raw bytes, so text inside compressed pages or members is not
 seen): Parquet (its pages are usually snappy-, gzip- or zstd-compressed), zip, and a second
 layer of compression; `opaque_format` names the formats the evidence counts.
@@ -27,6 +33,7 @@ import io
 import lzma
 import os
 import stat
+import struct
 from collections.abc import Callable, Iterable
 from contextlib import closing
 from pathlib import Path
@@ -121,9 +128,39 @@ def read_until(files: Iterable[FileReader], max_bytes: int) -> DatasetBytes:
     return DatasetBytes(files=read, cut=False)
 
 
-def read_folder(folder: Path, max_bytes: int) -> DatasetBytes:
-    """The regular files under `folder` (links and special files skipped), in path order."""
-    return read_until(((rel, _reader(folder / rel)) for rel in _regular_files(folder)), max_bytes)
+def read_folder(folder: Path, max_bytes: int, *, outputs: bool = False) -> DatasetBytes:
+    """The regular files under `folder` (links and special files skipped), in path order (as a
+    job's outputs with `outputs`: see outputs_order)."""
+    files = [(rel, _reader(folder / rel)) for rel in _regular_files(folder)]
+    return read_until(outputs_order(files) if outputs else files, max_bytes)
+
+
+# What is read of a weights file in a job's outputs: its header (names, shapes, metadata).
+WEIGHTS_SUFFIX = ".safetensors"
+SAFETENSORS_HEADER_BYTES = 1 << 20
+
+
+def outputs_order(files: Iterable[FileReader]) -> list[FileReader]:
+    """A job's output files in the order and extent the check reads them: every file but the
+    weights in the order given, then each `*.safetensors` file's header only."""
+    listed = list(files)
+    others = [(path, read) for path, read in listed if not path.endswith(WEIGHTS_SUFFIX)]
+    weights = [(path, _header_only(read)) for path, read in listed if path.endswith(WEIGHTS_SUFFIX)]
+    return others + weights
+
+
+def _header_only(read: Callable[[int], bytes]) -> Callable[[int], bytes]:
+    """A reader of a safetensors file's first 8 bytes and JSON header, at most
+    SAFETENSORS_HEADER_BYTES of it (a file that is no safetensors file: its first 8 bytes)."""
+
+    def read_at_most(n: int) -> bytes:
+        head = read(min(n, 8))
+        if len(head) < 8 or n <= 8:
+            return head
+        (length,) = struct.unpack("<Q", head)
+        return read(min(n, 8 + min(length, SAFETENSORS_HEADER_BYTES)))
+
+    return read_at_most
 
 
 def _regular_files(folder: Path) -> list[str]:

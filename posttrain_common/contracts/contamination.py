@@ -31,7 +31,8 @@ class CheckContamination(BaseModel):
 
 
 class ContaminationSource(BaseModel):
-    """One thing scanned: `script:<sha256>` or `dataset:<repo_id>@<revision>`."""
+    """One thing scanned: `script:<sha256>`, `dataset:<repo_id>@<revision>` or
+    `outputs:<job_id>` (what an agent job left under /data/outputs/)."""
 
     where: str
     bytes_read: int = 0  # as scanned: a compressed file counts decompressed

@@ -51,19 +51,22 @@ def generate(folder: Path) -> None:
     write_tiny_arith_model(folder, seed=0)
 
 
-def write_tiny_arith_model(folder: Path, *, seed: int = 0) -> None:
-    """Write the model's files into `folder` (created if missing; files overwritten)."""
+def write_tiny_arith_model(
+    folder: Path, *, seed: int = 0, size: LlamaSize = SIZE, max_positions: int = MAX_POSITIONS
+) -> None:
+    """Write the model's files into `folder` (created if missing; files overwritten). `size` and
+    `max_positions` serve the other character-level models (tasks/models/tiny_math_lm.py)."""
     folder.mkdir(parents=True, exist_ok=True)
     vocab = {token: n for n, token in enumerate((*SPECIAL_TOKENS, *CHARACTERS))}
     ids = {token: vocab[token] for token in SPECIAL_TOKENS}
     rng = np.random.default_rng(seed)
     tensors = {
         name: ("F32", shape, _values(name, shape, rng).astype("<f4").tobytes())
-        for name, shape in SIZE.tensor_shapes(len(vocab)).items()
+        for name, shape in size.tensor_shapes(len(vocab)).items()
     }
     write_safetensors(folder / WEIGHTS, tensors, {"format": "pt"})
     write_json(
-        folder / "config.json", model_config(SIZE, len(vocab), MAX_POSITIONS, ids, "float32")
+        folder / "config.json", model_config(size, len(vocab), max_positions, ids, "float32")
     )
     write_json(folder / "generation_config.json", generation_config(ids))
     (folder / "tokenizer.json").write_text(_tokenizer(vocab).to_str(pretty=True), encoding="utf-8")
@@ -75,7 +78,7 @@ def write_tiny_arith_model(folder: Path, *, seed: int = 0) -> None:
             "chat_template": CHAT_TEMPLATE,
             "clean_up_tokenization_spaces": False,
             "eos_token": END,
-            "model_max_length": MAX_POSITIONS,
+            "model_max_length": max_positions,
             "pad_token": PAD,
             "tokenizer_class": "PreTrainedTokenizerFast",
             "unk_token": PAD,

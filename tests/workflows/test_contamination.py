@@ -140,7 +140,9 @@ async def test_a_script_that_embeds_test_items_is_flagged_with_evidence_in_the_a
     assert match["item_id"] == "q-river" and match["places"] == [f"script:{digest}"]
     assert match["found_ngrams"] == match["item_ngrams"] > 1
     assert match["snippet"] in " ".join(words(ITEMS[0]["text"]))
-    assert [s["where"] for s in evidence["sources"]] == [f"script:{digest}"]
+    # Then what the agent job left under /data/outputs/ (nothing, on the fake backend).
+    outputs = f"outputs:{final.data['job_id']}"
+    assert [s["where"] for s in evidence["sources"]] == [f"script:{digest}", outputs]
 
 
 async def test_a_mounted_dataset_that_holds_test_items_is_flagged_and_zero_reward_is_applied(
@@ -181,6 +183,7 @@ async def test_a_mounted_dataset_that_holds_test_items_is_flagged_and_zero_rewar
         f"script:{hashlib.sha256(CLEAN_SCRIPT.encode()).hexdigest()}",
         f"dataset:test-org/clean@{CLEAN_REVISION}",
         leaky,
+        f"outputs:{final.data['job_id']}",
     }
     assert sources[leaky]["bytes_read"] > 0 and not sources[leaky]["cut"]
 
@@ -206,7 +209,8 @@ async def test_a_clean_run_is_not_flagged_and_keeps_its_reward_under_zero_reward
     assert final.metadata["episode_end"]["contamination"] == counts
     assert final.reward == 0.8 and final.data["score"] == 0.8
     assert record["contamination"]["evidence"]["matches"] == []
-    assert len(record["contamination"]["evidence"]["sources"]) == 2
+    # The script, the dataset, and the job's (empty) outputs.
+    assert len(record["contamination"]["evidence"]["sources"]) == 3
 
 
 async def test_a_task_whose_hidden_split_is_generated_skips_the_check(

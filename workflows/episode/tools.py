@@ -20,7 +20,7 @@ with workflow.unsafe.imports_passed_through():
     from posttrain_common.contracts.activities import JobsApi
     from posttrain_common.contracts.contamination import reward_under_policy
     from posttrain_common.contracts.episodes import EpisodeSetup
-    from posttrain_common.contracts.jobs import JobLogs, JobRole
+    from posttrain_common.contracts.jobs import JobLogs, JobRole, RepoRef
     from posttrain_common.failures import tool_error_of
     from posttrain_env.errors import ErrorType, ToolError
     from posttrain_env.models import (
@@ -251,6 +251,7 @@ class EpisodeTools:
                 task.eval_timeout_minutes,
                 artifact_ref=job.backend_ref,
                 evaluated_job_id=job.job_id,
+                datasets=evaluation_datasets(self._setup),
             )
         except ToolError:
             self._s.dev_evaluations -= 1  # one that never started uses up no allowance
@@ -276,6 +277,7 @@ class EpisodeTools:
                 artifact_ref=job.backend_ref,
                 evaluated_job_id=job.job_id,
                 reserve=False,
+                datasets=evaluation_datasets(self._setup),
             )
         except ToolError as err:
             self._s.submitting = False
@@ -446,3 +448,12 @@ def grading_answer(job_id: str, grader: JobRecord, end: EpisodeEnd | None = None
 
 # Every entry of the registry has exactly one handler (also checked by a test).
 HANDLED_TOOLS = frozenset(_HANDLERS)
+
+
+def evaluation_datasets(setup: EpisodeSetup) -> list[RepoRef]:
+    """The task's own datasets for its evaluation jobs, at their pinned commits. Empty for every
+    task that declares none, so such an evaluation's command is the one it always was (no
+    patch: histories of those tasks replay unchanged)."""
+    return [
+        RepoRef(repo_id=d.repo_id, revision=d.revision) for d in setup.task.evaluation_datasets
+    ]

@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 
 from activities.backends.interface import DatasetBytes, JobRequest, TransientBackendError
 from activities.backends.storage import NoStorage
-from activities.contamination.dataset_bytes import read_until
+from activities.contamination.dataset_bytes import outputs_order, read_until
 from job_launcher.builder import build_launcher
 from job_launcher.trusted_lines import LAUNCHER_TAG, NONCE_ENV, SCORE_TAG, format_trusted_line
 from posttrain_common.contracts.episodes import JobLimits
@@ -76,6 +76,9 @@ class FakeJobScript(BaseModel):
     # None: "fake job <state>".
     message: str | None = None
     eval_output: EvalOutput = "valid"
+    # What an agent job leaves under /data/outputs/: path -> text (the contamination check
+    # reads it).
+    outputs: dict[str, str] = Field(default_factory=dict)
     score: float = 0.5
     # More keys of the evaluator's score line (its details).
     eval_details: dict[str, Any] = Field(default_factory=dict)
@@ -253,6 +256,15 @@ class FakeBackend:
             raise ToolError(ErrorType.not_allowed, f"no dataset {repo_id}@{revision}")
         files = sorted((path, text.encode()) for path, text in dataset.files.items())
         return read_until(((path, lambda n, b=data: b[:n]) for path, data in files), max_bytes)
+
+    async def read_outputs(self, ref: str, max_bytes: int) -> DatasetBytes:
+        with self._state() as state:
+            job = state.jobs.get(ref)
+            if job is None:
+                raise ToolError(ErrorType.not_allowed, f"no job {ref}")
+            files = sorted((path, text.encode()) for path, text in job.rule.outputs.items())
+        readers = [(path, lambda n, b=data: b[:n]) for path, data in files]
+        return read_until(outputs_order(readers), max_bytes)
 
     # -- test controls -------------------------------------------------------------------------
 

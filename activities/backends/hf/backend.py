@@ -345,6 +345,9 @@ class HfBackend:
     async def read_dataset(self, repo_id: str, revision: str, max_bytes: int) -> DatasetBytes:
         return await inputs.read_dataset(self._calls, self._public, repo_id, revision, max_bytes)
 
+    async def read_outputs(self, ref: str, max_bytes: int) -> DatasetBytes:
+        return await self.storage().read_outputs(ref, max_bytes)
+
     # -- for the reaper and the smoke test ------------------------------------------------------
 
     async def live_jobs(self) -> list[LiveJob]:

@@ -13,14 +13,19 @@ already makes (`list_bucket_tree`, `batch_bucket_files`), each bounded by `HubCa
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from urllib.parse import quote
 
 from huggingface_hub import HfApi
 from huggingface_hub.errors import BucketNotFoundError
+from huggingface_hub.utils import get_session, hf_raise_for_status
 
 from activities.backends.hf.calls import HubCalls
 from activities.backends.hf.labels import HfRef
 from activities.backends.hf.submission import artifacts_bucket, outputs_prefix
+from activities.backends.interface import DatasetBytes
 from activities.backends.storage import StorageRefused
+from activities.contamination.dataset_bytes import outputs_order, read_until
+from posttrain_env.errors import ErrorType, ToolError
 
 # Paths per delete request: one job's folder rarely holds more; a larger one takes several.
 DELETE_BATCH = 500
@@ -61,6 +66,58 @@ class HfJobStorage:
                 in_namespace=bucket.split("/")[0],
             )
         return sum(files.values())
+
+    async def read_outputs(self, ref: str, max_bytes: int) -> DatasetBytes:
+        """The job's `outputs/` files (the contamination check), listed by their exact prefix
+        and read in `outputs_order`, each by a streamed `GET /buckets/<bucket>/resolve/<path>`
+        with the broker's token asking for its first bytes only (`Range`), in one call under
+        the activity's budget. Not yet checked against the live Hub (the same route the
+        library's `get_bucket_file_metadata` asks with HEAD)."""
+        try:
+            bucket, folder = await self._where(ref)
+        except StorageRefused as exc:
+            raise ToolError(ErrorType.not_allowed, str(exc)) from None
+        prefix = outputs_prefix(folder) + "/"
+        files = await self._files(bucket, prefix)
+        return await self._calls.call(
+            f"reading the outputs of job {ref}", self._read, bucket, prefix, files, max_bytes
+        )
+
+    def _read(
+        self, bucket: str, prefix: str, files: dict[str, int], max_bytes: int
+    ) -> DatasetBytes:
+        session = get_session()
+        headers = self._api._build_hf_headers()
+
+        def reader(path: str, size: int) -> Callable[[int], bytes]:
+            def read_at_most(n: int) -> bytes:
+                if size == 0 or n <= 0:
+                    return b""
+                url = f"{self._api.endpoint}/buckets/{bucket}/resolve/{quote(path, safe='')}"
+                with session.stream(
+                    "GET",
+                    url,
+                    headers={**headers, "Range": f"bytes=0-{n - 1}"},
+                    follow_redirects=True,
+                ) as response:
+                    if response.status_code == 416:
+                        return b""
+                    if response.status_code >= 400:
+                        response.read()
+                        hf_raise_for_status(response)
+                    data = bytearray()
+                    for chunk in response.iter_bytes():
+                        data += chunk
+                        if len(data) >= n:
+                            break
+                return bytes(data[:n])
+
+            return read_at_most
+
+        readers = [
+            (path.removeprefix(prefix), reader(path, size)) for path, size in sorted(files.items())
+        ]
+        return read_until(outputs_order(readers), max_bytes)
 
     async def _where(self, ref: str) -> tuple[str, str]:
         """(bucket id, folder) of the job; StorageRefused for a ref without a folder of ours."""

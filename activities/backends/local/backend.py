@@ -46,6 +46,7 @@ from activities.backends.local.resources import (
 from activities.backends.local.sandbox import find_bwrap
 from activities.backends.local.storage import LocalJobStorage
 from activities.backends.local.store import JobStore, job_ref
+from activities.backends.storage import StorageRefused
 from activities.contamination.dataset_bytes import read_folder
 from posttrain_common.contracts.episodes import FlavorLimits, JobLimits
 from posttrain_common.contracts.jobs import BackendJob, JobRole
@@ -212,6 +213,15 @@ class LocalBackend:
         except HubError as exc:
             raise ToolError(ErrorType.not_allowed, str(exc)) from None
         return await asyncio.to_thread(read_folder, folder, max_bytes)
+
+    async def read_outputs(self, ref: str, max_bytes: int) -> DatasetBytes:
+        try:
+            folder = self.storage().artifact_folder(ref)
+        except StorageRefused as exc:
+            raise ToolError(ErrorType.not_allowed, str(exc)) from None
+        if folder is None:
+            raise ToolError(ErrorType.not_allowed, f"the outputs of local job {ref} are gone")
+        return await asyncio.to_thread(read_folder, folder, max_bytes, outputs=True)
 
     # -- submit ----------------------------------------------------------------------------------
 

@@ -85,6 +85,14 @@ class LocalJobStorage:
             )
         return found
 
+    def artifact_folder(self, ref: str) -> Path | None:
+        """The job's outputs folder (a real folder in the job's own), None when it is not
+        there; StorageRefused as `_folder`."""
+        folder = self._folder(ref)
+        if folder is None or not _is_real_dir(folder / jf.ARTIFACT):
+            return None
+        return folder / jf.ARTIFACT
+
     def _artifact_bytes(self, ref: str) -> int | None:
         try:
             folder = self._folder(ref)
