@@ -48,10 +48,7 @@ def test_tasks_list_json_lists_every_task_under_its_family_with_its_limits() -> 
     assert family == "t1_tool_call" and members["t1_tool_call_tiny"][0] == "t1_tool_call"
     assert tool_call["base_model"]["revision"] == "7ae557604adf67be50417f59c2c2f167def9a775"
     assert tool_call["hidden_split"] == "public"
-    assert members["t1_tool_call_tiny"][1]["evaluable"] is True
-    if not (TASKS_DIR / "t1_tool_call" / "bfcl_dev.jsonl").is_file():
-        assert tool_call["evaluable"] is False
-        assert "bfcl_dev.jsonl does not exist" in tool_call["not_evaluable_because"]
+    assert all(member["evaluable"] for _, member in members.values())
 
 
 def test_tasks_list_prints_each_family_then_its_members() -> None:
@@ -84,6 +81,26 @@ def test_a_task_whose_spec_does_not_load_is_listed_with_its_error_and_exit_1(
     assert [family["family"] for family in listing["families"]] == ["t0_artifact"]
     (broken,) = listing["broken"]
     assert broken["id"] == "t9_broken" and "field 'prompt'" in broken["error"]
+
+
+def test_a_member_whose_evaluator_cannot_be_assembled_is_listed_as_not_evaluable(
+    tmp_path: Path,
+) -> None:
+    """A file its evaluator embeds is missing: listed, `evaluable: false` and why, exit 0."""
+    tasks_dir = tmp_path / "tasks"
+    for task_id in ("t1_tool_call", "t1_tool_call_tiny"):
+        shutil.copytree(TASKS_DIR / task_id, tasks_dir / task_id)
+    (tasks_dir / "t1_tool_call" / "tiny_hidden.jsonl").unlink()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = run_tasks(argparse.Namespace(json=True), tasks_dir)
+    assert status == 0
+    (family,) = json.loads(out.getvalue())["families"]
+    members = {member["id"]: member for member in family["members"]}
+    assert members["t1_tool_call"]["evaluable"] is True
+    tiny = members["t1_tool_call_tiny"]
+    assert tiny["evaluable"] is False
+    assert "tiny_hidden.jsonl does not exist" in tiny["not_evaluable_because"]
 
 
 def test_tasks_needs_a_subcommand() -> None:

@@ -212,7 +212,8 @@ def evaluate(environ: dict[str, str]) -> str:
         return final_line(job, payload, started)
     answered = sum(final_answer(text) is not None for text in made.texts)
     correct = sum(
-        is_correct(text, reference) for text, (_, _, reference) in zip(made.texts, chosen, strict=True)
+        is_correct(text, reference)
+        for text, (_, _, reference) in zip(made.texts, chosen, strict=True)
     )
     payload |= {
         "score": correct / n if n else 0.0,

@@ -50,7 +50,9 @@ SHAPES = (
 MAX_NUMBER = 20
 SEEDS = {"train": "math_word_problems_tiny/train/1", "test": "math_word_problems_tiny/test/1"}
 # The GSM8K member's prompt suffix (the task's `instruction`).
-INSTRUCTION = "Solve the problem step by step. End your reply with a line of the form #### <number>."
+INSTRUCTION = (
+    "Solve the problem step by step. End your reply with a line of the form #### <number>."
+)
 GSM8K_TRAIN = Path("/datasets/openai/gsm8k/main")
 PROFILES = {
     "tiny": {"problems": 20_000, "steps": 600, "batch_size": 128, "learning_rate": 3e-3},
@@ -150,7 +152,9 @@ def main(base_dir: Path, outputs: Path) -> None:
     if device == "cpu" and tiny:
         torch.set_num_threads(1)  # a second thread costs more than it gains at this size
     problems = tiny_problems(TRAIN_SPLIT, profile["problems"]) if tiny else gsm8k_problems()
-    print(f"{parameters} parameters on {device}; {len(problems)} {TRAIN_SPLIT} problems", flush=True)
+    print(
+        f"{parameters} parameters on {device}; {len(problems)} {TRAIN_SPLIT} problems", flush=True
+    )
     outputs.mkdir(parents=True, exist_ok=True)
     # What the model is trained on, beside it: the contamination check reads it.
     with (outputs / "train.jsonl").open("w", encoding="utf-8") as out:

@@ -15,13 +15,22 @@
 often the post-trained model answers a request with the right function call, BFCL-style.
 
 Its parameters come from the task's `[evaluation]` table (POSTTRAIN_TASK_PARAMS, JSON):
-`dev_file` and `hidden_file` (the splits, JSON Lines files of the family's folder, embedded into
-this script by tasks.registry.evaluator_script, which fills EMBEDDED_FILES from the `files`
-list), and the generation settings of tasks/generation_kit.py (`max_new_tokens`, `batch_size`,
-`engine`, `gpu_memory_utilization`). Inputs as every evaluator's (tasks/evaluator_kit.py,
-`grader_inputs`): /base_model (everything but the weights), /model (only its checked
-`*.safetensors`), POSTTRAIN_NONCE, and POSTTRAIN_HIDDEN_SPLIT_SEED, whose presence makes this a
-grading of the hidden split (both splits are public data; the seed is not used).
+`source`, where the splits come from, and the generation settings of tasks/generation_kit.py
+(`max_new_tokens`, `batch_size`, `engine`, `gpu_memory_utilization`):
+
+    "files"  `dev_file` and `hidden_file`, JSON Lines files of the family's folder in the item
+             format below, embedded into this script by tasks.registry.evaluator_script
+             (which fills EMBEDDED_FILES from the `files` list): the tiny member
+    "bfcl"   the Berkeley Function Calling Leaderboard's files in the dataset mounted for
+             evaluation jobs at `data_dir` (`[[evaluation_datasets]]`, a pinned commit): the
+             hidden split is BFCL v3's "simple" category (`BFCL_v3_simple.json` and its
+             `possible_answer/` twin), the dev split `dev_items` items of "live_simple" drawn
+             with `dev_seed`; converted to the item format by `bfcl_item`
+
+Inputs as every evaluator's (tasks/evaluator_kit.py, `grader_inputs`): /base_model
+(everything but the weights), /model (only its checked `*.safetensors`), POSTTRAIN_NONCE, and
+POSTTRAIN_HIDDEN_SPLIT_SEED, whose presence makes this a grading of the hidden split (both
+splits are public data; the seed is not used).
 
 An item is one JSON object per line:
 
@@ -72,6 +81,7 @@ count.
 import base64
 import json
 import lzma
+import random
 import re
 import sys
 import time
@@ -85,7 +95,26 @@ PARAMS_ENV = "POSTTRAIN_TASK_PARAMS"
 # Filled by tasks.registry.evaluator_script with the `[evaluation] files` (LZMA, then base85);
 # empty when this file runs from the repository, which reads them beside it.
 EMBEDDED_FILES: dict[str, str] = {}
-PARAM_KEYS = ("files", "dev_file", "hidden_file", *GENERATION_KEYS)
+PARAM_KEYS = (
+    "source",
+    "files",
+    "dev_file",
+    "hidden_file",
+    "data_dir",
+    "dev_items",
+    "dev_seed",
+    "data_dependencies",  # read by tasks/registry.py (added to this header), never here
+    *GENERATION_KEYS,
+)
+SOURCES = ("files", "bfcl")
+# BFCL's files (its v3 names) and their answers' folder, in the mounted dataset.
+BFCL_HIDDEN, BFCL_DEV, BFCL_ANSWERS = (
+    "BFCL_v3_simple.json",
+    "BFCL_v3_live_simple.json",
+    "possible_answer",
+)
+# BFCL's Python type names, as JSON Schema's ("any" has none: the type is dropped).
+BFCL_TYPES = {"dict": "object", "float": "number", "tuple": "array"}
 # More items than any split here has; a file beyond it is the task's mistake.
 MAX_ITEMS = 10_000
 # The tags Qwen2.5's chat template asks a tool call to be wrapped in.
@@ -106,9 +135,19 @@ def task_params(raw: str | None) -> dict[str, Any]:
         raise GraderFault(f"{PARAMS_ENV} is not JSON") from None
     if not isinstance(params, dict) or not set(params) <= set(PARAM_KEYS):
         raise GraderFault(f"{PARAMS_ENV} must be an object with keys among {sorted(PARAM_KEYS)}")
-    for key in ("dev_file", "hidden_file"):
-        if not isinstance(params.get(key), str) or params[key] not in params.get("files", []):
-            raise GraderFault(f"{PARAMS_ENV}: {key} must name one of `files`")
+    source = params.setdefault("source", "files")
+    if source not in SOURCES:
+        raise GraderFault(f"{PARAMS_ENV}: source must be one of {', '.join(SOURCES)}")
+    if source == "files":
+        for key in ("dev_file", "hidden_file"):
+            if not isinstance(params.get(key), str) or params[key] not in params.get("files", []):
+                raise GraderFault(f"{PARAMS_ENV}: {key} must name one of `files`")
+    else:
+        count, seed = params.get("dev_items"), params.get("dev_seed")
+        if not isinstance(params.get("data_dir"), str) or not isinstance(seed, str):
+            raise GraderFault(f"{PARAMS_ENV}: source 'bfcl' needs data_dir and dev_seed")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise GraderFault(f"{PARAMS_ENV}: dev_items must be a positive integer")
     settings_from(params)  # checked now: a malformed setting fails before any work
     return params
 
@@ -184,6 +223,94 @@ def schema_of(tools: list[Any], name: str) -> dict[str, Any] | None:
         if function is not None and function["name"] == name:
             return function.get("parameters", {})
     return None
+
+
+def split_items(params: dict[str, Any], *, hidden: bool) -> list[dict[str, Any]]:
+    """The dev or the hidden split, from the source the parameters name."""
+    if params["source"] == "files":
+        return load_items(file_text(params["hidden_file" if hidden else "dev_file"]))
+    data_dir = Path(params["data_dir"])
+    if hidden:
+        return bfcl_items(data_dir, BFCL_HIDDEN)
+    live = bfcl_items(data_dir, BFCL_DEV)
+    chosen = random.Random(params["dev_seed"]).sample(
+        range(len(live)), min(params["dev_items"], len(live))
+    )
+    return [live[n] for n in sorted(chosen)]
+
+
+def bfcl_items(data_dir: Path, name: str) -> list[dict[str, Any]]:
+    """A BFCL category's items in the family's format (single-call items only), from its
+    question file and its answers' twin, each one JSON object per line. Raises GraderFault when
+    they are missing or malformed (the mount is the grader's)."""
+    try:
+        questions = (data_dir / name).read_text(encoding="utf-8").splitlines()
+        answers = (data_dir / BFCL_ANSWERS / name).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise GraderFault(
+            f"BFCL's {name} cannot be read under {data_dir} (is it mounted?): {exc}"
+        ) from None
+    items = []
+    try:
+        pairs = zip(
+            (json.loads(q) for q in questions if q.strip()),
+            (json.loads(a) for a in answers if a.strip()),
+            strict=True,
+        )
+        for question, answer in pairs:
+            item = bfcl_item(question, answer)
+            if item is not None:
+                items.append(item)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise GraderFault(f"BFCL's {name} is not in the expected format: {exc}") from None
+    problems = [problem for problem in map(item_problem, items) if problem]
+    if problems or not items:
+        raise GraderFault(f"BFCL's {name}: {problems[0] if problems else 'no single-call item'}")
+    return items
+
+
+def bfcl_item(question: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any] | None:
+    """One BFCL item and its answer in the family's format, or None for an answer of more than
+    one call. BFCL: `{"id", "question": [[message, ...]], "function": [schema, ...]}` and
+    `{"id", "ground_truth": [{name: {param: [accepted values]}}]}` ("" among a parameter's
+    values: it may be left out). The first turn's messages, each function wrapped as a tool
+    (`{"type": "function", "function": ...}`, what chat templates expect) with JSON Schema's
+    type names, and the single call as `{"name", "arguments"}`."""
+    if question["id"] != answer["id"]:
+        raise ValueError(f"question {question['id']!r} is paired with answer {answer['id']!r}")
+    calls = answer["ground_truth"]
+    if len(calls) != 1 or len(calls[0]) != 1:
+        return None
+    ((name, arguments),) = calls[0].items()
+    tools = [
+        {"type": "function", "function": {**f, "parameters": json_schema(f["parameters"])}}
+        for f in question["function"]
+    ]
+    messages = list(question["question"][0])
+    return {
+        "id": question["id"],
+        "messages": messages,
+        "tools": tools,
+        "expected": {"name": name, "arguments": arguments},
+    }
+
+
+def json_schema(schema: Any) -> Any:
+    """A BFCL parameter schema with JSON Schema's type names, recursively."""
+    if not isinstance(schema, dict):
+        return schema
+    converted = {}
+    for key, value in schema.items():
+        if key == "type" and isinstance(value, str):
+            if value != "any":
+                converted[key] = BFCL_TYPES.get(value, value)
+        elif key == "properties" and isinstance(value, dict):
+            converted[key] = {name: json_schema(entry) for name, entry in value.items()}
+        elif key in ("items", "additionalProperties"):
+            converted[key] = json_schema(value)
+        else:
+            converted[key] = value
+    return converted
 
 
 # -- the scoring (BFCL's AST check; the rules are in the module's docstring) ------------------
@@ -308,8 +435,7 @@ def evaluate(environ: dict[str, str]) -> str:
     params = task_params(environ.get(PARAMS_ENV))
     if not (job.base_dir / "config.json").is_file():
         raise GraderFault(f"the base model in {job.base_dir} has no config.json")
-    split_file = params["dev_file" if job.hidden_seed is None else "hidden_file"]
-    items = load_items(file_text(split_file))
+    items = split_items(params, hidden=job.hidden_seed is not None)
     started = time.monotonic()
     n = len(items)
     payload: dict[str, Any] = {"n": n, "parsed": 0, "name_ok": 0, "correct": 0}

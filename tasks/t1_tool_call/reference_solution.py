@@ -199,7 +199,7 @@ def call_segments(name: str, arguments: dict) -> list:
     request's values is what takes long)."""
     segments = [('{"name":' + json.dumps(name) + ',"arguments":{', 1.0)]
     for n, (key, value) in enumerate(arguments.items()):
-        segments.append(((',' if n else '') + json.dumps(key) + ":", 1.0))
+        segments.append((("," if n else "") + json.dumps(key) + ":", 1.0))
         segments.append((json.dumps(value), VALUE_WEIGHT))
     segments.append(("}}", 1.0))
     return segments

@@ -216,6 +216,9 @@ def test_the_counts_tell_parsing_naming_and_correctness_apart() -> None:
         '{"unknown": 1}',
         '{"files": ["a.jsonl"], "dev_file": "b.jsonl", "hidden_file": "a.jsonl"}',
         '{"files": ["a.jsonl"], "dev_file": "a.jsonl", "hidden_file": "a.jsonl", "engine": "x"}',
+        '{"source": "web"}',
+        '{"source": "bfcl", "data_dir": "/d", "dev_seed": "s", "dev_items": 0}',
+        '{"source": "bfcl", "dev_seed": "s", "dev_items": 10}',
     ],
 )
 def test_malformed_parameters_are_the_graders_fault(raw: str) -> None:
@@ -287,21 +290,6 @@ def test_the_assembled_evaluator_holds_the_tiny_splits_and_fits_a_jobs_script() 
     assert files == embedded_files(TINY)
 
 
-def test_the_bfcl_member_cannot_be_evaluated_until_its_files_are_fetched(tmp_path: Path) -> None:
-    """The repository does not ship BFCL's files: the member loads, its evaluator does not
-    assemble, and the message names the missing file (the agent reads it as not_allowed)."""
-    tasks_dir = tmp_path / "tasks"
-    shutil.copytree(
-        FAMILY, tasks_dir / "t1_tool_call", ignore=shutil.ignore_patterns("bfcl_*.jsonl")
-    )
-    spec = load_task("t1_tool_call", tasks_dir)
-    with pytest.raises(TaskSpecError, match=r"bfcl_dev\.jsonl does not exist"):
-        evaluator_script(spec, tasks_dir)
-    (tasks_dir / "t1_tool_call" / "bfcl_dev.jsonl").write_text(json.dumps(ITEM) + "\n")
-    (tasks_dir / "t1_tool_call" / "bfcl_hidden.jsonl").write_text(json.dumps(ITEM) + "\n")
-    assert 'EMBEDDED_FILES: dict[str, str] = {"bfcl_dev.jsonl"' in evaluator_script(spec, tasks_dir)
-
-
 def family_copy(tmp_path: Path, evaluation: str) -> tuple[Path, Any]:
     """A tasks folder with this family's evaluator and one member using `evaluation`."""
     tasks_dir = tmp_path / "tasks"
@@ -340,7 +328,7 @@ def test_an_evaluator_over_a_jobs_script_limit_is_refused(tmp_path: Path) -> Non
         evaluator_script(spec, tasks_dir)
 
 
-# -- BFCL's data, converted (items written here in BFCL's format, not BFCL's own) ----------------
+# -- BFCL's data, read from the mounted dataset (items written here in BFCL's format) ----------
 
 BFCL_QUESTION = {
     "id": "simple_7",
@@ -370,7 +358,7 @@ BFCL_ANSWER = {
 
 
 def test_a_bfcl_item_becomes_the_familys_item_with_json_schema_types() -> None:
-    item = BFCL.convert(BFCL_QUESTION, BFCL_ANSWER)
+    item = EVALUATOR.bfcl_item(BFCL_QUESTION, BFCL_ANSWER)
     assert EVALUATOR.item_problem(item) == ""
     (tool,) = item["tools"]
     assert tool["type"] == "function"
@@ -389,36 +377,70 @@ def test_a_bfcl_item_becomes_the_familys_item_with_json_schema_types() -> None:
     reply = json.dumps({"name": "geometry.circle_area", "arguments": {"radius": 4}})
     assert EVALUATOR.score_replies([item], [reply])["correct"] == 1
     assert BFCL.request_text(item) == "Find the area of a circle of radius 4 in m."
+    two_calls = {**BFCL_ANSWER, "ground_truth": [{"a": {}}, {"b": {}}]}
+    assert EVALUATOR.bfcl_item(BFCL_QUESTION, two_calls) is None
 
 
-def test_bfcl_files_become_the_three_files_with_a_seeded_dev_slice(tmp_path: Path) -> None:
-    def question(prefix: str, n: int) -> dict:
-        return {**BFCL_QUESTION, "id": f"{prefix}_{n}"}
+def bfcl_dataset(folder: Path, hidden: int = 5, live: int = 150) -> Path:
+    """A folder laid out as BFCL's dataset: the two categories and their answers."""
+    for name, prefix, count in (
+        (EVALUATOR.BFCL_HIDDEN, "simple", hidden),
+        (EVALUATOR.BFCL_DEV, "live_simple", live),
+    ):
+        questions = [{**BFCL_QUESTION, "id": f"{prefix}_{n}"} for n in range(count)]
+        answers = [{**BFCL_ANSWER, "id": f"{prefix}_{n}"} for n in range(count)]
+        # A two-call item is left out.
+        questions.append({**BFCL_QUESTION, "id": f"{prefix}_{count}"})
+        answers.append({"id": f"{prefix}_{count}", "ground_truth": [{"a": {}}, {"b": {}}]})
+        (folder / EVALUATOR.BFCL_ANSWERS).mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("".join(json.dumps(q) + "\n" for q in questions))
+        (folder / EVALUATOR.BFCL_ANSWERS / name).write_text(
+            "".join(json.dumps(a) + "\n" for a in answers)
+        )
+    return folder
 
-    def answer(prefix: str, n: int) -> dict:
-        return {**BFCL_ANSWER, "id": f"{prefix}_{n}"}
 
-    sources = {}
-    for name, prefix, count in ((BFCL.HIDDEN_SOURCE, "simple", 5), (BFCL.DEV_SOURCE, "live", 150)):
-        for kind, make in (("", question), (BFCL.ANSWERS, answer)):
-            path = tmp_path / (kind + name).replace("/", "_")
-            path.write_text("".join(json.dumps(make(prefix, n)) + "\n" for n in range(count)))
-            sources[kind + name] = path
-    # A two-call answer is left out.
-    with sources[BFCL.ANSWERS + BFCL.HIDDEN_SOURCE].open("a") as extra:
-        extra.write(json.dumps({"id": "simple_5", "ground_truth": [{"a": {}}, {"b": {}}]}) + "\n")
-    with sources[BFCL.HIDDEN_SOURCE].open("a") as extra:
-        extra.write(json.dumps(question("simple", 5)) + "\n")
-    files = BFCL.files(sources)
-    hidden = EVALUATOR.load_items(files[BFCL.HIDDEN_FILE])
-    dev = EVALUATOR.load_items(files[BFCL.DEV_FILE])
+FULL = load_task("t1_tool_call")
+
+
+def test_the_bfcl_member_reads_its_splits_from_the_mounted_dataset(tmp_path: Path) -> None:
+    params = EVALUATOR.task_params(json.dumps({**FULL.evaluation, "data_dir": str(tmp_path)}))
+    bfcl_dataset(tmp_path)
+    hidden = EVALUATOR.split_items(params, hidden=True)
     assert [item["id"] for item in hidden] == [f"simple_{n}" for n in range(5)]
-    assert len(dev) == BFCL.DEV_ITEMS and len({item["id"] for item in dev}) == BFCL.DEV_ITEMS
-    assert files == BFCL.files(sources)  # the slice is the seed's, every time
-    test_items = [json.loads(line) for line in files[BFCL.TEST_ITEMS_FILE].splitlines()]
-    assert [row["id"] for row in test_items] == [f"simple_{n}" for n in range(5)]
-    with pytest.raises(ValueError, match="paired"):
-        BFCL.convert(question("simple", 1), answer("simple", 2))
+    dev = EVALUATOR.split_items(params, hidden=False)
+    assert len(dev) == 100 and len({item["id"] for item in dev}) == 100
+    assert all(item["id"].startswith("live_simple_") for item in dev)
+    assert EVALUATOR.split_items(params, hidden=False) == dev  # the seed's slice, every time
+    other = EVALUATOR.task_params(json.dumps({**params, "dev_seed": "another"}))
+    assert EVALUATOR.split_items(other, hidden=False) != dev
+    assert (
+        FULL.evaluation_datasets[0].repo_id == "gorilla-llm/Berkeley-Function-Calling-Leaderboard"
+    )
+    assert FULL.evaluation["data_dir"] == "/datasets/" + FULL.evaluation_datasets[0].repo_id
+
+
+def test_the_bfcl_test_items_are_the_hidden_splits_requests(tmp_path: Path) -> None:
+    text = BFCL.test_items(bfcl_dataset(tmp_path))
+    rows = [json.loads(line) for line in text.splitlines()]
+    assert [row["id"] for row in rows] == [f"simple_{n}" for n in range(5)]
+    assert {row["text"] for row in rows} == {"Find the area of a circle of radius 4 in m."}
+    assert FULL.contamination is not None
+    assert FULL.contamination.test_items == BFCL.TEST_ITEMS_FILE
+
+
+@pytest.mark.parametrize("broken", ["missing", "unpaired", "not json"])
+def test_a_missing_or_malformed_bfcl_mount_is_the_graders_fault(
+    tmp_path: Path, broken: str
+) -> None:
+    params = EVALUATOR.task_params(json.dumps({**FULL.evaluation, "data_dir": str(tmp_path)}))
+    if broken != "missing":
+        bfcl_dataset(tmp_path)
+        answers = tmp_path / EVALUATOR.BFCL_ANSWERS / EVALUATOR.BFCL_HIDDEN
+        lines = answers.read_text().splitlines()
+        answers.write_text("\n".join(lines[1:] if broken == "unpaired" else ["{", *lines]))
+    with pytest.raises(GraderFault, match="BFCL"):
+        EVALUATOR.split_items(params, hidden=True)
 
 
 # -- the evaluator as a job runs it, on artifacts it refuses before any model code --------------
