@@ -173,8 +173,10 @@ def main() -> None:
         qwen_artifact.mkdir()
         for path in qwen.glob("*.safetensors"):
             os.link(path, qwen_artifact / path.name)
+        generation = ("max_new_tokens", "batch_size", "engine", "gpu_memory_utilization")
         full_params = {
-            **FULL.evaluation,
+            **{key: value for key, value in FULL.evaluation.items() if key in generation},
+            "source": "files",
             "files": ["bench.jsonl"],
             "dev_file": "bench.jsonl",
             "hidden_file": "bench.jsonl",

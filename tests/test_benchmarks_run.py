@@ -104,6 +104,14 @@ def test_the_arithmetic_benchmark_runs_and_prints_its_figures() -> None:
     assert "generated tokens/s" in out and "one grading" in out, out
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_tool_calling_benchmark_runs_and_prints_its_figures() -> None:
+    out = run("bench/tool_call.py", "--quick", timeout=1800)
+    assert "t1_tool_call_tiny hidden split: 200 items" in out, out
+    assert "generated tokens/s" in out and "one grading of t1_tool_call" in out, out
+
+
 @DEPLOYMENT
 def test_the_campaign_scale_benchmark_runs_and_prints_its_figures() -> None:
     out = run("bench/campaign_scale.py", "--rollouts", "3", "--concurrency", "2")
