@@ -47,8 +47,10 @@ ROOMY = dataclasses.replace(
     max_files=100_000,
     nproc=512,
 )
-# What "learned" means here: the base model calls nothing (0), the trained one most requests.
-LEARNED = 0.5
+# What "learned" means here: the base model calls nothing right (0); the reference solution
+# answered 0.54 of the dev and 0.545 of the hidden requests after 613 steps (its 20 minutes ran
+# out at load 14-19 on two cores), the format and the words always, numbers not yet always.
+LEARNED = 0.3
 
 
 @pytest.fixture(scope="module")

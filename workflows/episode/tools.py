@@ -454,6 +454,4 @@ def evaluation_datasets(setup: EpisodeSetup) -> list[RepoRef]:
     """The task's own datasets for its evaluation jobs, at their pinned commits. Empty for every
     task that declares none, so such an evaluation's command is the one it always was (no
     patch: histories of those tasks replay unchanged)."""
-    return [
-        RepoRef(repo_id=d.repo_id, revision=d.revision) for d in setup.task.evaluation_datasets
-    ]
+    return [RepoRef(repo_id=d.repo_id, revision=d.revision) for d in setup.task.evaluation_datasets]
