@@ -105,7 +105,7 @@ class Generation(NamedTuple):
     device: str = ""
     engine_note: str = ""  # why "auto" fell back from vLLM, if it did
     generated_tokens: int = 0
-    generation_s: float = 0.0
+    generation_s: float = 0.0  # decoding alone (the model loaded, the prompts tokenised)
     files: tuple[str, ...] = ()  # the weight files read (names cut, at most 8)
 
 
@@ -348,6 +348,7 @@ def run_transformers(
     texts: list[str] = [""] * len(prompts)
     generated = 0
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    started = time.monotonic()
     with torch.inference_mode():
         for start in range(0, len(order), settings.batch_size):
             chosen = order[start : start + settings.batch_size]
@@ -367,7 +368,12 @@ def run_transformers(
                 end = next((n + 1 for n, token in enumerate(reply) if token in stops), len(reply))
                 generated += end
                 texts[i] = tokenizer.decode(reply[:end], skip_special_tokens=True)
-    return {"texts": texts, "device": device, "generated_tokens": generated}
+    return {
+        "texts": texts,
+        "device": device,
+        "generated_tokens": generated,
+        "generation_s": round(time.monotonic() - started, 3),
+    }
 
 
 def run_vllm(
@@ -396,10 +402,16 @@ def run_vllm(
         stop_token_ids=eos_ids(generation) if generation is not None else None,
         skip_special_tokens=True,
     )
+    started = time.monotonic()
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], sampling)
     texts = [output.outputs[0].text for output in outputs]
     generated = sum(len(output.outputs[0].token_ids) for output in outputs)
-    return {"texts": texts, "device": "cuda", "generated_tokens": generated}
+    return {
+        "texts": texts,
+        "device": "cuda",
+        "generated_tokens": generated,
+        "generation_s": round(time.monotonic() - started, 3),
+    }
 
 
 def generation_config(config_class: Any, base: Path, model_config: Any) -> Any:
@@ -438,14 +450,13 @@ def run_generation(
     report(chosen)  # how far it got: "auto" falls back only from a vLLM run that failed
     tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True, trust_remote_code=False)
     prompts = render_prompts(tokenizer, conversations, tools)
-    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="weights-") as folder:
         weights_folder(base, weights, Path(folder))
         if chosen == "vllm":
             result = run_vllm(Path(folder), base, prompts, settings)
         else:
             result = run_transformers(Path(folder), base, prompts, settings, memory)
-    return result | {"engine": chosen, "generation_s": round(time.monotonic() - started, 3)}
+    return result | {"engine": chosen}
 
 
 def generate(

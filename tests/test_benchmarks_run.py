@@ -112,6 +112,14 @@ def test_the_tool_calling_benchmark_runs_and_prints_its_figures() -> None:
     assert "generated tokens/s" in out and "one grading of t1_tool_call" in out, out
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_math_word_problems_benchmark_runs_and_prints_its_figures() -> None:
+    out = run("bench/math_word_problems.py", "--quick", timeout=1800)
+    assert "math_word_problems_tiny: one grading of 20 problems" in out, out
+    assert "Qwen2.5-0.5B-sized (2 layers" in out and "generated tokens/s" in out, out
+
+
 @DEPLOYMENT
 def test_the_campaign_scale_benchmark_runs_and_prints_its_figures() -> None:
     out = run("bench/campaign_scale.py", "--rollouts", "3", "--concurrency", "2")

@@ -438,3 +438,30 @@ def test_the_policy_decides_the_reward(policy: str, flagged: bool, reward: float
     summary = ContaminationSummary(checked=True, flagged=flagged, policy=policy)  # type: ignore[arg-type]
     assert reward_under_policy(0.8, summary) == reward
     assert json.loads(summary.model_dump_json())["policy"] == policy
+
+
+def test_a_jobs_outputs_are_read_training_data_first_and_weights_by_their_header_only(
+    tmp_path: Path,
+) -> None:
+    """A job's outputs: every file but the weights first (in path order), then each
+    `*.safetensors` file's header, never its tensor data, so a checkpoint far over the cap
+    leaves the training data beside it readable."""
+    import struct
+
+    from activities.contamination.dataset_bytes import SAFETENSORS_HEADER_BYTES
+
+    header = b'{"__metadata__":{"note":"' + LONG.encode() + b'"}}'
+    weights = struct.pack("<Q", len(header)) + header + b"\x07" * (4 * MIB)
+    (tmp_path / "a-model.safetensors").write_bytes(weights)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text(json.dumps({"q": LONG}) + "\n")
+    read = read_folder(tmp_path, 1 * MIB, outputs=True)
+    assert [path for path, _ in read.files] == ["data/train.jsonl", "a-model.safetensors"]
+    assert read.files[1][1] == weights[: 8 + len(header)] and not read.cut
+    # A header that claims more than the cap is read only to the cap.
+    huge = struct.pack("<Q", 1 << 40) + b"{" + b" " * (2 * SAFETENSORS_HEADER_BYTES)
+    (tmp_path / "a-model.safetensors").write_bytes(huge)
+    read = read_folder(tmp_path, 8 * MIB, outputs=True)
+    assert len(read.files[1][1]) == 8 + SAFETENSORS_HEADER_BYTES
+    # Without `outputs` (a dataset), files are read in path order, whole, up to the cap.
+    assert read_folder(tmp_path, 8 * MIB).files[0][0] == "a-model.safetensors"

@@ -55,7 +55,7 @@ INSTRUCTION = (
 )
 GSM8K_TRAIN = Path("/datasets/openai/gsm8k/main")
 PROFILES = {
-    "tiny": {"problems": 20_000, "steps": 600, "batch_size": 128, "learning_rate": 3e-3},
+    "tiny": {"problems": 20_000, "steps": 1200, "batch_size": 64, "learning_rate": 3e-3},
     "full": {"steps": 1400, "batch_size": 16, "learning_rate": 1e-5, "max_tokens": 512},
 }
 TINY_BELOW_PARAMETERS = 50_000_000
@@ -81,7 +81,9 @@ def tiny_problem(rng: random.Random, names: tuple) -> tuple[str, int]:
 
 
 def tiny_problems(split: str, count: int) -> list[tuple[str, str]]:
-    """`count` distinct problems of `split` as (question, reply): the evaluator's sets."""
+    """`count` distinct problems of `split` as (question, reply): the evaluator's sets, each
+    reply a worked line and the final answer, e.g. "3 + 4 = 7\n#### 7" (copying the numbers
+    out first makes the sum a short step for a tiny model)."""
     test = split == "test"
     names = TEST_NAMES if test else tuple(n for n in NAMES if n not in TEST_NAMES)
     rng = random.Random(SEEDS[split])
@@ -91,7 +93,12 @@ def tiny_problems(split: str, count: int) -> list[tuple[str, str]]:
             break
         text, answer = tiny_problem(rng, names)
         found.setdefault(text, answer)
-    return [(text, f"#### {answer}") for text, answer in found.items()]
+    return [(text, worked_reply(text, answer)) for text, answer in found.items()]
+
+
+def worked_reply(question: str, answer: int) -> str:
+    a, b = re.findall(r"[0-9]+", question)
+    return f"{a} {'+' if 'more' in question else '-'} {b} = {answer}\n#### {answer}"
 
 
 def gsm8k_problems() -> list[tuple[str, str]]:
@@ -107,12 +114,12 @@ def gsm8k_problems() -> list[tuple[str, str]]:
     return problems
 
 
-def examples(tokenizer, problems: list, rng: random.Random, count: int, limit: int | None):
-    """(input ids, labels) pairs: the prompt as the evaluator builds it, then the reply and the
-    end of turn; the loss is on the reply only."""
+def examples(tokenizer, problems: list, limit: int | None) -> list[tuple[list, list]]:
+    """(input ids, labels) pairs, one per problem, made once: the prompt as the evaluator
+    builds it, then the reply and the end of turn; the loss is on the reply only."""
     end = tokenizer.eos_token or ""
     pairs = []
-    for question, reply in rng.choices(problems, k=count):
+    for question, reply in problems:
         prompt = tokenizer.apply_chat_template(
             [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
         )
@@ -160,6 +167,7 @@ def main(base_dir: Path, outputs: Path) -> None:
     with (outputs / "train.jsonl").open("w", encoding="utf-8") as out:
         for question, reply in problems:
             out.write(json.dumps({"question": question, "reply": reply}) + "\n")
+    pairs = examples(tokenizer, problems, profile.get("max_tokens"))
     model.to(device=device, dtype=torch.float32).train()  # fp32 master weights
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     optimizer = torch.optim.AdamW(model.parameters(), lr=profile["learning_rate"])
@@ -171,8 +179,7 @@ def main(base_dir: Path, outputs: Path) -> None:
             break
         for group in optimizer.param_groups:
             group["lr"] = profile["learning_rate"] * learning_rate_factor(progress)
-        pairs = examples(tokenizer, problems, rng, profile["batch_size"], profile.get("max_tokens"))
-        inputs = batch(pairs, pad_id, device)
+        inputs = batch(rng.choices(pairs, k=profile["batch_size"]), pad_id, device)
         with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=device == "cuda"):
             loss = model(**inputs).loss
         loss.backward()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import timedelta
 from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
@@ -115,3 +116,35 @@ async def test_a_run_that_trained_on_the_train_set_is_not_flagged_and_keeps_its_
     # 5,000 train problems were scanned (a train problem shares every phrase but its person,
     # numbers and thing with test problems: the threshold of 1.0 keeps them apart).
     assert read["bytes_read"] > 300_000 and not read["cut"]
+
+
+async def test_a_tasks_evaluation_datasets_are_mounted_in_its_evaluations_only(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """`[[evaluation_datasets]]` (the GSM8K member's openai/gsm8k): every dev and grader job
+    of the task mounts them at their pinned commits; agent jobs mount only what they ask for."""
+    revision = "7" * 40
+    table = f'\n[[evaluation_datasets]]\nrepo_id = "org/bench"\nrevision = "{revision}"\n'
+    async with running_worker(time_skipping_env, tmp_path, scenario()) as h:
+        folder = tmp_path / "tasks" / "t_bench"
+        folder.mkdir(parents=True)
+        spec = (tmp_path / "tasks" / "t_test" / "task.toml").read_text()
+        (folder / "task.toml").write_text(spec.replace('"t_test"', '"t_bench"') + table)
+        (folder / "evaluator.py").write_text("print('the fake backend never runs this')\n")
+        ep = await h.episode("t_bench")
+        job_id = await ep.submit_job(script=CLEAN)
+        assert (await ep.wait_job(job_id, step=timedelta(seconds=31))).data["state"] == "succeeded"
+        dev = await ep.call_over(timedelta(minutes=5), "dev_evaluate", job_id=job_id)
+        assert dev.data["score"] == 0.8, dev.data
+        final = await ep.call_over(timedelta(minutes=5), "submit", job_id=job_id)
+        assert final.done and final.reward == 0.8
+        await ep.handle.result()
+
+    mounted = {
+        r.role.value: [(d.repo_id, d.revision) for d in r.datasets] for r in h.backend.requests()
+    }
+    assert mounted == {
+        "agent": [],
+        "dev": [("org/bench", revision)],
+        "grader": [("org/bench", revision)],
+    }
