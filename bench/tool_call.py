@@ -13,14 +13,15 @@ dependencies (torch from this machine's wheel folders; built once under the uv c
    process and its children: the machine's other load does not count in them);
 2. `t1_tool_call`, whose model cannot be downloaded here: the same evaluator code on a model of
    Qwen2.5-0.5B-Instruct's shapes (its config, random bf16 weights, written here) with the tiny
-   member's character-level tokenizer and template, on the dev split, the engine setting "auto"
-   (transformers here: no GPU), `batch_size` 32 as the member's task.toml, 64 items of at most
-   64 new tokens (random weights never end a reply early): the generated tokens
-   per second of generation (`generation_s` on the score line: loading the model, rendering,
-   prefill and decoding) and per CPU second. From it, the grading's generation on the CPU (400
-   items x 256 tokens) and, beside it, the L4's bound for the same tokens (every decoding step
-   reads the weights once: steps x weight bytes / 300 GB/s, NVIDIA's datasheet; prefill at
-   121 TFLOPS bf16), against the member's `score_timeout_s`.
+   member's character-level tokenizer and template, the engine setting "auto" (transformers
+   here: no GPU), `batch_size` 32 as the member's task.toml, 64 dev items of at most 64 new
+   tokens (random weights never end a reply early): generated tokens per second of
+   `generation_s` (the generation kit's own timing: decoding alone since the kit's commit
+   e5f6223; before it, also loading the model and rendering the prompts) and per CPU second of
+   the whole evaluator. From it, the grading's generation on this CPU (400 items x 256 tokens)
+   and, beside it, the L4's bound for the same tokens (every decoding step reads the weights
+   once: steps x weight bytes / 300 GB/s; prefill at 121 TFLOPS bf16; NVIDIA's datasheet),
+   against the member's `score_timeout_s`.
 
 `--quick` (tests): 16 new tokens for the tiny member; 8 items of 4 new tokens for the
 Qwen-size run.
