@@ -1,5 +1,5 @@
 """`posttrain-env` command line: `demo`, `server`, `worker`, `agent-worker`, `cluster-local`,
-`campaign`, `hub`, `temporal`, `episodes`, `key`."""
+`campaign`, `hub`, `temporal`, `episodes`, `key`, `tasks`."""
 
 from __future__ import annotations
 
@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     from posttrain_server.commands.replay import add_replay_commands
 
     add_replay_commands(sub)
+    from posttrain_server.commands.tasks import add_tasks_commands
+
+    add_tasks_commands(sub)
     sub.add_parser(
         "demo",
         help="play one whole t0_artifact episode on this machine (local backend, no token)",
@@ -104,6 +107,10 @@ def main(argv: list[str] | None = None) -> None:
             from posttrain_server.commands.replay import run_replay
 
             status = run_replay(args)
+        elif args.command == "tasks":
+            from posttrain_server.commands.tasks import run_tasks
+
+            status = run_tasks(args)
         elif args.command == "demo":
             from posttrain_server.demo import main as run_demo
 

@@ -106,6 +106,14 @@ def test_the_arithmetic_benchmark_runs_and_prints_its_figures() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
+def test_the_tool_calling_benchmark_runs_and_prints_its_figures() -> None:
+    out = run("bench/tool_call.py", "--quick", timeout=1800)
+    assert "t1_tool_call_tiny hidden split: 200 items" in out, out
+    assert "generated tokens/s" in out and "one grading of t1_tool_call" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_the_math_word_problems_benchmark_runs_and_prints_its_figures() -> None:
     out = run("bench/math_word_problems.py", "--quick", timeout=1800)
     assert "math_word_problems_tiny: one grading of 20 problems" in out, out

@@ -1,0 +1,108 @@
+"""`posttrain-env tasks list [--json]`, as docs/tasks.md shows it: every family with its members."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from posttrain_server.commands.tasks import run_tasks
+from tasks.registry import TASKS_DIR, list_tasks, load_task
+
+COMMAND = Path(sys.executable).parent / "posttrain-env"
+
+
+def posttrain_env(*args: str) -> subprocess.CompletedProcess[str]:
+    """The installed `posttrain-env` command, a process of its own."""
+    return subprocess.run(
+        [str(COMMAND), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_tasks_list_json_lists_every_task_under_its_family_with_its_limits() -> None:
+    done = posttrain_env("tasks", "list", "--json")
+    assert done.returncode == 0, done.stderr
+    listing = json.loads(done.stdout)
+    assert listing["broken"] == []
+    members = {
+        member["id"]: (family["family"], member)
+        for family in listing["families"]
+        for member in family["members"]
+    }
+    assert sorted(members) == list_tasks()
+    for task_id, (family, member) in members.items():
+        spec = load_task(task_id)
+        assert family == (spec.family or spec.id)
+        assert member["flavors"] == spec.flavors
+        assert member["budget_usd"] == spec.budget_usd
+        assert member["time_limit_s"] == spec.time_limit_s
+        assert member["base_model"]["repo_id"] == spec.base_model.repo_id
+        assert member["base_model"]["revision"] == spec.base_model.revision
+        assert member["base_model"]["local"] == spec.base_model.local
+    family, tool_call = members["t1_tool_call"]
+    assert family == "t1_tool_call" and members["t1_tool_call_tiny"][0] == "t1_tool_call"
+    assert tool_call["base_model"]["revision"] == "7ae557604adf67be50417f59c2c2f167def9a775"
+    assert tool_call["hidden_split"] == "public"
+    assert all(member["evaluable"] for _, member in members.values())
+
+
+def test_tasks_list_prints_each_family_then_its_members() -> None:
+    done = posttrain_env("tasks", "list")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    family_at = lines.index("t1_tool_call")
+    tiny = next(line for line in lines if line.startswith("  t1_tool_call_tiny "))
+    assert lines.index(tiny) > family_at
+    assert (
+        "budget $0.50" in tiny and "time 2h00m" in tiny and "flavors cpu-basic,cpu-upgrade" in tiny
+    )
+    assert "base posttrain-env/tiny-tool-lm@main (local: tiny-tool-lm)" in tiny
+    real = next(line for line in lines if line.startswith("  t1_tool_call "))
+    assert "budget $20.00" in real and "Qwen/Qwen2.5-0.5B-Instruct@7ae5576" in real
+
+
+def test_a_task_whose_spec_does_not_load_is_listed_with_its_error_and_exit_1(
+    tmp_path: Path,
+) -> None:
+    tasks_dir = tmp_path / "tasks"
+    shutil.copytree(TASKS_DIR / "t0_artifact", tasks_dir / "t0_artifact")
+    (tasks_dir / "t9_broken").mkdir()
+    (tasks_dir / "t9_broken" / "task.toml").write_text('id = "t9_broken"\n')
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = run_tasks(argparse.Namespace(json=True), tasks_dir)
+    assert status == 1
+    listing = json.loads(out.getvalue())
+    assert [family["family"] for family in listing["families"]] == ["t0_artifact"]
+    (broken,) = listing["broken"]
+    assert broken["id"] == "t9_broken" and "field 'prompt'" in broken["error"]
+
+
+def test_a_member_whose_evaluator_cannot_be_assembled_is_listed_as_not_evaluable(
+    tmp_path: Path,
+) -> None:
+    """A file its evaluator embeds is missing: listed, `evaluable: false` and why, exit 0."""
+    tasks_dir = tmp_path / "tasks"
+    for task_id in ("t1_tool_call", "t1_tool_call_tiny"):
+        shutil.copytree(TASKS_DIR / task_id, tasks_dir / task_id)
+    (tasks_dir / "t1_tool_call" / "tiny_hidden.jsonl").unlink()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = run_tasks(argparse.Namespace(json=True), tasks_dir)
+    assert status == 0
+    (family,) = json.loads(out.getvalue())["families"]
+    members = {member["id"]: member for member in family["members"]}
+    assert members["t1_tool_call"]["evaluable"] is True
+    tiny = members["t1_tool_call_tiny"]
+    assert tiny["evaluable"] is False
+    assert "tiny_hidden.jsonl does not exist" in tiny["not_evaluable_because"]
+
+
+def test_tasks_needs_a_subcommand() -> None:
+    done = posttrain_env("tasks")
+    assert done.returncode == 2 and "list" in done.stderr
