@@ -134,7 +134,7 @@ def with_items(script: str, count: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     cache = Path(os.environ.get("UV_CACHE_DIR") or Path.home() / ".cache" / "uv")
