@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -53,9 +54,17 @@ def build_parser() -> argparse.ArgumentParser:
     from posttrain_server.commands.tasks import add_tasks_commands
 
     add_tasks_commands(sub)
-    sub.add_parser(
+    demo = sub.add_parser(
         "demo",
-        help="play one whole t0_artifact episode on this machine (local backend, no token)",
+        help="play one whole episode on this machine (local backend, no token): t0_artifact "
+        "with its reference solution unless told otherwise",
+    )
+    demo.add_argument("--task", default="t0_artifact", help="the task to play")
+    demo.add_argument(
+        "--script",
+        type=Path,
+        default=None,
+        help="the training script to submit (default: the task's reference solution)",
     )
     return parser
 
@@ -114,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "demo":
             from posttrain_server.demo import main as run_demo
 
-            status = run_demo()
+            status = run_demo(args.task, args.script)
     except (ValidationError, UnknownBackend) as exc:  # a bad setting: say which, no traceback
         print(f"posttrain-env: invalid settings:\n{exc}", file=sys.stderr)
         status = 2

@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import json
 import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from posttrain_common.keys import ServerKey
@@ -49,6 +51,8 @@ class DemoRun:
     states: list[str] = field(default_factory=list)
     episode_id: str = ""
     job_id: str = ""
+    # `episode_end.contamination` (the counts the agent sees), when the task checks for it.
+    contamination: dict[str, Any] | None = None
     marks: dict[str, float] = field(default_factory=dict)
 
 
@@ -147,28 +151,73 @@ def load_and_make_backend(settings: Settings, key: ServerKey) -> JobsBackend:
     return make_backend(settings, key)
 
 
-async def play(base_url: str, out: TextIO, mark: Callable[[str], None]) -> DemoRun:
-    """The specification's client flow, with the reference solution as the training script."""
+@dataclass(frozen=True)
+class DemoPlan:
+    """What the demo plays: a task, the training script it submits (the task's reference
+    solution unless given), on the task's first flavor, under the task's longest timeout."""
+
+    task_id: str = TASK_ID
+    script: str = ""
+    flavor: str = "cpu-basic"
+    timeout_minutes: int = 5
+
+
+class DemoInputError(ValueError):
+    """A task or script the demo cannot play (the message says why)."""
+
+
+def demo_plan(task_id: str = TASK_ID, script: Path | None = None) -> DemoPlan:
+    """The plan for `task_id`; `script` replaces its reference solution. Raises DemoInputError
+    for an unknown task, a task without a reference solution, or a script it cannot read."""
+    from tasks.registry import TaskSpecError, load_task
+
+    try:
+        spec = load_task(task_id)
+    except TaskSpecError as err:
+        raise DemoInputError(str(err)) from None
+    if script is not None and not script.is_file():
+        raise DemoInputError(f"--script {script}: no such file")
+    path = script or TASKS_DIR / (spec.family or spec.id) / "reference_solution.py"
+    if not path.is_file():
+        raise DemoInputError(
+            f"task {task_id!r} has no reference solution ({path} does not exist): "
+            "give the training script with --script"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise DemoInputError(f"cannot read the script {path}: {err}") from None
+    # t0_artifact's reference solution writes its artifact in seconds; a training script gets
+    # the task's longest timeout.
+    timeout = 5 if task_id == TASK_ID and script is None else spec.max_timeout_minutes
+    return DemoPlan(task_id, text, spec.flavors[0], timeout)
+
+
+async def play(
+    base_url: str, out: TextIO, mark: Callable[[str], None], plan: DemoPlan | None = None
+) -> DemoRun:
+    """The specification's client flow, with the plan's script as the training script."""
     load_modules()  # done already when the stack started here; nothing then
     from openenv.core.env_server.mcp_types import CallToolAction
 
     from posttrain_env.client import PostTrainEnv
 
+    plan = plan or DemoPlan(script=REFERENCE_SOLUTION.read_text())
     run = DemoRun()
     async with PostTrainEnv(base_url=base_url, message_timeout_s=3600) as env:
-        result = await env.reset(task_id=TASK_ID)
+        result = await env.reset(task_id=plan.task_id)
         meta = result.observation.metadata
         run.episode_id = meta["episode_id"]
-        print(f"episode {run.episode_id} of task {TASK_ID}; the prompt:\n", file=out)
+        print(f"episode {run.episode_id} of task {plan.task_id}; the prompt:\n", file=out)
         print(meta["prompt"].strip(), "\n", file=out)
         mark("reset")
         result = await env.step(
             CallToolAction(
                 tool_name="jobs_submit",
                 arguments={
-                    "script": REFERENCE_SOLUTION.read_text(),
-                    "flavor": "cpu-basic",
-                    "timeout_minutes": 5,
+                    "script": plan.script,
+                    "flavor": plan.flavor,
+                    "timeout_minutes": plan.timeout_minutes,
                 },
             )
         )
@@ -203,7 +252,11 @@ async def play(base_url: str, out: TextIO, mark: Callable[[str], None]) -> DemoR
         mark("graded")
         run.reward = final.reward
         run.spend = final.observation.metadata["service_spend"]
+        end = final.observation.metadata.get("episode_end") or {}
+        run.contamination = end.get("contamination")
         print(f"done: {final.done}, reward: {final.reward}", file=out)
+        if run.contamination is not None:
+            print(f"contamination check: {json.dumps(run.contamination)}", file=out)
         settled = run.spend["settled"]
         print(
             f"spend: ${settled['usd']:.6f} settled for {settled['jobs']} job(s) and "
@@ -214,7 +267,9 @@ async def play(base_url: str, out: TextIO, mark: Callable[[str], None]) -> DemoR
     return run
 
 
-async def demo(settings: Settings, out: TextIO = sys.stdout) -> DemoRun:
+async def demo(
+    settings: Settings, out: TextIO = sys.stdout, plan: DemoPlan | None = None
+) -> DemoRun:
     marks: dict[str, float] = {"start": time.time()}
 
     def mark(name: str) -> None:
@@ -226,7 +281,7 @@ async def demo(settings: Settings, out: TextIO = sys.stdout) -> DemoRun:
             f"Temporal, a worker (local backend) and the gateway are up at {stack.base_url}",
             file=out,
         )
-        run = await play(stack.base_url, out, mark)
+        run = await play(stack.base_url, out, mark, plan)
         await episode_closed(stack.client, run.episode_id, out)
         mark("closed")
     run.marks = marks
@@ -264,6 +319,12 @@ def demo_settings() -> Settings:
     )
 
 
-def main() -> int:
-    run = asyncio.run(demo(demo_settings()))
+def main(task_id: str = TASK_ID, script: Path | None = None) -> int:
+    """0 when the episode ended with a reward, 1 when it did not, 2 for bad input."""
+    try:
+        plan = demo_plan(task_id, script)
+    except DemoInputError as err:
+        print(f"posttrain-env demo: {err}", file=sys.stderr)
+        return 2
+    run = asyncio.run(demo(demo_settings(), plan=plan))
     return 0 if run.reward is not None else 1

@@ -47,3 +47,34 @@ def test_the_demo_plays_a_whole_episode_on_the_local_backend_and_exits_0(tmp_pat
     for path in state.rglob("*"):
         if path.is_file() and not path.is_symlink():
             assert b"hf_not_a_real_token" not in path.read_bytes(), path
+
+
+def test_the_demo_plays_any_task_with_its_familys_reference_solution() -> None:
+    from posttrain_server.demo import demo_plan
+    from tasks.registry import TASKS_DIR
+
+    plan = demo_plan("math_word_problems_tiny")
+    reference = TASKS_DIR / "math_word_problems" / "reference_solution.py"
+    assert plan.script == reference.read_text()
+    assert (plan.flavor, plan.timeout_minutes) == ("cpu-basic", 30)  # the task's first, longest
+    default = demo_plan()
+    assert (default.task_id, default.timeout_minutes) == ("t0_artifact", 5)
+
+
+def test_the_demo_refuses_an_unknown_task_or_an_unreadable_script_with_status_2(
+    tmp_path: Path,
+) -> None:
+    exe = Path(sys.executable).with_name("posttrain-env")
+    env = {**os.environ, "POSTTRAIN_STATE_DIR": str(tmp_path / "state")}
+    for args, needle in (
+        (["--task", "no_such_task"], "no_such_task"),
+        (["--task", "t0_artifact", "--script", str(tmp_path / "missing.py")], "--script"),
+    ):
+        done = subprocess.run(
+            [str(exe), "demo", *args], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 2, done.stderr
+        assert "posttrain-env demo:" in done.stderr and needle in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    # Nothing was started: no Temporal state, no job folder.
+    assert not (tmp_path / "state" / "demo").exists()
