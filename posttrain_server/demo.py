@@ -1,10 +1,12 @@
-"""`posttrain-env demo`: one whole `t0_artifact` episode on this machine, no token needed.
+"""`posttrain-env demo [--task ID] [--script PATH]`: one whole episode on this machine, no token
+needed (`t0_artifact` and its reference solution unless told otherwise).
 
 It starts the embedded Temporal dev server, a worker on the **local** backend (forced, whatever
 `POSTTRAIN_BACKEND` says, so the demo can never spend money) and the gateway, all on free ports
 of 127.0.0.1, then plays the specification's client flow with `PostTrainEnv`, submitting the
-task's reference solution: it prints the prompt, the job's states as they change, the dev score,
-the reward and the spend. State lives in `<POSTTRAIN_STATE_DIR>/demo`, so later runs reuse the
+task's (its family's) reference solution or the given script: it prints the prompt, the job's
+states as they change, the dev score, the reward, the contamination check's counts (when the
+task has one) and the spend. State lives in `<POSTTRAIN_STATE_DIR>/demo`, so later runs reuse the
 generated base model and the uv cache.
 
 A first command should start fast: this module imports only the settings at load time; the

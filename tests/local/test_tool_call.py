@@ -10,7 +10,6 @@ score lines cannot change its score.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -27,8 +26,8 @@ from job_launcher.trusted_lines import NONCE_ENV, SCORE_TAG, ScoreReading, read_
 from posttrain_common.contracts.jobs import JobRole
 from tasks.models.tiny_tool_lm import write_tiny_tool_model
 from tasks.registry import TASKS_DIR, evaluator_script, load_task
-from tests.local.conftest import JOB_PYTHON, SMALL, TEST_BWRAP, Jobs
-from tests.local.test_arithmetic_format import torch_wheels
+from tests.local.conftest import JOB_PYTHON, TEST_BWRAP, Jobs
+from tests.local.test_arithmetic_format import ROOMY, torch_wheels
 
 # Training and several evaluations on the CPU: minutes each on a loaded machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -39,14 +38,6 @@ REFERENCE = (FAMILY / "reference_solution.py").read_text()
 EVALUATOR = evaluator_script(TASK)
 PARAMS = json.dumps(TASK.evaluation)
 SEED = "a-grader-only-seed"
-ROOMY = dataclasses.replace(
-    SMALL,
-    memory_bytes=None,
-    file_bytes=256 << 20,
-    disk_cap_bytes=4 << 30,
-    max_files=100_000,
-    nproc=512,
-)
 # What "learned" means here: the base model calls nothing right (0). Measured at load 14-29 on
 # two cores, where the reference solution's 20 minutes ran out first: 613 steps gave 0.54 (dev)
 # and 0.545 (hidden) run by hand, 678 steps as this test's job 0.69 and 0.65; the format, the
