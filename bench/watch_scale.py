@@ -36,7 +36,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -59,6 +61,12 @@ from temporalio.worker import Worker
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+# Bytecode cached as a deployment caches it. The sandbox imports a workflow's module afresh for
+# every workflow instance; without `__pycache__` (PYTHONDONTWRITEBYTECODE=1, as on this
+# machine) each of those imports compiles the source again, a third of a workflow process's
+# time at thousands of new workflows. The workflow processes inherit the environment.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 from activities.campaigns.agent_turns import AgentTurnActivities  # noqa: E402
 from activities.campaigns.store import CampaignStore  # noqa: E402
@@ -312,9 +320,24 @@ async def skip_time(client: Client, step: timedelta) -> None:
     )
 
 
-async def closed(client: Client, workflow_id: str, gate: asyncio.Semaphore) -> bool:
-    async with gate:
-        return await job_closed(client, workflow_id)
+CLOSED_BATCH = 50  # describes at once: 10,000 at once upset the server
+
+
+async def still_open(client: Client, open_ids: set[str], rng: random.Random) -> set[str]:
+    """The workflows of `open_ids` not yet closed, looked up in random batches until a batch
+    finds none closed: a step where few have ended costs a batch, not a describe per workflow
+    (10,000 per step at the largest level, most of the server's time). One still open keeps
+    the caller stepping, so every workflow is seen closed before the level ends."""
+    order = sorted(open_ids)
+    rng.shuffle(order)
+    remaining = set(open_ids)
+    for start in range(0, len(order), CLOSED_BATCH):
+        batch = order[start : start + CLOSED_BATCH]
+        ended = await asyncio.gather(*(job_closed(client, w) for w in batch))
+        remaining -= {w for w, done in zip(batch, ended, strict=True) if done}
+        if not any(ended):
+            break
+    return remaining
 
 
 async def run_level(
@@ -343,7 +366,6 @@ async def run_level(
     )
     started = time.monotonic()
     helpers: list[subprocess.Popen[bytes]] = []
-    describing = asyncio.Semaphore(50)  # 10,000 describes at once upset the server
     try:
         await add_search_attributes(env.client)
         client, queue = env.client, f"watch-scale-{uuid.uuid4().hex[:8]}"
@@ -406,19 +428,26 @@ async def run_level(
                         task_queue=queue,
                     )
                     while len(hub.jobs) < len(job_ids):
+                        progress(started, level.label, f"{len(hub.jobs)} jobs submitted")
                         if await job_closed(client, handle.id):
                             raise RuntimeError(
                                 "the campaign ended before its jobs all started: "
                                 f"{await handle.result()}"
                             )
-                        await asyncio.sleep(1)
+                        await asyncio.sleep(10)
                 extra_ids = [handle.id] + [rollout_workflow_id(r, 1) for r in rollout_ids]
             else:
                 gate = asyncio.Semaphore(20)
 
                 async def one() -> tuple[str, list[str]]:
                     async with gate:
-                        return await start_episode(client, queue, jobs, timeout_minutes)
+                        result = await start_episode(client, queue, jobs, timeout_minutes)
+                    done.append(result[0])
+                    if len(done) % max(1, episodes // 10) == 0:
+                        progress(started, level.label, f"{len(done)} episodes submitted")
+                    return result
+
+                done: list[str] = []
 
                 # Submitting under a paused clock: every job is running before time moves on.
                 with env.auto_time_skipping_disabled():
@@ -427,6 +456,7 @@ async def run_level(
                 job_ids = [j for _, js in submitted for j in js]
                 extra_ids = []
             level.submit_s = time.monotonic() - started
+            progress(started, level.label, f"{len(hub.jobs)} jobs submitted")
             stem = watcher_workflow_id(client.namespace, queue)
             shard_ids = watcher_shard_ids(stem, settings.watch_shards)
             for shard in shard_ids:
@@ -439,17 +469,18 @@ async def run_level(
             open_ids = set(job_ids) | set(extra_ids)
             limit = run_s + SCHEDULING_S + 20 * 4 + 600
             skipped = 0.0
+            looking = random.Random(11)
             while open_ids and skipped < limit:
                 await skip_time(client, SKIP_STEP)
                 hub.advance(SKIP_STEP.total_seconds())
                 skipped += SKIP_STEP.total_seconds()
                 if skipped > run_s:
-                    current = sorted(open_ids)
-                    ended = await asyncio.gather(*(closed(client, w, describing) for w in current))
-                    open_ids -= {w for w, done in zip(current, ended, strict=True) if done}
+                    open_ids = await still_open(client, open_ids, looking)
+                progress(started, level.label, f"{skipped:.0f} s skipped, {len(open_ids)} open")
             if open_ids:
                 raise RuntimeError(f"{len(open_ids)} workflows did not end")
             level.wall_s = time.monotonic() - started
+            progress(started, level.label, "every workflow ended; reading histories")
             rng = random.Random(7)
             sample_jobs = rng.sample(job_ids, min(SAMPLE_JOBS, len(job_ids)))
             sample_episodes = rng.sample(episode_ids, min(SAMPLE_EPISODES, len(episode_ids)))
@@ -470,6 +501,11 @@ async def run_level(
         durations = hub.info(job_id).durations
         level.running_s += float(durations.running_secs or 0) if durations else 0.0
     return level
+
+
+def progress(started: float, label: str, message: str) -> None:
+    """A phase's progress on stderr: a long level shows where its time goes."""
+    print(f"[{time.monotonic() - started:7.0f} s] {label}: {message}", file=sys.stderr, flush=True)
 
 
 def verdict(ok: bool) -> str:
@@ -556,6 +592,8 @@ def main() -> None:
         asyncio.run(serve_workflows(address, queue, int(cache)))
         return
     logging.basicConfig(level=logging.ERROR)
+    # A terminated bench still stops the test server it started (the levels' `finally`).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     levels: list[Level] = []
 
     async def run_all() -> None:
@@ -581,6 +619,9 @@ def main() -> None:
         asyncio.run(asyncio.wait_for(run_all(), RUN_LIMIT_S))
     except TimeoutError:
         print(f"the benchmark did not finish within {RUN_LIMIT_S} s", file=sys.stderr)
+        status = 1
+    except KeyboardInterrupt:
+        print("the benchmark was stopped", file=sys.stderr)
         status = 1
     except Exception as err:  # a level that failed: the levels before it are still reported
         print(f"level {len(levels) + 1} failed: {err!r}", file=sys.stderr)

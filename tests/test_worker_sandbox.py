@@ -59,3 +59,45 @@ def test_a_new_workflow_instance_beside_the_gateway_imports_no_beartype_module_a
     read: list[str] = json.loads(done.stdout.splitlines()[-1])
     assert read, "the probe saw no file read at all: it measures nothing"
     assert [path for path in read if "beartype" in path] == []
+
+
+MODELS_PROBE = textwrap.dedent(
+    """
+    import asyncio, json
+    import temporalio.workflow
+    from pydantic._internal._model_construction import ModelMetaclass
+    from posttrain_server.worker import WORKFLOWS, workflow_runner
+
+    built = []
+    new = ModelMetaclass.__new__
+
+    def recording(mcs, name, bases, namespace, *args, **kwargs):
+        built.append(f"{namespace.get('__module__')}.{name}")
+        return new(mcs, name, bases, namespace, *args, **kwargs)
+
+    async def main():
+        runner = workflow_runner()
+        defns = [temporalio.workflow._Definition.must_from_class(w) for w in WORKFLOWS]
+        for defn in defns:
+            runner.prepare_workflow(defn)  # the first instance of each, as a worker starts
+        ModelMetaclass.__new__ = recording
+        for defn in defns:
+            runner.prepare_workflow(defn)  # what every later workflow instance costs
+        print(json.dumps({"workflows": len(defns), "built": built}))
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_a_new_workflow_instance_builds_no_pydantic_model() -> None:
+    """The sandbox imports a workflow's module afresh for every instance; a pydantic model
+    defined there was built again each time (a fifth of a workflow process's time at thousands
+    of new jobs, bench/watch_scale.py). Models live in passed-through contract modules."""
+    done = subprocess.run(
+        [sys.executable, "-c", MODELS_PROBE], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["workflows"] >= 8, seen
+    assert seen["built"] == []

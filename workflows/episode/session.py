@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
@@ -27,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from posttrain_common.failures import tool_error_of
     from posttrain_env.errors import ErrorType
     from posttrain_env.models import EndReason
+    from workflows.episode.session_contract import ResetRequest, ResetResult, SessionState
     from workflows.episode.workflow import EpisodeInput, EpisodeWorkflow
     from workflows.ids import SIGNAL_EPISODE_CLOSED, episode_workflow_id
     from workflows.policies import READ_RETRY, READ_TIMEOUT
@@ -43,21 +43,6 @@ IDLE_CLOSE_PATCH = "pt-session-idle-close-1"
 # current episode as an operator's cancel and closes the session. Histories recorded before
 # this closed at such a cancel, and replay so.
 SESSION_OUTSIDE_CANCEL_PATCH = "pt-session-outside-cancel-1"
-
-
-class ResetRequest(BaseModel):
-    task_id: str = Field(min_length=1, max_length=100)
-
-
-class ResetResult(BaseModel):
-    episode_id: str
-    workflow_id: str
-    setup: EpisodeSetup
-
-
-class SessionState(BaseModel):
-    current: EpisodeSetup | None = None
-    closed: bool = False
 
 
 @workflow.defn

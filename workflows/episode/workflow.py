@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from pydantic import BaseModel
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
@@ -27,7 +26,6 @@ with workflow.unsafe.imports_passed_through():
         ToolResult,
         episode_over,
     )
-    from posttrain_common.contracts.episodes import EpisodeSetup
     from posttrain_common.contracts.jobs import LateJob
     from posttrain_common.contracts.operator import (
         OperatorAction,
@@ -38,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
     from posttrain_env.errors import ErrorType, ToolError
     from posttrain_env.models import ContaminationSummary, EndReason, EpisodeEnd
     from posttrain_env.tools import oversized_error
+    from workflows.episode.contract import EpisodeInput
     from workflows.episode.jobs import EpisodeJobs
     from workflows.episode.ledger import Ledger
     from workflows.episode.operator import (
@@ -71,13 +70,6 @@ AUDIT_PATCH = "pt-audit-1"
 # ends it as an operator's cancel and lets it close as usual. Histories recorded before this
 # closed at such a cancel, and replay so.
 OUTSIDE_CANCEL_PATCH = "pt-outside-cancel-1"
-
-
-class EpisodeInput(BaseModel):
-    setup: EpisodeSetup
-    carry: EpisodeCarry | None = None
-    # Set by the reconciler when the last run was terminated from outside: end and close.
-    wind_down: WindDown | None = None
 
 
 @workflow.defn

@@ -17,7 +17,6 @@ import hashlib
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, FailureError
 
@@ -27,11 +26,11 @@ with workflow.unsafe.imports_passed_through():
     from posttrain_common.contracts.watching import (
         MAX_ENDED_REMEMBERED,
         MAX_JOBS_PER_SHARD,
-        WATCHER_HISTORY_BUDGET_BYTES,
     )
     from posttrain_env.models import JobState
     from workflows.cancellation import reraise_cancel
     from workflows.ids import SIGNAL_JOB_CHANGED, SIGNAL_LOOK_NOW
+    from workflows.job.watcher_contract import WatcherInput, WatchRequest
     from workflows.job.workflow import JobSnapshot, JobWorkflow
     from workflows.policies import OBSERVE_TIMEOUT, PERSISTENT_RETRY
     from workflows.waiting import Alarm, wait_until
@@ -53,31 +52,6 @@ HISTORY_BUDGET_PATCH = "pt-watcher-history-budget-1"
 # so every shard of a queue looks at the same moments and one Hub listing serves them all
 # (activities/backends/hf/listing_reuse.py).
 ALIGNED_LOOKS_PATCH = "pt-watcher-aligned-looks-1"
-
-
-class WatchRequest(BaseModel):
-    """Registers a job with the namespace's watcher (sent by signal-with-start)."""
-
-    ref: str
-    workflow_id: str  # the job's workflow: told when the job ends
-    state: str
-    job_id: str = ""
-    episode_workflow_id: str = ""  # told directly of changes short of the end
-
-
-class WatcherInput(BaseModel):
-    interval_s: float = 30.0
-    # Set: after a change (or a new job, or a pending jobs_wait) look again this soon, doubling
-    # the gap on each quiet look up to interval_s, so short jobs are seen to end at once.
-    # None: always interval_s (Hugging Face: one Hub listing per look).
-    min_interval_s: float | None = None
-    idle_exit_s: float = 60.0
-    watched: dict[str, WatchRequest] = Field(default_factory=dict)
-    # The latest jobs whose end was reported (`ended_key`), oldest first, at most
-    # MAX_ENDED_REMEMBERED.
-    ended: list[str] = Field(default_factory=list)
-    # Continue as new past this much history (a test lowers it).
-    history_budget_bytes: int = WATCHER_HISTORY_BUDGET_BYTES
 
 
 def aligned_gap(now: datetime, interval_s: float) -> float:

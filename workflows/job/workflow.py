@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timedelta
 
-from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, FailureError
 
@@ -28,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from posttrain_env.models import JobState
     from workflows.cancellation import reraise_cancel
     from workflows.ids import SIGNAL_JOB_CHANGED, SIGNAL_LOOK_NOW
+    from workflows.job.contract import JobInput, JobSnapshot
     from workflows.operations import search_attributes as sa
     from workflows.operations.visibility import (
         Attributes,
@@ -61,36 +61,6 @@ CANCEL_REISSUE_MAX_S = 600
 # the backend job and reports its end, as a cancel from the episode does. Histories recorded
 # before this closed at such a cancel, and replay so.
 OUTSIDE_CANCEL_PATCH = "pt-outside-cancel-1"
-
-
-class JobInput(JobSpec):
-    parent_workflow_id: str
-    watcher_workflow_id: str
-    # Keep the operator's search attributes current. Set by episodes that run the visibility
-    # patch, which also give the job its memo and first attributes at start (so a job's
-    # history holds no patch marker and no memo event: it stays within ~30 events). False in
-    # the inputs of jobs recorded before, which replay without upserts.
-    visible: bool = False
-    # Started again by the reconciler after its run was terminated from outside: find the job
-    # (the submit is keyed by this workflow's id, so it is never started twice), cancel it at
-    # once, and report its end to the episode.
-    wind_down: bool = False
-    # The submit activity tells the episode the job started (set by episodes since issue 26's
-    # last change, in the input rather than by a patch so that a job's history holds no marker).
-    # False in the inputs of jobs recorded before, which report their start themselves.
-    start_reported_by_submit: bool = False
-
-
-class JobSnapshot(BaseModel):
-    """What a job workflow reports to its episode, at every state change."""
-
-    job_id: str
-    state: JobState
-    backend: BackendJob | None = None
-    error: dict | None = None  # the typed error envelope when the submit failed
-    score: ScoreResult | None = None
-    message: str = ""
-    final: bool = False  # nothing about this job will change any more
 
 
 def job_start_attributes(inp: JobSpec) -> Attributes:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 
-from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
@@ -18,29 +17,16 @@ with workflow.unsafe.imports_passed_through():
     from posttrain_env.limits import MAX_TRACKED_EPISODES
     from posttrain_env.models import usd
     from workflows.ids import SIGNAL_EXPOSURE, SIGNAL_RETIRE
+    from workflows.operations.account_contract import (
+        AccountState,
+        Admission,
+        Exposure,
+        ExposureCheck,
+    )
 
 # A cancel of the account from outside (the Temporal UI, `temporal workflow cancel`) is not
 # obeyed: the server-wide caps would forget every live episode. It continues as new.
 ACCOUNT_OUTSIDE_CANCEL_PATCH = "pt-account-outside-cancel-1"
-
-
-class Admission(BaseModel):
-    episode_id: str
-    max_live_episodes: int | None = None
-    spend_cap_micro_usd: int | None = None
-
-
-class Exposure(BaseModel):
-    episode_id: str
-    committed_micro_usd: int  # settled + reserved
-
-
-class ExposureCheck(Exposure):
-    cap_micro_usd: int
-
-
-class AccountState(BaseModel):
-    live: dict[str, int] = Field(default_factory=dict)
 
 
 @workflow.defn

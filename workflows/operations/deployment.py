@@ -11,15 +11,13 @@ start record a new key's fingerprint.
 
 from __future__ import annotations
 
-from pydantic import BaseModel
 from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.operations.deployment_contract import DeploymentInput
 
 # The memo field that holds the fingerprint.
 MEMO_KEY_FINGERPRINT = "key_fingerprint"
-
-
-class DeploymentInput(BaseModel):
-    key_fingerprint: str
 
 
 def deployment_workflow_id(namespace: str, task_queue: str) -> str:

@@ -23,46 +23,22 @@ from __future__ import annotations
 
 import asyncio
 
-from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from posttrain_common.contracts.activities import ReaperApi, ReconcilerApi
     from posttrain_common.contracts.jobs import BackendJob, LateJob, OrphanJob
-    from posttrain_common.contracts.reconcile import FindStranded, StrandedRun
+    from posttrain_common.contracts.reconcile import FindStranded
     from posttrain_common.failures import tool_error_of
     from workflows.ids import SIGNAL_LATE_JOB_SETTLED, episode_workflow_id
+    from workflows.operations.reaper_contract import ReaperInput, ReaperReport
     from workflows.policies import OBSERVE_TIMEOUT, READ_RETRY, READ_TIMEOUT
 
 
-# Runs closed at most this long ago are looked at (a deployment down longer than this leaves
-# older ones to `posttrain-env episodes` and the runbook).
-RECONCILE_LOOKBACK_S = 7 * 24 * 3600
 # Cancelling and settling strays: runs that find none (every run recorded before) issue no
 # command of it and hold no marker.
 STRAYS_PATCH = "pt-reaper-strays-1"
-
-
-class ReaperInput(BaseModel):
-    dry_run: bool = False  # report what it finds without acting
-    orphans: bool = True  # the backend lists its live jobs (Capabilities.reaps_orphans)
-    reconcile: bool = True
-    lookback_s: float = RECONCILE_LOOKBACK_S
-    # The watcher's and the account's closed runs: about two Schedule periods.
-    singleton_lookback_s: float = 1800.0
-
-
-class ReaperReport(BaseModel):
-    checked: int = 0  # live jobs of this deployment looked at
-    orphans: list[OrphanJob] = Field(default_factory=list)
-    cancelled: list[str] = Field(default_factory=list)  # refs
-    strays: list[OrphanJob] = Field(default_factory=list)
-    settled_late: list[str] = Field(default_factory=list)  # refs of strays cancelled and settled
-    failed: dict[str, str] = Field(default_factory=dict)  # ref or workflow id -> why
-    stranded: list[StrandedRun] = Field(default_factory=list)  # closed from outside
-    wound_down: dict[str, str] = Field(default_factory=dict)  # workflow id -> what was done
-    done: bool = False
 
 
 @workflow.defn

@@ -10,17 +10,13 @@ was deleted is also written beside each episode's audit record.
 
 from __future__ import annotations
 
-from pydantic import BaseModel
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from posttrain_common.contracts.activities import RetentionApi
     from posttrain_common.contracts.retention import RetentionReport, SweepRetention
+    from workflows.operations.retention_contract import RetentionInput
     from workflows.policies import READ_RETRY, RETENTION_HEARTBEAT, RETENTION_TIMEOUT
-
-
-class RetentionInput(BaseModel):
-    dry_run: bool = False  # report what is due without deleting anything
 
 
 @workflow.defn

@@ -1,0 +1,43 @@
+"""What a job workflow takes and reports.
+
+Kept out of the workflow's module: the sandbox imports that module afresh for every workflow
+instance (a new job, a continue-as-new, a replay after eviction), and building pydantic models
+was most of that import (about a fifth of a workflow process's time at thousands of new jobs,
+bench/watch_scale.py). Modules passed through the sandbox are imported once per process."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from posttrain_common.contracts.jobs import BackendJob, JobSpec, ScoreResult
+from posttrain_env.models import JobState
+
+
+class JobInput(JobSpec):
+    parent_workflow_id: str
+    watcher_workflow_id: str
+    # Keep the operator's search attributes current. Set by episodes that run the visibility
+    # patch, which also give the job its memo and first attributes at start (so a job's
+    # history holds no patch marker and no memo event: it stays within ~30 events). False in
+    # the inputs of jobs recorded before, which replay without upserts.
+    visible: bool = False
+    # Started again by the reconciler after its run was terminated from outside: find the job
+    # (the submit is keyed by this workflow's id, so it is never started twice), cancel it at
+    # once, and report its end to the episode.
+    wind_down: bool = False
+    # The submit activity tells the episode the job started (set by episodes since issue 26's
+    # last change, in the input rather than by a patch so that a job's history holds no marker).
+    # False in the inputs of jobs recorded before, which report their start themselves.
+    start_reported_by_submit: bool = False
+
+
+class JobSnapshot(BaseModel):
+    """What a job workflow reports to its episode, at every state change."""
+
+    job_id: str
+    state: JobState
+    backend: BackendJob | None = None
+    error: dict | None = None  # the typed error envelope when the submit failed
+    score: ScoreResult | None = None
+    message: str = ""
+    final: bool = False  # nothing about this job will change any more
