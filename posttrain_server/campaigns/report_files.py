@@ -40,6 +40,7 @@ CELL_COLUMNS = [
     "total_usd",
     "usd_per_rollout",
     "contamination_flagged",
+    "replayed",
 ]
 
 
@@ -63,6 +64,7 @@ def cell_row(cell: Cell) -> dict[str, object]:
         "total_usd": cell.total_usd,
         "usd_per_rollout": cell.usd_per_rollout,
         "contamination_flagged": cell.contamination_flagged,
+        "replayed": cell.replayed,
     }
 
 
@@ -124,7 +126,7 @@ def summary_markdown(report: Report) -> str:
     return f"""# Campaign {report.campaign_id}
 
 {report.rollouts} rollouts ({report.attempts} attempts), ${env + llm:.4f} spent
-(environment ${env:.4f}, LLM ${llm:.4f}).{_flagged_line(report)}
+(environment ${env:.4f}, LLM ${llm:.4f}).{_flagged_line(report)}{_replayed_line(report)}
 
 {table_markdown(report)}
 
@@ -164,6 +166,18 @@ def _flagged_line(report: Report) -> str:
         "check** (the task's test items found in what the agent controlled; their rewards are "
         "as the task's policy made them; `attempts.csv` marks them, each episode's audit "
         "record holds the evidence)."
+    )
+
+
+def _replayed_line(report: Report) -> str:
+    """A sentence when rollouts were replayed from recordings (none: nothing is said)."""
+    replayed = report.replayed
+    if not replayed:
+        return ""
+    return (
+        f"\n\n**{replayed} rollout{'s' if replayed != 1 else ''} replayed**: some of their jobs "
+        "were answered from recorded outcomes (the replay backend), so their rewards were not "
+        "measured (`attempts.csv` marks them; `cells.csv` counts them per cell)."
     )
 
 

@@ -3,6 +3,7 @@ line), outcome classes never merged, the mean over scored and limit rollouts onl
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,13 @@ from posttrain_common.campaigns.records import (
     summarize,
 )
 from posttrain_env.models import EndReason
+from posttrain_server.campaigns.report import build_report
+from posttrain_server.campaigns.report_files import (
+    ATTEMPTS_CSV,
+    CELLS_CSV,
+    SUMMARY_MD,
+    write_report,
+)
 
 
 def record(rollout: str, attempt: int = 1, **fields: Any) -> RolloutRecord:
@@ -109,3 +117,30 @@ def test_replayed_rollouts_are_flagged_and_counted_by_their_deciding_attempt() -
     assert summary.replayed == 1 and summary.rollouts == 3
     line = RolloutRecord.model_validate_json(records[1].model_dump_json())
     assert line.replayed is True and records[0].replayed is None
+
+
+def test_the_report_counts_replayed_rollouts_per_cell_marks_each_attempt_and_says_so(
+    tmp_path: Path,
+) -> None:
+    records = [
+        record("1", reward=0.5),
+        record("2", reward=0.5, replayed=True),
+        record("3", reward=0.2, replayed=True),
+        record("3", attempt=2, reward=0.4),  # measured on its retry: it decides
+    ]
+    report = build_report("c1", records)
+    (cell,) = report.cells
+    assert cell.replayed == 1 and report.replayed == 1
+    marks = {(row.rollout_id[-1], row.attempt): row.replayed for row in report.attempt_rows}
+    assert marks == {("1", 1): False, ("2", 1): True, ("3", 1): True, ("3", 2): False}
+    write_report(report, tmp_path)
+    with (tmp_path / CELLS_CSV).open() as cells:
+        assert [row["replayed"] for row in csv.DictReader(cells)] == ["1"]
+    with (tmp_path / ATTEMPTS_CSV).open() as attempts:
+        assert sorted(row["replayed"] for row in csv.DictReader(attempts)) == [
+            "False", "False", "True", "True",
+        ]  # fmt: skip
+    assert "**1 rollout replayed**" in (tmp_path / SUMMARY_MD).read_text()
+    measured = build_report("c1", [record("1", reward=0.5)])
+    write_report(measured, tmp_path / "measured")
+    assert "replayed" not in (tmp_path / "measured" / SUMMARY_MD).read_text()
