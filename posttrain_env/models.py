@@ -188,6 +188,9 @@ class JobView(BaseModel):
     overrun_usd: float | None = None
     # True when the backend lost the job and its cost is the whole reservation, a worst case.
     settled_at_worst_case: bool | None = None
+    # True when the job never ran: its outcome (running time, cost, score) was replayed from a
+    # recording by the replay backend (docs/training.md). None: it ran.
+    replayed: bool | None = None
     artifact: str | None = None
     message: str = ""
 

@@ -114,6 +114,9 @@ async def test_an_episode_recorded_on_the_fake_replays_with_its_rewards_and_spen
     assert replayed["dev"]["score"] == recorded["dev"]["score"] == 0.375
     for field in ("state", "running_s", "cost_usd"):
         assert replayed["job"][field] == recorded["job"][field], field
+    # The agent's own view of the job says it never ran.
+    assert replayed["job"]["replayed"] is True
+    assert recorded["job"].get("replayed") is None
     spend = final.metadata["service_spend"]
     was = recorded["final"].metadata["service_spend"]
     assert spend["settled"] == was["settled"]

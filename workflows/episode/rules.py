@@ -200,6 +200,7 @@ def job_view(episode_id: str, record: JobRecord, now: datetime) -> JobView:
         if settlement and settlement.overrun_micro_usd
         else None,
         settled_at_worst_case=True if settlement and settlement.worst_case else None,
+        replayed=True if record.replayed else None,
         artifact=f"openenv-artifact://{episode_id}/{record.job_id}/outputs"
         if record.role is JobRole.agent
         else None,
