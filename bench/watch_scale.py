@@ -320,6 +320,9 @@ async def skip_time(client: Client, step: timedelta) -> None:
     )
 
 
+RUNNING_STEPS = 5  # skip steps taken at once while every job is still running
+LONG_STEP_S = RUNNING_STEPS * SKIP_STEP.total_seconds()
+STALLED_STEPS = 10  # steps past the time limit without a workflow closing: the level failed
 CLOSED_BATCH = 50  # describes at once: 10,000 at once upset the server
 
 
@@ -348,6 +351,7 @@ async def run_level(
     workdir: Path,
     workflow_processes: int = 0,
     campaign: bool = False,
+    server_args: list[str] | None = None,
 ) -> Level:
     level = Level(episodes, jobs, campaign)
     tasks_dir = workdir / "tasks"
@@ -363,6 +367,7 @@ async def run_level(
     env = await WorkflowEnvironment.start_time_skipping(
         data_converter=pydantic_data_converter,
         test_server_existing_path=_binary("temporal-test-server"),
+        test_server_extra_args=server_args or [],
     )
     started = time.monotonic()
     helpers: list[subprocess.Popen[bytes]] = []
@@ -467,15 +472,23 @@ async def run_level(
                 level.largest_shard = max(level.largest_shard, len(watched))
             # Until every job workflow (and the campaign, its rollouts, their episodes) ended.
             open_ids = set(job_ids) | set(extra_ids)
+            # Every job has ended on the Hub by `limit`; past it, the level fails only once no
+            # workflow has closed for STALLED_STEPS steps (on a slow server, thousands of ends
+            # take many steps to be delivered, but they keep coming).
             limit = run_s + SCHEDULING_S + 20 * 4 + 600
-            skipped = 0.0
+            skipped, stalled = 0.0, 0
             looking = random.Random(11)
-            while open_ids and skipped < limit:
-                await skip_time(client, SKIP_STEP)
-                hub.advance(SKIP_STEP.total_seconds())
-                skipped += SKIP_STEP.total_seconds()
+            while open_ids and (skipped < limit or stalled < STALLED_STEPS):
+                # While no job can end yet, in long steps: every step costs the test server
+                # time of its own at thousands of open workflows (looks happen as often).
+                step = SKIP_STEP * (RUNNING_STEPS if skipped + LONG_STEP_S < run_s else 1)
+                await skip_time(client, step)
+                hub.advance(step.total_seconds())
+                skipped += step.total_seconds()
+                before = len(open_ids)
                 if skipped > run_s:
                     open_ids = await still_open(client, open_ids, looking)
+                stalled = stalled + 1 if len(open_ids) == before else 0
                 progress(started, level.label, f"{skipped:.0f} s skipped, {len(open_ids)} open")
             if open_ids:
                 raise RuntimeError(f"{len(open_ids)} workflows did not end")
@@ -585,6 +598,12 @@ def main() -> None:
         default=[],
         help="ROLLOUTSxJOBS: a campaign level after the others",
     )
+    parser.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="an argument for the test server (a GraalVM native image: e.g. -XX:+VerboseGC)",
+    )
     parser.add_argument("--serve-workflows", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_workflows:
@@ -592,11 +611,14 @@ def main() -> None:
         asyncio.run(serve_workflows(address, queue, int(cache)))
         return
     logging.basicConfig(level=logging.ERROR)
-    # A terminated bench still stops the test server it started (the levels' `finally`).
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
     levels: list[Level] = []
 
     async def run_all() -> None:
+        # A terminated bench still stops the test server and the processes it started: the
+        # level is cancelled, so its `finally` runs.
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
         plan = [(e, j, False) for e, j in args.levels] + [(e, j, True) for e, j in args.campaign]
         for episodes, jobs, campaign in plan:
             with tempfile.TemporaryDirectory(prefix="watch-scale-") as tmp:
@@ -609,6 +631,7 @@ def main() -> None:
                         Path(tmp),
                         args.workflow_processes,
                         campaign,
+                        args.server_arg,
                     )
                 )
             # Each level's row as soon as it is measured: a later level may not finish.
@@ -620,7 +643,7 @@ def main() -> None:
     except TimeoutError:
         print(f"the benchmark did not finish within {RUN_LIMIT_S} s", file=sys.stderr)
         status = 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         print("the benchmark was stopped", file=sys.stderr)
         status = 1
     except Exception as err:  # a level that failed: the levels before it are still reported
