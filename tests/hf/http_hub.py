@@ -77,6 +77,7 @@ ROUTES: list[tuple[str, str, re.Pattern[str]]] = [
         ("xet_token", "GET", r"/api/buckets/(?P<ns>[^/]+)/(?P<name>[^/]+)/xet-write-token"),
         ("bucket_batch", "POST", r"/api/buckets/(?P<ns>[^/]+)/(?P<name>[^/]+)/batch"),
         ("bucket_tree", "GET", r"/api/buckets/(?P<ns>[^/]+)/(?P<name>[^/]+)/tree(?P<prefix>/.*)?"),
+        ("bucket_file", "GET", r"/buckets/(?P<ns>[^/]+)/(?P<name>[^/]+)/resolve/(?P<path>.+)"),
         ("dataset_info", "GET", r"/api/datasets/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>.+))?"),
         ("model_info", "GET", r"/api/models/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>.+))?"),
         (
@@ -492,6 +493,23 @@ class HubHttp(httpx2.BaseTransport):
             if path.startswith(prefix)  # character by character, as the Hub matches
         ]
         return self._page(request, entries)
+
+    def _bucket_file(self, match: re.Match[str], request: httpx2.Request, scopes: Scopes) -> Any:
+        """A bucket file's bytes, honouring `Range` (the route `get_bucket_file_metadata` asks
+        with HEAD; the contamination check reads a job's outputs with GET)."""
+        bucket = f"{match['ns']}/{match['name']}"
+        if bucket not in self.hub.buckets:
+            return _json(request, 404, {"error": "not found"}, REPO_NOT_FOUND_HEADER)
+        data = self.files.get(f"{bucket}/{match['path']}")
+        if data is None:
+            return _json(request, 404, {"error": "Entry not found"}, ENTRY_NOT_FOUND_HEADER)
+        return _ranged(request, data, {"ETag": f'"{hashlib.sha256(data).hexdigest()}"'})
+
+    def put_file(self, bucket: str, path: str, data: bytes) -> None:
+        """A file a job wrote into its bucket folder (e.g. under `outputs/`)."""
+        with self.hub._lock:
+            self.files[f"{bucket}/{path}"] = data
+            self.hub.buckets.setdefault(bucket, {})[path] = len(data)
 
     # -- repos ---------------------------------------------------------------------------------
 

@@ -4,11 +4,15 @@ steps of `run_uv_job`, the errors `hf_raise_for_status` raises)."""
 
 from __future__ import annotations
 
+import json
+import struct
+
 import pytest
 from huggingface_hub.utils import get_session
 
 from activities.backends.hf.http import BoundedTransport
 from activities.backends.hf.labels import HfRef
+from activities.backends.hf.submission import artifacts_bucket, outputs_prefix
 from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.models import JobState
@@ -159,3 +163,46 @@ def test_the_transport_turns_a_retryable_answer_into_an_exception_the_library_le
     with pytest.raises(HubBusy):
         http_backoff("GET", "https://huggingface.co/api/jobs/hardware")
     assert len(http_hub.requests_to("hardware")) == 1  # http_backoff did not retry
+
+
+async def test_a_jobs_outputs_are_read_for_the_contamination_check_by_ranged_gets(
+    http_hub: HubHttp,
+) -> None:
+    """The check reads what a job left under /data/outputs/ in its bucket folder: every file
+    but the weights first, each by a GET asking for its first bytes only (`Range`), with the
+    broker's token; a weights file is read to its safetensors header, never its tensors."""
+    backend = http_backend(http_hub)
+    job = await backend.submit(request())
+    ref = HfRef.decode(job.ref)
+    assert ref.folder is not None
+    bucket, prefix = artifacts_bucket("alice"), outputs_prefix(ref.folder)
+    text = b"Natalia sold clips to 48 of her friends in April.\n" * 40  # 2,040 bytes
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    weights = struct.pack("<Q", len(header)) + header + b"\x01" * 100_000
+    http_hub.put_file(bucket, f"{prefix}/model.safetensors", weights)
+    http_hub.put_file(bucket, f"{prefix}/train.jsonl", text)
+
+    read = await backend.read_outputs(job.ref, 1_000_000)
+    assert [path for path, _ in read.files] == ["train.jsonl", "model.safetensors"]
+    assert dict(read.files)["train.jsonl"] == text and not read.cut
+    gets = http_hub.requests_to("bucket_file")
+    assert {seen.token for seen in gets} == {TOKEN}
+    weights_ranges = [seen.range for seen in gets if seen.path.endswith(".safetensors")]
+    assert weights_ranges == ["bytes=0-7", f"bytes=0-{8 + len(header) - 1}"]
+
+    # At a cap, the first file is cut there and said so; nothing after it is asked for.
+    asked = len(http_hub.requests_to("bucket_file"))
+    small = await backend.read_outputs(job.ref, 1_000)
+    assert [path for path, _ in small.files] == ["train.jsonl"] and small.cut
+    assert dict(small.files)["train.jsonl"] == text[:1_000]
+    assert [seen.range for seen in http_hub.requests_to("bucket_file")[asked:]] == ["bytes=0-1000"]
+
+
+async def test_a_job_that_wrote_no_outputs_reads_as_nothing_without_a_file_request(
+    http_hub: HubHttp,
+) -> None:
+    backend = http_backend(http_hub)
+    job = await backend.submit(request())
+    read = await backend.read_outputs(job.ref, 1_000)  # the job wrote nothing under outputs/
+    assert read.files == [] and not read.cut
+    assert http_hub.requests_to("bucket_file") == []

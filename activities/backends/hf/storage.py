@@ -72,7 +72,8 @@ class HfJobStorage:
         and read in `outputs_order`, each by a streamed `GET /buckets/<bucket>/resolve/<path>`
         with the broker's token asking for its first bytes only (`Range`), in one call under
         the activity's budget. Not yet checked against the live Hub (the same route the
-        library's `get_bucket_file_metadata` asks with HEAD)."""
+        library's `get_bucket_file_metadata` asks with HEAD); the HTTP-level fake Hub serves
+        it (`tests/hf/test_http_hub.py`)."""
         try:
             bucket, folder = await self._where(ref)
         except StorageRefused as exc:
