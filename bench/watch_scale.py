@@ -17,7 +17,9 @@ Reported per level, and how each grows from the first level to the last:
 - the largest payload any workflow sent or received (inputs, results, signals, continue-as-new
   carries; every watcher shard and a sample of episodes and jobs): target <= 512 KiB;
 - history events per job workflow (the sample; jobs that ran to their end: a job its episode
-  cancelled as it ended is reported apart): target <= 30;
+  cancelled as it ended is reported apart), without the three events of each workflow task that
+  timed out or failed and was retried (a worker starved of CPU; their count is the `retried`
+  column, and the summary gives the largest history as recorded too): target <= 30;
 - workflow-task latency, scheduled to completed, p50/p99 over every workflow task of the
   sampled workflows and all shards: target p99 <= 1 s;
 - Hub status calls per job per 30 s of running: target <= 1;
@@ -143,6 +145,11 @@ class Level:
     # activities and confirmation are history a job that ran to its end does not have.
     cancelled_job_events: list[int] = field(default_factory=list)
     task_latency_s: list[float] = field(default_factory=list)
+    # Workflow tasks of the sampled jobs that timed out or failed and were retried (a loaded
+    # machine: each adds its timeout or failure and the retry's scheduled and started events,
+    # which `job_events` leaves out and `job_events_recorded` keeps).
+    retried_tasks: int = 0
+    job_events_recorded: list[int] = field(default_factory=list)
     largest_payload: int = 0
     largest_payload_of: str = ""
     shard_runs: int = 0
@@ -201,6 +208,12 @@ async def histories_of(client: Client, workflow_id: str) -> list[list[HistoryEve
             return runs
 
 
+# A workflow task that timed out (its worker starved of CPU) or failed, and was scheduled and
+# started again: three events the workflow's own design does not make.
+RETRIED = (EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT, EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED)
+RETRY_EVENTS = 3
+
+
 def cancelled(runs: list[list[HistoryEvent]]) -> bool:
     """Whether a job workflow was asked to cancel its job (it scheduled `cancel_job`)."""
     return any(
@@ -214,16 +227,22 @@ def cancelled(runs: list[list[HistoryEvent]]) -> bool:
 async def read_histories(
     client: Client, workflow_ids: list[str], level: Level, jobs: bool = False
 ) -> list[int]:
-    """Fold every run of each workflow into the level's figures; events per workflow (for
-    `jobs`, per job that ran to its end: the cancelled ones go to `cancelled_job_events`)."""
+    """Fold every run of each workflow into the level's figures; events per workflow, without
+    those of workflow tasks retried (for `jobs`, per job that ran to its end: the cancelled ones
+    go to `cancelled_job_events`)."""
     lengths: list[int] = []
     for workflow_id in workflow_ids:
         runs = await histories_of(client, workflow_id)
-        length = sum(len(events) for events in runs)
+        recorded = sum(len(events) for events in runs)
+        retried = sum(1 for events in runs for event in events if event.event_type in RETRIED)
+        length = recorded - RETRY_EVENTS * retried
         if jobs and cancelled(runs):
             level.cancelled_job_events.append(length)
         else:
             lengths.append(length)
+            if jobs:
+                level.retried_tasks += retried
+                level.job_events_recorded.append(recorded)
         for events in runs:
             scheduled: dict[int, float] = {}
             for event in events:
@@ -530,7 +549,8 @@ def report(levels: list[Level], shards: int) -> list[str]:
     header = (
         f"{'level':>10} {'jobs':>6} {'payload KiB':>11} {'events/job':>10} "
         f"{'task p50 ms':>11} {'task p99 ms':>11} {'status/job/30s':>14} "
-        f"{'largest shard':>13} {'shard runs':>10} {'submit s':>8} {'wall s':>7}"
+        f"{'largest shard':>13} {'shard runs':>10} {'submit s':>8} {'wall s':>7} "
+        f"{'retried':>7}"
     )
     lines.append(header)
     for lv in levels:
@@ -539,7 +559,7 @@ def report(levels: list[Level], shards: int) -> list[str]:
             f"{lv.largest_payload / 1024:>11.1f} {max(lv.job_events, default=0):>10} "
             f"{lv.quantile(0.5) * 1000:>11.1f} {lv.quantile(0.99) * 1000:>11.1f} "
             f"{lv.status_per_job_per_30s:>14.4f} {lv.largest_shard:>13} {lv.shard_runs:>10} "
-            f"{lv.submit_s:>8.0f} {lv.wall_s:>7.0f}"
+            f"{lv.submit_s:>8.0f} {lv.wall_s:>7.0f} {lv.retried_tasks:>7}"
         )
     last = levels[-1]
     payload_ok = last.largest_payload <= PAYLOAD_TARGET
@@ -547,7 +567,9 @@ def report(levels: list[Level], shards: int) -> list[str]:
         f"largest payload: {last.largest_payload / 1024:.1f} KiB ({last.largest_payload_of}) "
         f"(target <= {PAYLOAD_TARGET // 1024} KiB)  {verdict(payload_ok)}",
         f"history events per job: mean {statistics.mean(last.job_events or [0]):.1f}, max "
-        f"{max(last.job_events, default=0)} (target <= {EVENTS_TARGET})  "
+        f"{max(last.job_events, default=0)} (as recorded: max "
+        f"{max(last.job_events_recorded, default=0)}, with {last.retried_tasks} workflow tasks "
+        f"retried under load, 3 events each) (target <= {EVENTS_TARGET})  "
         f"{verdict(max(last.job_events, default=0) <= EVENTS_TARGET)}",
         f"workflow-task latency p99: {last.quantile(0.99) * 1000:.0f} ms "
         f"(target <= {TASK_P99_TARGET_S * 1000:.0f} ms)  "

@@ -193,8 +193,10 @@ def test_the_watch_scale_benchmark_runs_and_meets_its_targets_at_a_small_level(
     levels = {row[0]: row for row in rows if row and row[0] in ("4x5", "12x5", "c6x5")}
     assert set(levels) == {"4x5", "12x5", "c6x5"}, out
     # The campaign level is its rollouts' 30 jobs; every level's jobs within 30 events (28 on
-    # a quiet machine: a workflow task retried under load adds one or two).
+    # a quiet machine), counted without workflow tasks retried under load (the last column
+    # counts those: a starved worker's task that timed out adds three events).
     assert levels["c6x5"][1] == "30" and all(int(row[3]) <= 30 for row in levels.values()), out
+    assert all(row[-1].isdigit() for row in levels.values()), out
     # Payload, events per job and Hub calls hold at any size (the figures of the last level,
     # the campaign's); task latency is not asserted (a loaded machine's figure).
     for target in ("largest payload", "history events per job", "Hub status calls"):
