@@ -17,7 +17,7 @@ Reported per level, and how each grows from the first level to the last:
 - the largest payload any workflow sent or received (inputs, results, signals, continue-as-new
   carries; every watcher shard and a sample of episodes and jobs): target <= 512 KiB;
 - history events per job workflow (the sample; jobs that ran to their end: a job its episode
-  cancelled as it ended is reported apart), without the three events of each workflow task that
+  asked to cancel as it ended, even one that had just ended, is reported apart), without the three events of each workflow task that
   timed out or failed and was retried (a worker starved of CPU; their count is the `retried`
   column, and the summary gives the largest history as recorded too): target <= 30;
 - workflow-task latency, scheduled to completed, p50/p99 over every workflow task of the
@@ -215,12 +215,20 @@ RETRY_EVENTS = 3
 
 
 def cancelled(runs: list[list[HistoryEvent]]) -> bool:
-    """Whether a job workflow was asked to cancel its job (it scheduled `cancel_job`)."""
+    """Whether a job workflow was asked to cancel its job: by its episode's `cancel` signal
+    (also when the job had already ended and its report was on its way: the signal and its
+    workflow task are four events more), or by scheduling `cancel_job` itself."""
     return any(
-        event.activity_task_scheduled_event_attributes.activity_type.name == "cancel_job"
+        (
+            event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+            and event.workflow_execution_signaled_event_attributes.signal_name == "cancel"
+        )
+        or (
+            event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            and event.activity_task_scheduled_event_attributes.activity_type.name == "cancel_job"
+        )
         for events in runs
         for event in events
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
     )
 
 
