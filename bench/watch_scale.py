@@ -17,9 +17,10 @@ Reported per level, and how each grows from the first level to the last:
 - the largest payload any workflow sent or received (inputs, results, signals, continue-as-new
   carries; every watcher shard and a sample of episodes and jobs): target <= 512 KiB;
 - history events per job workflow (the sample; jobs that ran to their end: a job its episode
-  asked to cancel as it ended, even one that had just ended, is reported apart), without the three events of each workflow task that
-  timed out or failed and was retried (a worker starved of CPU; their count is the `retried`
-  column, and the summary gives the largest history as recorded too): target <= 30;
+  asked to cancel as it ended, even one that had just ended, is reported apart), without the
+  three events of each workflow task that timed out or failed and was retried (a worker starved
+  of CPU; their count is the `retried` column, and the summary gives the largest history as
+  recorded too): target <= 30;
 - workflow-task latency, scheduled to completed, p50/p99 over every workflow task of the
   sampled workflows and all shards: target p99 <= 1 s;
 - Hub status calls per job per 30 s of running: target <= 1;
