@@ -20,6 +20,12 @@ operations/  AccountWorkflow (the server-wide caps), DeploymentWorkflow (the key
 Shared: ids.py (workflow ids, signal names), policies.py (timeouts and retries), waiting.py,
 history.py (when to continue as new).
 
+A workflow's inputs, reports and carried state (pydantic models) live in a contract module
+beside it (`contract.py`, `<workflow>_contract.py`), imported through
+`workflow.unsafe.imports_passed_through()`: the sandbox imports a workflow's own module afresh
+for every workflow instance, and building models there cost a fifth of a workflow process's time
+at thousands of new jobs (tests/test_worker_sandbox.py checks that none is built).
+
 Workflows call activities through their interfaces (`posttrain_common/contracts/activities.py`),
 never their code, and import only the layers below (tests/test_layers.py checks it).
 """

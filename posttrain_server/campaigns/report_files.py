@@ -158,27 +158,31 @@ The best reward the agent reached at or below each spend per rollout.
 
 def _flagged_line(report: Report) -> str:
     """A sentence when the contamination check flagged rollouts (none: nothing is said)."""
-    flagged = report.contamination_flagged
-    if not flagged:
-        return ""
-    return (
-        f"\n\n**{flagged} rollout{'s' if flagged != 1 else ''} flagged by the contamination "
-        "check** (the task's test items found in what the agent controlled; their rewards are "
-        "as the task's policy made them; `attempts.csv` marks them, each episode's audit "
-        "record holds the evidence)."
+    return _rollouts_sentence(
+        report.contamination_flagged,
+        "flagged by the contamination check**",
+        " (the task's test items found in what the agent controlled; their rewards are as the "
+        "task's policy made them; `attempts.csv` marks them, each episode's audit record holds "
+        "the evidence).",
     )
 
 
 def _replayed_line(report: Report) -> str:
     """A sentence when rollouts were replayed from recordings (none: nothing is said)."""
-    replayed = report.replayed
-    if not replayed:
-        return ""
-    return (
-        f"\n\n**{replayed} rollout{'s' if replayed != 1 else ''} replayed**: some of their jobs "
-        "were answered from recorded outcomes (the replay backend), so their rewards were not "
-        "measured (`attempts.csv` marks them; `cells.csv` counts them per cell)."
+    return _rollouts_sentence(
+        report.replayed,
+        "replayed**",
+        ": some of their jobs were answered from recorded outcomes (the replay backend), so "
+        "their rewards were not measured (`attempts.csv` marks them; `cells.csv` counts them "
+        "per cell).",
     )
+
+
+def _rollouts_sentence(count: int, what: str, why: str) -> str:
+    """A paragraph of the summary on `count` rollouts, or nothing when there are none."""
+    if not count:
+        return ""
+    return f"\n\n**{count} rollout{'s' if count != 1 else ''} {what}{why}"
 
 
 def comparison_text(comparison: Comparison) -> str:
