@@ -49,6 +49,10 @@ def test_tasks_list_json_lists_every_task_under_its_family_with_its_limits() -> 
     assert tool_call["base_model"]["revision"] == "7ae557604adf67be50417f59c2c2f167def9a775"
     assert tool_call["hidden_split"] == "public"
     assert all(member["evaluable"] for _, member in members.values())
+    # The shipped tiny members have their test items; the real ones' are made from the Hub.
+    checks = {task_id: member["contamination_check"] for task_id, (_, member) in members.items()}
+    assert checks["t1_tool_call_tiny"] == checks["math_word_problems_tiny"] == "ready"
+    assert checks["t1_tool_call"] == checks["math_word_problems"] == "not_ready"
 
 
 def test_tasks_list_prints_each_family_then_its_members() -> None:
@@ -106,3 +110,44 @@ def test_a_member_whose_evaluator_cannot_be_assembled_is_listed_as_not_evaluable
 def test_tasks_needs_a_subcommand() -> None:
     done = posttrain_env("tasks")
     assert done.returncode == 2 and "list" in done.stderr
+
+
+def test_a_member_whose_test_items_are_not_here_is_listed_as_not_ready_until_they_are(
+    tmp_path: Path,
+) -> None:
+    """The real math member's GSM8K test file is made from the Hub, not shipped: the listing
+    says its check is not ready (and why) until the file is there, then that it is ready."""
+    tasks_dir = tmp_path / "tasks"
+    for task_id in ("math_word_problems", "math_word_problems_tiny", "t0_artifact"):
+        shutil.copytree(TASKS_DIR / task_id, tasks_dir / task_id)
+    items = tasks_dir / "math_word_problems" / "gsm8k_test.jsonl"
+    assert not items.exists()
+
+    def listed() -> tuple[dict[str, dict[str, str]], str]:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert run_tasks(argparse.Namespace(json=True), tasks_dir) == 0
+        members = {
+            member["id"]: member
+            for family in json.loads(out.getvalue())["families"]
+            for member in family["members"]
+        }
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            assert run_tasks(argparse.Namespace(json=False), tasks_dir) == 0
+        return members, text.getvalue()
+
+    members, text = listed()
+    real = members["math_word_problems"]
+    assert real["contamination_check"] == "not_ready"
+    assert "'gsm8k_test.jsonl' do not exist" in real["contamination_not_ready_because"]
+    assert members["math_word_problems_tiny"]["contamination_check"] == "ready"
+    assert members["t0_artifact"]["contamination_check"] == "generated"  # items per episode
+    assert "contamination check not ready: task 'math_word_problems'" in text
+    assert text.count("contamination check not ready") == 1
+
+    items.write_text('{"id": "gsm8k-test-0000", "text": "A problem.", "answer": "1"}\n')
+    members, text = listed()
+    assert members["math_word_problems"]["contamination_check"] == "ready"
+    assert "contamination_not_ready_because" not in members["math_word_problems"]
+    assert "contamination check not ready" not in text

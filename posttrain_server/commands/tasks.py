@@ -2,8 +2,9 @@
 
     posttrain-env tasks list [--json]    every family and its members: id, flavors, budget, time
                                          limit, base model (Hugging Face and local), evaluation
-                                         flavor, grading timeout, hidden split, and whether its
-                                         evaluator can be assembled here
+                                         flavor, grading timeout, hidden split, whether its
+                                         evaluator can be assembled here, and whether its
+                                         contamination check has its test items here
 
 A family is the task that holds the evaluator, with every task that names it in `family`. A
 member whose spec does not load is listed with its error (exit status 1); one whose evaluator
@@ -18,7 +19,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tasks.registry import TASKS_DIR, TaskSpecError, evaluator_script, list_tasks, load_task
+from posttrain_env.models import TaskSpec
+from tasks.registry import (
+    TASKS_DIR,
+    TaskSpecError,
+    evaluator_script,
+    list_tasks,
+    load_task,
+    test_items_path,
+)
 
 TASKS_HELP = "the shipped tasks, by family"
 
@@ -76,10 +85,29 @@ def catalogue(tasks_dir: Path = TASKS_DIR) -> tuple[list[dict[str, Any]], list[d
                 "hidden_split": contamination.hidden_split if contamination else None,
                 "evaluable": evaluable,
                 **({"not_evaluable_because": why} if why else {}),
+                **contamination_readiness(spec, tasks_dir),
             }
         )
     families = [{"family": family, "members": members[family]} for family in sorted(members)]
     return families, broken
+
+
+def contamination_readiness(spec: TaskSpec, tasks_dir: Path = TASKS_DIR) -> dict[str, str]:
+    """Whether the grader-side contamination check can run for this task on this deployment:
+    `contamination_check` is "none" (the task has none), "generated" (its items are made per
+    episode), "ready" (its test items file is here) or "not_ready", with why: until the file
+    is made, every episode's check reports `check_failed` and the reward stands unchecked, which
+    an operator should know before running the task, not from its first episode's end."""
+    contamination = spec.contamination
+    if contamination is None:
+        return {"contamination_check": "none"}
+    if contamination.test_items is None:
+        return {"contamination_check": "generated"}
+    try:
+        test_items_path(spec.id, spec.family, contamination, tasks_dir)
+    except TaskSpecError as exc:
+        return {"contamination_check": "not_ready", "contamination_not_ready_because": str(exc)}
+    return {"contamination_check": "ready"}
 
 
 def render(families: list[dict[str, Any]], broken: list[dict[str, str]]) -> str:
@@ -100,6 +128,12 @@ def render(families: list[dict[str, Any]], broken: list[dict[str, str]]) -> str:
             )
             if not member["evaluable"]:
                 lines.append(f"  {'':28} not evaluable here: {member['not_evaluable_because']}")
+            if member["contamination_check"] == "not_ready":
+                lines.append(
+                    f"  {'':28} contamination check not ready: "
+                    f"{member['contamination_not_ready_because']} (see the task's task.toml; "
+                    "until then the check reports check_failed and the reward stands)"
+                )
     for entry in broken:
         lines.append(f"{entry['id']}: does not load: {entry['error']}")
     return "".join(line + "\n" for line in lines)
