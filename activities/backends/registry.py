@@ -8,9 +8,11 @@ Reading this registry loads only the declarations, never a backend's code.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from activities.backends.fake import info as fake
 from activities.backends.hf import info as hf
-from activities.backends.interface import BackendInfo
+from activities.backends.interface import BackendInfo, JobsBackend, OrphanSource
 from activities.backends.local import info as local
 from activities.backends.replay import info as replay
 
@@ -31,3 +33,17 @@ def backend_info(name: str) -> BackendInfo:
         raise UnknownBackend(
             f"POSTTRAIN_BACKEND={name!r} names no backend; choose one of {', '.join(BACKENDS)}"
         ) from None
+
+
+if TYPE_CHECKING:  # pyright's check that every backend's class has the whole interface
+    from activities.backends.fake.backend import FakeBackend
+    from activities.backends.hf.backend import HfBackend
+    from activities.backends.local.backend import LocalBackend
+    from activities.backends.replay.backend import ReplayBackend
+
+    def _every_backend_is_a_jobs_backend(
+        fake: FakeBackend, hf: HfBackend, local: LocalBackend, replay: ReplayBackend
+    ) -> tuple[list[JobsBackend], list[OrphanSource]]:
+        # A member missing from a class (a method added to JobsBackend and not to a backend)
+        # fails the type check here, not an activity at run time.
+        return [fake, hf, local, replay], [hf]

@@ -243,7 +243,12 @@ class FakeHarness(Harness):
             ),
             FakeJobScript(script_contains=_MARK + "fails", queue_s=2, run_s=5, outcome="failed"),
             FakeJobScript(script_contains=_MARK + "runs_long", queue_s=2, run_s=3600),
-            FakeJobScript(script_contains=_MARK + "writes_artifact", queue_s=2, run_s=10),
+            FakeJobScript(
+                script_contains=_MARK + "writes_artifact",
+                queue_s=2,
+                run_s=10,
+                outputs={ARTIFACT_FILE: "w" * ARTIFACT_BYTES},
+            ),
             FakeJobScript(script_contains=_MARK + "evaluates", queue_s=2, run_s=10, score=1.0),
         ]
         self._scenario = FakeScenario(
@@ -402,6 +407,15 @@ class EvaluatingHub(HubHttp):
             job.plan = JobPlan(scheduling_s=2, running_s=10, logs=_LazyScore(self, model))
         return job
 
+    def _bucket_file(self, match: re.Match[str], request: httpx2.Request, scopes: Scopes) -> Any:
+        # A file a job wrote is listed by its size (JobPlan.outputs); its bytes are what the
+        # suite's `writes_artifact` writes.
+        bucket = f"{match['ns']}/{match['name']}"
+        size = self.hub.buckets.get(bucket, {}).get(match["path"])
+        if size is not None:
+            self.files.setdefault(f"{bucket}/{match['path']}", b"w" * size)
+        return super()._bucket_file(match, request, scopes)
+
     def _bucket_batch(self, match: re.Match[str], request: httpx2.Request, scopes: Scopes) -> Any:
         # The HTTP fake stores added files only; deletions are carried out here.
         bucket = self.hub.buckets.get(f"{match['ns']}/{match['name']}", {})
@@ -533,6 +547,8 @@ class ReplayHarness(Harness):
         "resolves every model repo",
         "real_evaluation": "a replayed evaluation prints the recorded run's score line; nothing "
         "reads a mounted artifact",
+        "read_outputs": "a replayed job wrote no files, and its recording keeps the artifact's "
+        "size only: not_recorded (a job that fell through reads its underlying backend's)",
     }
     transient_faults = ()
     end_within_s = 3600.0

@@ -19,6 +19,7 @@ from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.models import JobState
 from tests.backends.harnesses import (
     ARTIFACT_BYTES,
+    ARTIFACT_FILE,
     DATASET_FILES,
     DATASET_ID,
     HARNESSES,
@@ -243,6 +244,27 @@ async def test_an_evaluation_reads_the_agents_artifact_at_model_and_prints_its_s
         scores[role] = reading.score
     # 1.0: the evaluator found exactly the agent's artifact mounted at /model.
     assert scores == {JobRole.dev: 1.0, JobRole.grader: 1.0}, h.cannot.get("real_evaluation")
+
+
+async def test_an_agent_jobs_outputs_read_back_as_written_up_to_a_cap(h: Harness) -> None:
+    """What the contamination check reads of a job (`read_outputs`): its files under
+    /data/outputs/, cut at the cap it is given; a job the backend does not know is a ToolError
+    (the check lists that source as not read), never another exception (retried forever)."""
+    job = await h.backend.submit(h.request("writes_artifact"))
+    ended = await h.wait_end(job.ref)
+    assert ended.state is JobState.succeeded, (ended, await h.logs(job.ref))
+    if "read_outputs" in h.cannot:
+        with pytest.raises(ToolError) as refused:
+            await h.backend.read_outputs(job.ref, 10_000)
+        assert refused.value.type is ErrorType.not_recorded, h.cannot["read_outputs"]
+    else:
+        whole = await h.backend.read_outputs(job.ref, 10_000)
+        assert whole.files == [(ARTIFACT_FILE, b"w" * ARTIFACT_BYTES)] and not whole.cut
+        cut = await h.backend.read_outputs(job.ref, 1_000)
+        assert cut.cut and [path for path, _ in cut.files] == [ARTIFACT_FILE]
+        assert 0 < sum(len(data) for _, data in cut.files) <= 1_000
+    with pytest.raises(ToolError):
+        await h.backend.read_outputs(h.unknown_ref(), 1_000)
 
 
 async def test_storage_names_its_backend_and_deletes_a_folder_once(h: Harness) -> None:

@@ -199,6 +199,19 @@ class ReplayBackend:
     async def read_dataset(self, repo_id: str, revision: str, max_bytes: int) -> DatasetBytes:
         return await self.inner.read_dataset(repo_id, revision, max_bytes)
 
+    async def read_outputs(self, ref: str, max_bytes: int) -> DatasetBytes:
+        """A job that fell through: what it wrote, from the underlying backend. A replayed job
+        wrote nothing anywhere, and a recording keeps its run's artifact size, not its files:
+        refused, so that the contamination check reports these outputs as not read."""
+        job = self._job(ref)
+        if job.inner_ref is not None:
+            return await self.inner.read_outputs(job.inner_ref, max_bytes)
+        raise ToolError(
+            ErrorType.not_recorded,
+            f"job {job.job_id} was replayed from recording {job.recording_key}, which keeps "
+            "no output files: its outputs cannot be read",
+        )
+
     # -- test controls -------------------------------------------------------------------------
 
     def hold_cancellation(self, ref: str) -> None:
