@@ -156,14 +156,20 @@ class Campaigns:
         raise AssertionError(f"campaign {campaign_id} did not end: {status}")
 
     async def skip_until(
-        self, campaign_id: str, check: Any, max_steps: int = 500
+        self,
+        campaign_id: str,
+        check: Any,
+        max_steps: int = 500,
+        step: timedelta = SKIP_STEP,
     ) -> CampaignStatus:
+        """Skip time in steps of `step` until `check(status)` holds. A state that lasts less
+        than one step can be stepped over: the caller keeps it longer than `step`."""
         status = await self.status(campaign_id)
         for _ in range(max_steps):
             status = await self.status(campaign_id)
             if check(status):
                 return status
-            await self.sleep()
+            await self.sleep(step)
         raise AssertionError(f"campaign {campaign_id} never got there: {status}")
 
     def records(self, campaign_id: str) -> list[RolloutRecord]:

@@ -62,6 +62,8 @@ SHORT = FakeScenario(
     ]
 )
 WATCH_S = 2.0  # the watcher looks at jobs this often (seconds)
+HOLD_S = 90.0  # the solver's job in the queued-retry test: the window stays full this long
+MIDWAY_STEP = timedelta(seconds=7.13)  # well inside HOLD_S, and not aligned with WATCH_S
 
 
 def talkative(name: str, script: str, timeout_minutes: int = 5) -> dict[str, Any]:
@@ -252,6 +254,11 @@ async def test_a_retry_queued_behind_a_full_window_survives_the_campaign_continu
     # One rollout at a time: the grader-failing one ends unscored, the solver's starts, and
     # the retry asked for then waits for the window in the campaign's queue while the campaign
     # continues as new (past RETRY_LIMIT at once); it starts in a later run, once.
+    # The solver's job runs HOLD_S, and time is skipped in steps of MIDWAY_STEP until the
+    # retry is asked for: with the short jobs and 31 s steps the whole solver rollout could
+    # end inside one step, the state the retry needs stepped over, and the test spin until its
+    # deadline (as it did once under load).
+    held = FakeJobScript(role=JobRole.agent, script_contains="SOLVES", queue_s=1, run_s=HOLD_S)
     spec = SPEC | {
         "agents": [talkative("graderfail", GRADER_FAILS), talkative("solver", SOLVES)],
         "epochs": 1,
@@ -260,16 +267,18 @@ async def test_a_retry_queued_behind_a_full_window_survives_the_campaign_continu
     async with running_campaigns(
         time_skipping_env,
         tmp_path,
-        SHORT,
+        FakeScenario(jobs=[held, *SHORT.jobs]),
         tasks={"t_a": {}},
         deadline=timedelta(seconds=570),
         watch_interval_s=WATCH_S,
     ) as c:
         campaign_id = await c.start(spec, continue_as_new_events=RETRY_LIMIT, answer_poll_s=10.0)
         midway = await c.skip_until(
-            campaign_id, lambda s: s.counts[Outcome.unscored] == 1 and s.in_flight == 1
+            campaign_id,
+            lambda s: s.counts[Outcome.unscored] == 1 and s.in_flight == 1,
+            step=MIDWAY_STEP,
         )
-        c.backend.scenario = FakeScenario(jobs=[SHORT.jobs[0], SHORT.jobs[2]])  # mended
+        c.backend.scenario = FakeScenario(jobs=[held, SHORT.jobs[0], SHORT.jobs[2]])  # mended
         answer = await c.handle(campaign_id).execute_update(
             CampaignWorkflow.retry, RetryRequest(only="unscored")
         )
