@@ -189,3 +189,7 @@ class BackendInfo:
     build: Callable[[Settings, ServerKey], JobsBackend]
     # Worker interceptors the backend's activities rely on.
     interceptors: Callable[[], Sequence[Interceptor]] = no_interceptors
+    # A backend whose declaration depends on its own settings (the replay backend's on the
+    # backend under it: over `hf` it spends money) returns the one in force here, reading them;
+    # `registry.backend_info` answers with it. Raises SystemExit when they are invalid.
+    in_force: Callable[[], BackendInfo] | None = None

@@ -26,13 +26,16 @@ class UnknownBackend(ValueError):
 
 
 def backend_info(name: str) -> BackendInfo:
-    """The registered backend called `name`. Raises UnknownBackend."""
+    """The registered backend called `name`, as its settings make it here (`in_force`: the
+    replay backend over `hf` spends money). Raises UnknownBackend, or SystemExit when the
+    backend's own settings are invalid."""
     try:
-        return BACKENDS[name]
+        info = BACKENDS[name]
     except KeyError:
         raise UnknownBackend(
             f"POSTTRAIN_BACKEND={name!r} names no backend; choose one of {', '.join(BACKENDS)}"
         ) from None
+    return info.in_force() if info.in_force is not None else info
 
 
 if TYPE_CHECKING:  # pyright's check that every backend's class has the whole interface
@@ -46,4 +49,4 @@ if TYPE_CHECKING:  # pyright's check that every backend's class has the whole in
     ) -> tuple[list[JobsBackend], list[OrphanSource]]:
         # A member missing from a class (a method added to JobsBackend and not to a backend)
         # fails the type check here, not an activity at run time.
-        return [fake, hf, local, replay], [hf]
+        return [fake, hf, local, replay], [hf, replay]

@@ -199,6 +199,16 @@ def test_neither_keys_nor_tokens_reach_the_log(server: ServerProcess) -> None:
         (["--host", "0.0.0.0"], {}, "refusing to bind 0.0.0.0"),
         (["--host", "192.0.2.1"], {}, "refusing to bind 192.0.2.1"),
         ([], {"POSTTRAIN_BACKEND": "hf", "HF_TOKEN": "hf_not_a_real_token"}, "hf backend"),
+        # What falls through the replay runs on Hugging Face: it spends money too.
+        (
+            [],
+            {
+                "POSTTRAIN_BACKEND": "replay",
+                "POSTTRAIN_REPLAY_INNER": "hf",
+                "HF_TOKEN": "hf_not_a_real_token",
+            },
+            "replay backend",
+        ),
     ],
 )
 def test_the_server_refuses_to_start_where_keys_are_required_and_missing(

@@ -165,7 +165,8 @@ def test_the_settings_choose_the_store_scale_inner_backend_and_fall_through(
     assert isinstance(backend, ReplayBackend)
     assert backend.store.root == tmp_path / "mine" and backend.time_scale == 0.01
     assert backend.fall_through and backend.inner.name == "fake"
-    monkeypatch.setenv("POSTTRAIN_REPLAY_INNER", "hf")  # would spend money: refused
+    assert backend.inner_look_s == 0.0  # the fake bills nothing: looked at at the replay's pace
+    monkeypatch.setenv("POSTTRAIN_REPLAY_INNER", "docker")  # no such backend to stand on
     with pytest.raises(SystemExit, match="POSTTRAIN_REPLAY_"):
         backend_info("replay").build(settings, key)
     monkeypatch.setenv("POSTTRAIN_REPLAY_INNER", "fake")

@@ -26,10 +26,17 @@ import os
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import cast
 
 from pydantic import BaseModel, ValidationError
 
-from activities.backends.interface import DatasetBytes, JobRequest, JobsBackend
+from activities.backends.interface import (
+    DatasetBytes,
+    JobRequest,
+    JobsBackend,
+    LiveJob,
+    OrphanSource,
+)
 from activities.backends.replay.recording import (
     NEAREST_KEYS,
     JobInputs,
@@ -88,13 +95,21 @@ class ReplayBackend:
         *,
         time_scale: float = 1.0,
         fall_through: bool = False,
+        inner_look_s: float = 0.0,
     ) -> None:
+        """`inner_look_s`: a job that fell through is looked at on the underlying backend at
+        most this often (workflow time; its last view is answered in between), as that backend
+        allows: the watcher looks every second for the replayed jobs, and Hugging Face allows
+        one status call per job per 30 s (DESIGN §3)."""
         if not time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.store = store
         self.inner = inner
         self.time_scale = time_scale
         self.fall_through = fall_through
+        self.inner_look_s = inner_look_s
+        # inner ref -> when it was last looked at there, and what was seen (this process's).
+        self._inner_seen: dict[str, tuple[datetime, BackendJob]] = {}
         self.prices_simulated = inner.prices_simulated
         self.uses_local_models = inner.uses_local_models
         self.job_python_version = inner.job_python_version
@@ -145,8 +160,17 @@ class ReplayBackend:
 
     async def observe(self, refs: Sequence[str], now: datetime) -> dict[str, BackendJob]:
         jobs = [job for job in map(self._load, refs) if job is not None]
-        live = [job for job in jobs if job.inner_ref is not None]
-        inner = await self.inner.observe([job.inner_ref or "" for job in live], now) if live else {}
+        inner_refs = [job.inner_ref for job in jobs if job.inner_ref]
+        inner = self._seen_lately(inner_refs, now)
+        if len(inner) < len(inner_refs):
+            # Some are due a look there: all are looked at (one listing serves them all on
+            # Hugging Face), so that they fall due together again rather than one a second.
+            inner = await self.inner.observe(inner_refs, now)
+            for inner_ref, view in inner.items():
+                if view.state.terminal:  # an ended job is not looked at again
+                    self._inner_seen.pop(inner_ref, None)
+                else:
+                    self._inner_seen[inner_ref] = (now, view)
         seen: dict[str, BackendJob] = {}
         for job in jobs:
             if job.inner_ref is None:
@@ -156,8 +180,12 @@ class ReplayBackend:
         return seen
 
     async def cancel(self, ref: str, now: datetime) -> BackendJob:
+        if self._path(ref) is None and self._inner_orphans() is not None:
+            # One of `live_jobs`' refs (the orphan reaper's): a job of the underlying backend.
+            return await self.inner.cancel(ref, now)
         job = self._job(ref)
         if job.inner_ref is not None:
+            self._inner_seen.pop(job.inner_ref, None)  # look at it again on the next look
             return await self._inner_view(job, await self.inner.cancel(job.inner_ref, now), now)
         if job.cancel_requested_at is None and not self._replayed_view(job, now).state.terminal:
             job.cancel_requested_at = now
@@ -178,6 +206,28 @@ class ReplayBackend:
                 printed = printed[: int(len(printed) * share)]
             lines += printed
         return lines[-tail:] if tail > 0 else []
+
+    # -- OrphanSource: the jobs that fell through, as the underlying backend lists them ------
+
+    async def live_jobs(self) -> list[LiveJob]:
+        """This deployment's live jobs on the underlying backend (every job that fell through;
+        replayed jobs run nowhere), by the underlying backend's refs, which `cancel` takes.
+        Only where that backend lists its jobs (`Capabilities.reaps_orphans`: over `hf`)."""
+        orphans = self._inner_orphans()
+        return [] if orphans is None else await orphans.live_jobs()
+
+    def _inner_orphans(self) -> OrphanSource | None:
+        return cast(OrphanSource, self.inner) if hasattr(self.inner, "live_jobs") else None
+
+    def _seen_lately(self, inner_refs: Sequence[str], now: datetime) -> dict[str, BackendJob]:
+        """The views of these jobs seen on the underlying backend less than `inner_look_s` ago
+        (the others are due a look there)."""
+        fresh: dict[str, BackendJob] = {}
+        for inner_ref in inner_refs:
+            seen = self._inner_seen.get(inner_ref)
+            if seen is not None and (now - seen[0]).total_seconds() < self.inner_look_s:
+                fresh[inner_ref] = seen[1]
+        return fresh
 
     # -- JobsBackend: what is not a job (the underlying backend's) -----------------------------
 

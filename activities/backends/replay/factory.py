@@ -19,7 +19,12 @@ def build(settings: Settings, key: ServerKey) -> ReplayBackend:
         replay = ReplaySettings()
     except ValidationError as exc:
         raise SystemExit(f"POSTTRAIN_REPLAY_*: {exc}") from None
-    inner = backend_info(replay.inner).build(settings, key)
+    inner_info = backend_info(replay.inner)
+    inner = inner_info.build(settings, key)
+    # A backend that bills (hf) is looked at as often as it allows, whatever the replay's pace.
+    inner_look_s = (
+        inner_info.capabilities.watch_interval_s if inner_info.capabilities.spends_money else 0.0
+    )
     root = settings.state_dir / "replay"
     store = ReplayStore(replay.store if replay.store is not None else root / "store")
     return ReplayBackend(
@@ -28,4 +33,5 @@ def build(settings: Settings, key: ServerKey) -> ReplayBackend:
         inner,
         time_scale=replay.time_scale,
         fall_through=replay.fall_through,
+        inner_look_s=inner_look_s,
     )

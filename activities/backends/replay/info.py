@@ -1,16 +1,52 @@
 """The replay backend as it declares itself to the registry (`activities/backends/registry.py`):
 its name, its capabilities, and how it is built. Light on purpose: reading it loads none of the
-backend's code."""
+backend's code (its settings are read only when the replay backend is the one chosen)."""
 
 from __future__ import annotations
 
+import dataclasses
+
+from pydantic import ValidationError
+
+from activities.backends.hf import info as hf
 from activities.backends.interface import BackendInfo, Capabilities, built_by
+
+# Replayed jobs are files: look every second, and again at once after a change. A job that
+# falls through to a rate-limited backend is looked at as that backend allows all the same
+# (ReplayBackend's `inner_look_s`).
+WATCH_INTERVAL_S, BRISK_LOOK_S = 1.0, 0.1
+
+
+def _in_force() -> BackendInfo:
+    """Over `fake` or `local`, as declared below. Over `hf`, what falls through runs on
+    Hugging Face: it spends money (API keys required even on loopback), its orphans are
+    reaped, and its activities need hf's interceptors."""
+    from activities.backends.replay.settings import ReplaySettings
+
+    try:
+        inner = ReplaySettings().inner
+    except ValidationError as exc:
+        raise SystemExit(f"POSTTRAIN_REPLAY_*: {exc}") from None
+    if inner != "hf":
+        return dataclasses.replace(BACKEND, in_force=None)
+    over_hf = Capabilities(
+        spends_money=True,
+        watch_interval_s=WATCH_INTERVAL_S,
+        brisk_look_s=BRISK_LOOK_S,
+        reaps_orphans=True,
+    )
+    return dataclasses.replace(
+        BACKEND, capabilities=over_hf, interceptors=hf.BACKEND.interceptors, in_force=None
+    )
+
 
 BACKEND = BackendInfo(
     name="replay",
     summary="jobs answered from recorded outcomes, keyed by script and inputs (training-time "
-    "rollouts); unseen scripts refused or run on fake/local and recorded",
-    # Replayed jobs are files: look every second, and again at once after a change.
-    capabilities=Capabilities(spends_money=False, watch_interval_s=1.0, brisk_look_s=0.1),
+    "rollouts); unseen scripts refused or run on fake, local or hf and recorded",
+    capabilities=Capabilities(
+        spends_money=False, watch_interval_s=WATCH_INTERVAL_S, brisk_look_s=BRISK_LOOK_S
+    ),
     build=built_by("activities.backends.replay.factory"),
+    in_force=_in_force,
 )

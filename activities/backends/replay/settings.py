@@ -8,10 +8,9 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-# Backends the replay may stand on. Not `hf`: the replay backend declares that it spends no
-# money (so the gateway takes calls without API keys on loopback), and a fall-through to
-# Hugging Face would.
-InnerBackend = Literal["fake", "local"]
+# Backends the replay may stand on. Over `hf` the replay backend declares that it spends money
+# (replay/info.py), as a job that falls through does: API keys are then required.
+InnerBackend = Literal["fake", "local", "hf"]
 
 
 class ReplaySettings(BaseSettings):
