@@ -100,7 +100,9 @@ def identity(pid: int) -> dict[str, int] | None:
 
 
 def is_alive(ident: dict[str, Any] | None) -> bool:
-    if not ident:
+    # A phase whose sandbox never reported its pid (it ended first, or a loaded machine made
+    # the report late) is recorded as {"phase": ...} alone: nothing to signal.
+    if not ident or "pid" not in ident:
         return False
     return start_ticks(int(ident["pid"])) == ident.get("start")
 
