@@ -190,6 +190,8 @@ class BackendInfo:
     # Worker interceptors the backend's activities rely on.
     interceptors: Callable[[], Sequence[Interceptor]] = no_interceptors
     # A backend whose declaration depends on its own settings (the replay backend's on the
-    # backend under it: over `hf` it spends money) returns the one in force here, reading them;
+    # backend under it: over `hf` it spends money) returns the one in force here, reading them
+    # and looking other backends up with the function it is given (the registry's
+    # `backend_info`, passed in so that no declaration imports the registry);
     # `registry.backend_info` answers with it. Raises SystemExit when they are invalid.
-    in_force: Callable[[], BackendInfo] | None = None
+    in_force: Callable[[Callable[[str], BackendInfo]], BackendInfo] | None = None

@@ -35,7 +35,7 @@ def backend_info(name: str) -> BackendInfo:
         raise UnknownBackend(
             f"POSTTRAIN_BACKEND={name!r} names no backend; choose one of {', '.join(BACKENDS)}"
         ) from None
-    return info.in_force() if info.in_force is not None else info
+    return info.in_force(backend_info) if info.in_force is not None else info
 
 
 if TYPE_CHECKING:  # pyright's check that every backend's class has the whole interface

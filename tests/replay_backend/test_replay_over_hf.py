@@ -61,6 +61,15 @@ async def look_every_second_until_ended(
     raise AssertionError(f"job {ref} never ended")
 
 
+async def look_every_second_until_running(hub: HfHarness, backend: ReplayBackend, ref: str) -> None:
+    for _ in range(120):
+        hub.hub.advance(1.0)
+        view = (await backend.observe([ref], hub.now())).get(ref)
+        if view is not None and view.state is JobState.running:
+            return
+    raise AssertionError(f"job {ref} never ran")
+
+
 def test_over_hf_the_replay_backend_spends_money_reaps_orphans_and_has_hfs_interceptors(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -128,12 +137,3 @@ async def test_the_orphan_reaper_sees_and_cancels_what_fell_through_by_the_hubs_
     # The replay's own view of its job follows (looked at again after a cancellation).
     hub.hub.advance(HUB_LOOK_S)
     assert (await replay.observe([job.ref], hub.now()))[job.ref].state is JobState.cancelled
-
-
-async def look_every_second_until_running(hub: HfHarness, backend: ReplayBackend, ref: str) -> None:
-    for _ in range(120):
-        hub.hub.advance(1.0)
-        view = (await backend.observe([ref], hub.now())).get(ref)
-        if view is not None and view.state is JobState.running:
-            return
-    raise AssertionError(f"job {ref} never ran")

@@ -5,10 +5,10 @@ backend's code (its settings are read only when the replay backend is the one ch
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from activities.backends.hf import info as hf
 from activities.backends.interface import BackendInfo, Capabilities, built_by
 
 # Replayed jobs are files: look every second, and again at once after a change. A job that
@@ -17,26 +17,25 @@ from activities.backends.interface import BackendInfo, Capabilities, built_by
 WATCH_INTERVAL_S, BRISK_LOOK_S = 1.0, 0.1
 
 
-def _in_force() -> BackendInfo:
-    """Over `fake` or `local`, as declared below. Over `hf`, what falls through runs on
-    Hugging Face: it spends money (API keys required even on loopback), its orphans are
-    reaped, and its activities need hf's interceptors."""
+def _in_force(backend_info: Callable[[str], BackendInfo]) -> BackendInfo:
+    """The replay's own pace, with what the backend under it declares of money, orphans and
+    interceptors: over `hf` what falls through runs on Hugging Face, so it spends money (API
+    keys required even on loopback), its orphans are reaped, and its activities need hf's
+    interceptors; over `fake` or `local`, none of these."""
     from activities.backends.replay.settings import ReplaySettings
 
     try:
-        inner = ReplaySettings().inner
+        inner = backend_info(ReplaySettings().inner)
     except ValidationError as exc:
         raise SystemExit(f"POSTTRAIN_REPLAY_*: {exc}") from None
-    if inner != "hf":
-        return dataclasses.replace(BACKEND, in_force=None)
-    over_hf = Capabilities(
-        spends_money=True,
-        watch_interval_s=WATCH_INTERVAL_S,
-        brisk_look_s=BRISK_LOOK_S,
-        reaps_orphans=True,
+    capabilities = BACKEND.capabilities.model_copy(
+        update={
+            "spends_money": inner.capabilities.spends_money,
+            "reaps_orphans": inner.capabilities.reaps_orphans,
+        }
     )
     return dataclasses.replace(
-        BACKEND, capabilities=over_hf, interceptors=hf.BACKEND.interceptors, in_force=None
+        BACKEND, capabilities=capabilities, interceptors=inner.interceptors, in_force=None
     )
 
 
