@@ -55,10 +55,10 @@ from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.api.testservice.v1 import SleepRequest
+from temporalio.api.testservice.v1 import SleepRequest, UnlockTimeSkippingRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -137,6 +137,8 @@ class Level:
     episodes: int
     jobs_per_episode: int
     campaign: bool = False
+    # A campaign's concurrency (rollouts in flight at once); None: every rollout at once.
+    window: int | None = None
     submit_s: float = 0.0
     wall_s: float = 0.0
     running_s: float = 0.0
@@ -146,6 +148,9 @@ class Level:
     # activities and confirmation are history a job that ran to its end does not have.
     cancelled_job_events: list[int] = field(default_factory=list)
     task_latency_s: list[float] = field(default_factory=list)
+    # The same latencies by kind of workflow (job, episode, rollout, campaign, shard): which
+    # kind's tasks make the p99.
+    latency_by_kind: dict[str, list[float]] = field(default_factory=dict)
     # Workflow tasks of the sampled jobs that timed out or failed and were retried (a loaded
     # machine: each adds its timeout or failure and the retry's scheduled and started events,
     # which `job_events` leaves out and `job_events_recorded` keeps).
@@ -155,6 +160,8 @@ class Level:
     largest_payload_of: str = ""
     shard_runs: int = 0
     largest_shard: int = 0
+    # Time-skipping locks the test server leaked and the bench released (LockedClock).
+    leaked_locks: int = 0
 
     @property
     def jobs(self) -> int:
@@ -162,14 +169,16 @@ class Level:
 
     @property
     def label(self) -> str:
-        return f"{'c' if self.campaign else ''}{self.episodes}x{self.jobs_per_episode}"
+        label = f"{'c' if self.campaign else ''}{self.episodes}x{self.jobs_per_episode}"
+        return label if self.window is None else f"{label}w{self.window}"
 
     @property
     def status_per_job_per_30s(self) -> float:
         return self.status_calls / max(1.0, self.running_s / 30)
 
-    def quantile(self, q: float) -> float:
-        ordered = sorted(self.task_latency_s)
+    def quantile(self, q: float, kind: str | None = None) -> float:
+        latencies = self.task_latency_s if kind is None else self.latency_by_kind.get(kind, [])
+        ordered = sorted(latencies)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
@@ -234,7 +243,7 @@ def cancelled(runs: list[list[HistoryEvent]]) -> bool:
 
 
 async def read_histories(
-    client: Client, workflow_ids: list[str], level: Level, jobs: bool = False
+    client: Client, workflow_ids: list[str], level: Level, kind: str, jobs: bool = False
 ) -> list[int]:
     """Fold every run of each workflow into the level's figures; events per workflow, without
     those of workflow tasks retried (for `jobs`, per job that ran to its end: the cancelled ones
@@ -264,7 +273,9 @@ async def read_histories(
                 elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
                     attrs = event.workflow_task_completed_event_attributes
                     if attrs.scheduled_event_id in scheduled:
-                        level.task_latency_s.append(at - scheduled[attrs.scheduled_event_id])
+                        latency = at - scheduled[attrs.scheduled_event_id]
+                        level.task_latency_s.append(latency)
+                        level.latency_by_kind.setdefault(kind, []).append(latency)
     return lengths
 
 
@@ -348,10 +359,73 @@ async def skip_time(client: Client, step: timedelta) -> None:
     )
 
 
+class LockedClock:
+    """Skips time, releasing a time-skipping lock the test server leaked.
+
+    After workflows start while time is being skipped (a campaign's next rollouts, started as
+    those before them end), the test server (temporal-test-server 1.40) can hold a lock nobody
+    took: every later `unlock_time_skipping_with_sleep` then passes in real time, with no
+    activity or workflow task pending anywhere (measured with describe on every open workflow).
+    One `UnlockTimeSkipping` lets time skip again. A step is taken as stuck on such a lock only
+    when it lasted its whole length in real time while the server, this process and the
+    workflow processes were idle (under IDLE_SHARE of a core): a step slowed by work in flight
+    keeps its locks."""
+
+    IDLE_SHARE = 0.1
+
+    def __init__(self, client: Client, pids: list[int]) -> None:
+        self._client = client
+        self._pids = pids
+        self.released = 0
+
+    async def skip(self, step: timedelta) -> None:
+        cpu, started = self._cpu_s(), time.monotonic()
+        await skip_time(self._client, step)
+        wall = time.monotonic() - started
+        idle = self._cpu_s() - cpu < self.IDLE_SHARE * wall
+        if wall >= 0.9 * step.total_seconds() and idle:
+            await self._client.test_service.unlock_time_skipping(UnlockTimeSkippingRequest())
+            self.released += 1
+
+    def _cpu_s(self) -> float:
+        """CPU seconds used so far by the processes watched (those gone count 0)."""
+        total = 0.0
+        for pid in self._pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
+
+
+def test_server_pid(port: int) -> int:
+    """The pid of the test server listening on `port` (the SDK does not expose it)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"temporal-test-server") and str(port).encode() in argv:
+            return int(proc.name)
+    raise RuntimeError(f"no temporal-test-server process listens on port {port}")
+
+
 RUNNING_STEPS = 5  # skip steps taken at once while every job is still running
 LONG_STEP_S = RUNNING_STEPS * SKIP_STEP.total_seconds()
 STALLED_STEPS = 10  # steps past the time limit without a workflow closing: the level failed
 CLOSED_BATCH = 50  # describes at once: 10,000 at once upset the server
+
+
+async def closed(client: Client, workflow_id: str) -> bool:
+    """Whether the workflow has closed; False for one not started yet (with a campaign window,
+    the jobs of the rollouts still waiting for their turn)."""
+    try:
+        return await job_closed(client, workflow_id)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
 
 
 async def still_open(client: Client, open_ids: set[str], rng: random.Random) -> set[str]:
@@ -364,7 +438,7 @@ async def still_open(client: Client, open_ids: set[str], rng: random.Random) -> 
     remaining = set(open_ids)
     for start in range(0, len(order), CLOSED_BATCH):
         batch = order[start : start + CLOSED_BATCH]
-        ended = await asyncio.gather(*(job_closed(client, w) for w in batch))
+        ended = await asyncio.gather(*(closed(client, w) for w in batch))
         remaining -= {w for w, done in zip(batch, ended, strict=True) if done}
         if not any(ended):
             break
@@ -380,8 +454,11 @@ async def run_level(
     workflow_processes: int = 0,
     campaign: bool = False,
     server_args: list[str] | None = None,
+    window: int | None = None,
 ) -> Level:
-    level = Level(episodes, jobs, campaign)
+    window = window if campaign and window is not None and window < episodes else None
+    level = Level(episodes, jobs, campaign, window)
+    in_flight = window or episodes  # rollouts (or episodes) whose jobs run at once
     tasks_dir = workdir / "tasks"
     (tasks_dir / TASK_ID).mkdir(parents=True)
     (tasks_dir / TASK_ID / "task.toml").write_text(
@@ -443,14 +520,17 @@ async def run_level(
                             }
                         ],
                         "epochs": episodes,
-                        "concurrency": episodes,
+                        "concurrency": in_flight,
                         "budget_usd": episodes * 100.0,
                     }
                 )
                 rollout_ids = [f"{campaign_id}/{TASK_ID}/s/{n}" for n in range(1, episodes + 1)]
                 episode_ids = [episode_workflow_id(rollout_episode_id(r, 1)) for r in rollout_ids]
                 job_ids = [f"{e}/job/{n}" for e in episode_ids for n in range(1, jobs + 1)]
-                # Every job submitted under a paused clock, as the sessions' level does.
+                # Every job of the rollouts in flight submitted under a paused clock, as the
+                # sessions' level does; with a window, the next rollouts start as time is
+                # skipped and those before them end.
+                first_jobs = in_flight * jobs
                 with env.auto_time_skipping_disabled():
                     handle = await client.start_workflow(
                         CampaignWorkflow.run,
@@ -460,7 +540,7 @@ async def run_level(
                         id=campaign_workflow_id(campaign_id),
                         task_queue=queue,
                     )
-                    while len(hub.jobs) < len(job_ids):
+                    while len(hub.jobs) < first_jobs:
                         progress(started, level.label, f"{len(hub.jobs)} jobs submitted")
                         if await job_closed(client, handle.id):
                             raise RuntimeError(
@@ -503,14 +583,18 @@ async def run_level(
             # Every job has ended on the Hub by `limit`; past it, the level fails only once no
             # workflow has closed for STALLED_STEPS steps (on a slow server, thousands of ends
             # take many steps to be delivered, but they keep coming).
-            limit = run_s + SCHEDULING_S + 20 * 4 + 600
+            waves = -(-episodes // in_flight)
+            limit = waves * (run_s + SCHEDULING_S + 20 * 4) + 600
             skipped, stalled = 0.0, 0
             looking = random.Random(11)
+            port = int(client.service_client.config.target_host.rsplit(":", 1)[1])
+            pids = [test_server_pid(port), os.getpid()] + [h.pid for h in helpers]
+            clock = LockedClock(client, pids)
             while open_ids and (skipped < limit or stalled < STALLED_STEPS):
                 # While no job can end yet, in long steps: every step costs the test server
                 # time of its own at thousands of open workflows (looks happen as often).
                 step = SKIP_STEP * (RUNNING_STEPS if skipped + LONG_STEP_S < run_s else 1)
-                await skip_time(client, step)
+                await clock.skip(step)
                 hub.advance(step.total_seconds())
                 skipped += step.total_seconds()
                 before = len(open_ids)
@@ -521,16 +605,19 @@ async def run_level(
             if open_ids:
                 raise RuntimeError(f"{len(open_ids)} workflows did not end")
             level.wall_s = time.monotonic() - started
+            level.leaked_locks = clock.released
             progress(started, level.label, "every workflow ended; reading histories")
             rng = random.Random(7)
             sample_jobs = rng.sample(job_ids, min(SAMPLE_JOBS, len(job_ids)))
             sample_episodes = rng.sample(episode_ids, min(SAMPLE_EPISODES, len(episode_ids)))
-            level.job_events = await read_histories(client, sample_jobs, level, jobs=True)
-            await read_histories(client, sample_episodes, level)
-            await read_histories(client, extra_ids[: SAMPLE_EPISODES + 1], level)
+            level.job_events = await read_histories(client, sample_jobs, level, "job", jobs=True)
+            await read_histories(client, sample_episodes, level, "episode")
+            if extra_ids:
+                await read_histories(client, extra_ids[:1], level, "campaign")
+                await read_histories(client, extra_ids[1 : SAMPLE_EPISODES + 1], level, "rollout")
             for shard in shard_ids:
                 level.shard_runs += len(await histories_of(client, shard))
-            await read_histories(client, shard_ids, level)
+            await read_histories(client, shard_ids, level, "shard")
     finally:
         for helper in helpers:
             helper.terminate()
@@ -583,9 +670,21 @@ def report(levels: list[Level], shards: int) -> list[str]:
         f"workflow-task latency p99: {last.quantile(0.99) * 1000:.0f} ms "
         f"(target <= {TASK_P99_TARGET_S * 1000:.0f} ms)  "
         f"{verdict(last.quantile(0.99) <= TASK_P99_TARGET_S)}",
+        "workflow-task latency p99 by workflow: "
+        + ", ".join(
+            f"{kind} {last.quantile(0.99, kind) * 1000:.0f} ms "
+            f"({len(last.latency_by_kind[kind])} tasks)"
+            for kind in ("job", "episode", "rollout", "campaign", "shard")
+            if kind in last.latency_by_kind
+        ),
         f"Hub status calls per job per 30 s: {last.status_per_job_per_30s:.4f} (target <= 1)  "
         f"{verdict(last.status_per_job_per_30s <= 1)}",
     ]
+    if any(lv.leaked_locks for lv in levels):
+        lines.append(
+            "time-skipping locks the test server leaked, released by the bench: "
+            + ", ".join(f"{lv.label} {lv.leaked_locks}" for lv in levels)
+        )
     if last.cancelled_job_events:
         lines.append(
             f"jobs cancelled by their episode's end: {len(last.cancelled_job_events)} of the "
@@ -630,6 +729,12 @@ def main() -> None:
         help="ROLLOUTSxJOBS: a campaign level after the others",
     )
     parser.add_argument(
+        "--campaign-window",
+        type=int,
+        default=None,
+        help="the campaign's concurrency: rollouts in flight at once (default: all of them)",
+    )
+    parser.add_argument(
         "--server-arg",
         action="append",
         default=[],
@@ -663,6 +768,7 @@ def main() -> None:
                         args.workflow_processes,
                         campaign,
                         args.server_arg,
+                        args.campaign_window,
                     )
                 )
             # Each level's row as soon as it is measured: a later level may not finish.

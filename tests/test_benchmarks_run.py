@@ -171,12 +171,14 @@ async def test_the_scale_benchmark_runs_on_a_temporal_of_your_own(tmp_path: Path
     assert len(episodes) >= 3  # the episodes ran on the given server
 
 
-@pytest.mark.parametrize("processes", ["0", "2"])
+@pytest.mark.parametrize(("processes", "window"), [("0", None), ("2", 3)])
 def test_the_watch_scale_benchmark_runs_and_meets_its_targets_at_a_small_level(
-    processes: str,
+    processes: str, window: int | None
 ) -> None:
     # With "2", every workflow runs in the two workflow-only worker processes: the bench's own
-    # worker has no workflow, so a job that ended was followed there.
+    # worker has no workflow, so a job that ended was followed there. With a window, the
+    # campaign runs its rollouts 3 at a time: the next start as time is skipped.
+    windowed = ["--campaign-window", str(window)] if window else []
     out = run(
         "bench/watch_scale.py",
         "--levels",
@@ -187,21 +189,26 @@ def test_the_watch_scale_benchmark_runs_and_meets_its_targets_at_a_small_level(
         processes,
         "--campaign",
         "6x5",
+        *windowed,
     )
+    campaign = f"c6x5w{window}" if window else "c6x5"
     assert "watcher shards: 16" in out, out
     rows = [line.split() for line in out.splitlines()]
-    levels = {row[0]: row for row in rows if row and row[0] in ("4x5", "12x5", "c6x5")}
-    assert set(levels) == {"4x5", "12x5", "c6x5"}, out
+    levels = {row[0]: row for row in rows if row and row[0] in ("4x5", "12x5", campaign)}
+    assert set(levels) == {"4x5", "12x5", campaign}, out
     # The campaign level is its rollouts' 30 jobs; every level's jobs within 30 events (28 on
     # a quiet machine), counted without workflow tasks retried under load (the last column
     # counts those: a starved worker's task that timed out adds three events).
-    assert levels["c6x5"][1] == "30" and all(int(row[3]) <= 30 for row in levels.values()), out
+    assert levels[campaign][1] == "30" and all(int(row[3]) <= 30 for row in levels.values()), out
     assert all(row[-1].isdigit() for row in levels.values()), out
     # Payload, events per job and Hub calls hold at any size (the figures of the last level,
     # the campaign's); task latency is not asserted (a loaded machine's figure).
     for target in ("largest payload", "history events per job", "Hub status calls"):
         (line,) = [line for line in out.splitlines() if line.startswith(target)]
         assert line.endswith("OK"), line
+    (by_kind,) = [line for line in out.splitlines() if " by workflow: " in line]
+    for kind in ("job", "episode", "rollout", "campaign", "shard"):
+        assert f"{kind} " in by_kind, by_kind
     assert "growth x1.5 in jobs" in out, out
 
 

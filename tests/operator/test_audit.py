@@ -9,14 +9,19 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from activities.backends.fake.backend import FakeJobScript, FakeScenario
 from posttrain_common.contracts.audit import SCHEMA_PATH, audit_schema
+from posttrain_common.contracts.episode_calls import EndRequest
 from posttrain_common.contracts.jobs import JobRole
 from posttrain_common.keys import ServerKey
+from posttrain_env.models import EndReason
 from posttrain_server.commands.episodes import InvalidRecord, export_record, validate_record
 from tests.workflows.harness import running_worker
+from workflows.episode.workflow import EpisodeWorkflow
+from workflows.policies import READ_RETRY
 
 SCRIPT = "# train\nprint('training')\n"
 AGENT = FakeJobScript(
@@ -104,3 +109,48 @@ async def test_a_scripted_episodes_record_holds_every_call_and_job_and_no_secret
     for secret in secrets:
         assert secret not in text
     assert "HF_TOKEN" not in text and "POSTTRAIN_NONCE" not in text
+
+
+async def test_an_audit_record_that_cannot_be_written_is_retried_until_it_is(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """A write that keeps failing (here the audit folder's path is a file) is retried past
+    twice the 5 attempts it had before (then it was given up), with the episode's workflow
+    open, and the record lands once it can."""
+    blocked = tmp_path / "audit"
+    blocked.write_text("not a folder")
+    async with running_worker(time_skipping_env, tmp_path, audit_dir=blocked) as h:
+        ep = await h.episode()
+        await ep.handle.signal(
+            EpisodeWorkflow.end_requested, EndRequest(reason=EndReason.cancelled)
+        )
+
+        async def audit_attempt() -> int:
+            described = await ep.handle.describe()
+            pending = described.raw_description.pending_activities
+            attempts = [p.attempt for p in pending if p.activity_type.name == "write_audit"]
+            return attempts[0] if attempts else 0
+
+        for _ in range(200):
+            if await audit_attempt() > 2 * READ_RETRY.maximum_attempts:
+                break
+            await ep.skip(timedelta(seconds=30))
+        assert await audit_attempt() > 2 * READ_RETRY.maximum_attempts
+        assert (await ep.handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        status = await ep.status()  # the episode's end is given meanwhile
+        assert status.done and status.end is not None and status.end.reason is EndReason.cancelled
+
+        blocked.unlink()
+        # The next attempt comes within AUDIT_RETRY's longest interval (5 minutes). Time is
+        # skipped here, not by awaiting the result: the test server ends a result's long poll
+        # empty when it skips past the poll's timeout before the workflow closes.
+        for _ in range(20):
+            if (await ep.handle.describe()).status != WorkflowExecutionStatus.RUNNING:
+                break
+            await ep.skip(timedelta(seconds=30))
+        end = await ep.handle.result()
+        record = json.loads((blocked / f"{ep.episode_id}.json").read_text())
+
+    assert end["reason"] == "cancelled"
+    validate_record(record)
+    assert record["episode_id"] == ep.episode_id and record["end"]["reason"] == "cancelled"

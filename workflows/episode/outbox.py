@@ -1,7 +1,8 @@
 """What an episode sends besides its answers (workflow code: deterministic): the reply to its
 session's end request, the announcement that it closed, the `ToolAnswered` signal to a rollout
 whose call it answered, and its audit record. None of them can fail the episode: a workflow that
-is gone is logged, an audit activity that failed after its retries too.
+is gone is logged; the audit record is retried until it is written (AUDIT_RETRY), and only a
+failure that retrying cannot fix is logged instead.
 
 When each is due is decided by the pure rules of `episode_timing.py`.
 """
@@ -22,7 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.episode.state import EpisodeCarry
     from workflows.episode.timing import SessionReply, close_needs_announcing, reply_is_due
     from workflows.ids import SIGNAL_EPISODE_CLOSED, SIGNAL_TOOL_ANSWERED
-    from workflows.policies import AUDIT_TIMEOUT, READ_RETRY
+    from workflows.policies import AUDIT_RETRY, AUDIT_TIMEOUT
 
 # The episode's outside-cancel patch (workflows/episode/workflow.py): an audit write cancelled
 # with the episode is written again, not given up.
@@ -56,7 +57,7 @@ class EpisodeOutbox:
 
     async def write_audit(self) -> None:
         """The audit record, written by an activity that reads this history itself (only
-        ids and the end cross Temporal). A failure to write it never fails the episode."""
+        ids and the end cross Temporal), retried until it lands. It never fails the episode."""
         end = self._s.end
         assert end is not None
         try:
@@ -84,7 +85,7 @@ class EpisodeOutbox:
                     },
                 ),
                 start_to_close_timeout=AUDIT_TIMEOUT,
-                retry_policy=READ_RETRY,
+                retry_policy=AUDIT_RETRY,
             )
         except ActivityError as err:
             reraise_cancel(err, OUTSIDE_CANCEL_PATCH)  # the run writes it again after a cancel
