@@ -12,8 +12,10 @@ import hashlib
 import math
 from datetime import UTC, datetime
 
+from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
+from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionRequest
 from temporalio.client import Client
 
 from posttrain_common.contracts.audit import (
@@ -33,6 +35,22 @@ from workflows.ids import SIGNAL_JOB_CHANGED, episode_workflow_id
 from workflows.job.workflow import JobInput, JobSnapshot
 
 MAX_RUNS = 10_000  # continue-as-new chains are long only in theory; never loop forever
+
+
+async def _first_run_of(client: Client, workflow_id: str, run_id: str = "") -> str:
+    """The first run of the continue-as-new chain `run_id` (default: the latest run) belongs
+    to. Described raw: the SDK's `describe()` also decodes every search attribute, and one it
+    cannot decode (the time-skipping server keeps a Datetime attribute upserted to None, such
+    as a cleared PtCancelPendingSince, as a null payload) would fail the audit record for an
+    attribute it never reads."""
+    described = await client.workflow_service.describe_workflow_execution(
+        DescribeWorkflowExecutionRequest(
+            namespace=client.namespace,
+            execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
+        )
+    )
+    info = described.workflow_execution_info
+    return info.first_run_id or info.execution.run_id
 
 
 def sha256(text: str) -> str:
@@ -56,15 +74,13 @@ async def read_trail(client: Client, episode_id: str) -> AuditRecord:
     """The record of `episode_id` as its history tells it (installed versions and artifact
     sizes are the backend's to add). Raises RPCError (NOT_FOUND) for an unknown episode."""
     workflow_id = episode_workflow_id(episode_id)
-    described = await client.get_workflow_handle(workflow_id).describe()
-    chains = [described.raw_description.workflow_execution_info.first_run_id or described.run_id]
+    chains = [await _first_run_of(client, workflow_id)]
     # A run the reconciler started after the last one was terminated: that one's chain first.
     for _ in range(MAX_RUNS):
         previous = await _wound_down_from(client, workflow_id, chains[0])
         if previous is None:
             break
-        before = await client.get_workflow_handle(workflow_id, run_id=previous).describe()
-        chains.insert(0, before.raw_description.workflow_execution_info.first_run_id or previous)
+        chains.insert(0, await _first_run_of(client, workflow_id, previous))
     trail = _Trail()
     for first_run in chains:
         run_id: str | None = first_run

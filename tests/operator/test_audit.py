@@ -9,6 +9,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionRequest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
@@ -19,7 +21,7 @@ from posttrain_common.contracts.jobs import JobRole
 from posttrain_common.keys import ServerKey
 from posttrain_env.models import EndReason
 from posttrain_server.commands.episodes import InvalidRecord, export_record, validate_record
-from tests.workflows.harness import running_worker
+from tests.workflows.harness import Episode, running_worker
 from workflows.episode.workflow import EpisodeWorkflow
 from workflows.policies import READ_RETRY
 
@@ -154,3 +156,43 @@ async def test_an_audit_record_that_cannot_be_written_is_retried_until_it_is(
     assert end["reason"] == "cancelled"
     validate_record(record)
     assert record["episode_id"] == ep.episode_id and record["end"]["reason"] == "cancelled"
+
+
+async def closed(ep: Episode) -> bool:
+    """Whether the episode's workflow has closed, described raw."""
+    described = await ep.env.client.workflow_service.describe_workflow_execution(
+        DescribeWorkflowExecutionRequest(
+            namespace=ep.env.client.namespace,
+            execution=WorkflowExecution(workflow_id=ep.handle.id),
+        )
+    )
+    return described.workflow_execution_info.HasField("close_time")
+
+
+async def test_an_episode_that_cancelled_a_job_writes_its_record_on_the_test_server(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """The episode ends with its job running: PtCancelPendingSince is set, then cleared once the
+    cancellation is confirmed. The time-skipping server keeps the cleared Datetime attribute as
+    a null payload, which the SDK's `describe()` cannot decode; the record is written anyway
+    (it failed on every attempt before, and is retried until written now)."""
+    long_job = FakeJobScript(role=JobRole.agent, queue_s=1, run_s=3600, cancel_confirm_after_s=30)
+    async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[long_job])) as h:
+        ep = await h.episode()
+        job_id = await ep.submit_job(script=SCRIPT)
+        await ep.skip(timedelta(minutes=2))  # the job is running
+        await ep.handle.signal(
+            EpisodeWorkflow.end_requested, EndRequest(reason=EndReason.cancelled)
+        )
+        for _ in range(40):
+            if await closed(ep):  # not `describe()`, which fails on that attribute here too
+                break
+            await ep.skip(timedelta(seconds=30))
+        end = await ep.handle.result()
+        path = h.settings.state_dir / "audit" / f"{ep.episode_id}.json"
+        assert path.exists(), "no audit record"
+        record = json.loads(path.read_text())
+
+    assert end["reason"] == "cancelled"
+    (job,) = record["jobs"]
+    assert job["job_id"] == job_id and job["final_state"] == "cancelled"
