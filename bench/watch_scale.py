@@ -1,6 +1,7 @@
 """Sharded job watching at scale: thousands of concurrently running jobs across episodes.
 
     uv run python bench/watch_scale.py [--levels 100x10,1000x10] [--run-minutes 10]
+        [--campaign 1000x10 [--campaign-window 200]] [--workflow-processes 2]
 
 Each level is EPISODESxJOBS: that many episodes, each submitting that many jobs (`jobs_submit`
 on cpu-basic), all running at once. On the time-skipping test server, with an in-process worker
@@ -27,11 +28,12 @@ Reported per level, and how each grows from the first level to the last:
 - jobs per shard (largest), shard runs (continued as new), submit time.
 
 `--campaign ROLLOUTSxJOBS` (e.g. 1000x10) adds a campaign level after the others: one campaign
-of that many rollouts, all in flight at once, whose scripted agent submits JOBS jobs, waits for
-the last to end and stops (its jobs all run alike, so none is left to cancel). Its agent turns
-run in this process (`InProcessTurns`: the scripted agent's code, without the process each turn
-gets in production), so what is measured is the workflows. The same figures, over a sample of
-the rollouts' jobs and episodes, every rollout and campaign run and every shard.
+of that many rollouts, all in flight at once (`--campaign-window N`: N at a time), whose
+scripted agent submits JOBS jobs, waits for the last to end and stops (its jobs all run alike;
+one whose end is not reported yet when the agent stops is cancelled, and counted apart). Its
+agent turns run in this process (`InProcessTurns`: the scripted agent's code, without the
+process each turn gets in production), so what is measured is the workflows. The same figures,
+over a sample of the rollouts' jobs and episodes, every rollout and campaign run and every shard.
 """
 
 from __future__ import annotations
