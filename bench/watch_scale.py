@@ -370,21 +370,26 @@ class LockedClock:
     The test server (temporal-test-server 1.40) takes a lock when a child workflow closes, for
     its parent to release as it takes in the child's end; a parent that has already closed
     never does (temporalio/sdk-java#2642, open; a real server has no such lock). An episode
-    closes after its rollout has finished (it writes its audit record after telling the
-    rollout), so every finished rollout leaks one, and from then on every
-    `unlock_time_skipping_with_sleep` passes in real time. `child_closed` counts each child
-    seen closing after its parent, and `skip` releases as many with `UnlockTimeSkipping`
-    first. Any other leak is caught by its symptom: a step that lasted its whole length in
-    real time while the server, this process and the workflow processes were idle (under
-    IDLE_SHARE of a core) releases one lock; a step slowed by work in flight keeps its locks."""
+    often closes after its rollout has finished (it writes its audit record after telling the
+    rollout), and a job after its episode; each such close leaks one, and from then on every
+    `unlock_time_skipping_with_sleep` passes in real time. `closed` counts each child seen
+    closing after its parent, and `skip` releases as many with `UnlockTimeSkipping` first.
+    Any other leak is caught by its symptom: a step that lasted its whole length in real time
+    while the server, this process and the workflow processes were idle (under IDLE_SHARE of a
+    core) releases one lock; a step slowed by work in flight keeps its locks."""
 
     IDLE_SHARE = 0.1
 
-    def __init__(self, client: Client, pids: list[int]) -> None:
+    def __init__(
+        self, client: Client, pids: list[int], children: dict[str, list[str]] | None = None
+    ) -> None:
+        """`children`: workflow id -> its children's ids (an episode's jobs)."""
         self._client = client
         self._pids = pids
+        self._children = children or {}
         self._owed = 0
-        self._parents_closed_at: dict[str, float] = {}
+        self._closed_at: dict[str, float] = {}  # workflows seen closed (and parents looked up)
+        self.orphans: set[str] = set()  # children not seen closed of a workflow that closed
         self.released = 0
         self.released_for_closes = 0  # of `released`: children seen closing after their parent
 
@@ -400,15 +405,21 @@ class LockedClock:
         if wall >= 0.9 * step.total_seconds() and idle:
             await self._unlock()
 
-    async def child_closed(self, parent_id: str, closed_at: float) -> None:
-        """A child workflow of `parent_id` closed at `closed_at`: a leaked lock if its parent
-        had closed before."""
-        parent_closed_at = self._parents_closed_at.get(parent_id)
+    async def closed(self, workflow_id: str, closed_at: float, parent_id: str | None) -> None:
+        """`workflow_id` was seen closed at `closed_at`: a leaked lock if its parent had closed
+        before it. Its children still open (`children`) are looked at every step from now on:
+        each will close after it."""
+        self._closed_at[workflow_id] = closed_at
+        self.orphans.discard(workflow_id)
+        self.orphans.update(self._children.get(workflow_id, []))
+        if parent_id is None:
+            return
+        parent_closed_at = self._closed_at.get(parent_id)
         if parent_closed_at is None:
             parent_closed_at, _ = await close_of(self._client, parent_id)
             if parent_closed_at is None:
                 return  # the parent is open: it takes in the child's end and releases the lock
-            self._parents_closed_at[parent_id] = parent_closed_at
+            self._closed_at[parent_id] = parent_closed_at
         if parent_closed_at <= closed_at:
             self._owed += 1
 
@@ -468,26 +479,39 @@ async def close_of(client: Client, workflow_id: str) -> tuple[float | None, str 
 
 
 async def still_open(
-    client: Client, open_ids: set[str], rng: random.Random, clock: LockedClock
+    client: Client,
+    open_ids: set[str],
+    rng: random.Random,
+    clock: LockedClock,
+    every_step: set[str] | None = None,
 ) -> set[str]:
-    """The workflows of `open_ids` not yet closed, looked up in random batches until a batch
-    finds none closed: a step where few have ended costs a batch, not a describe per workflow
-    (10,000 per step at the largest level, most of the server's time). One still open keeps
-    the caller stepping, so every workflow is seen closed before the level ends. Each one seen
-    closed is told to `clock` (the lock its close may have leaked)."""
-    order = sorted(open_ids)
-    rng.shuffle(order)
+    """The workflows of `open_ids` not yet closed. Those of `every_step` (a campaign's
+    rollouts and episodes) and the open children of a workflow that closed
+    (`clock.orphans`) are looked up at every step: their closes are where the test server
+    leaks its locks, and each one seen closed is told to `clock`. The rest (jobs) are looked up
+    in random batches until a batch finds none closed: a step where few have ended costs a
+    batch, not a describe per job (10,000 per step at the largest level, most of the server's
+    time). One still open keeps the caller stepping, so every workflow is seen closed before
+    the level ends."""
     remaining = set(open_ids)
-    for start in range(0, len(order), CLOSED_BATCH):
-        batch = order[start : start + CLOSED_BATCH]
+
+    async def look(batch: list[str]) -> bool:
+        """Whether any of `batch` has closed."""
         closes = await asyncio.gather(*(close_of(client, w) for w in batch))
         for workflow_id, (closed_at, parent) in zip(batch, closes, strict=True):
             if closed_at is None:
                 continue
             remaining.discard(workflow_id)
-            if parent is not None:
-                await clock.child_closed(parent, closed_at)
-        if all(closed_at is None for closed_at, _ in closes):
+            await clock.closed(workflow_id, closed_at, parent)
+        return any(closed_at is not None for closed_at, _ in closes)
+
+    always = sorted(open_ids & ((every_step or set()) | clock.orphans))
+    for start in range(0, len(always), CLOSED_BATCH):
+        await look(always[start : start + CLOSED_BATCH])
+    order = sorted(remaining - set(always))
+    rng.shuffle(order)
+    for start in range(0, len(order), CLOSED_BATCH):
+        if not await look(order[start : start + CLOSED_BATCH]):
             break
     return remaining
 
@@ -638,7 +662,10 @@ async def run_level(
             looking = random.Random(11)
             port = int(client.service_client.config.target_host.rsplit(":", 1)[1])
             pids = [test_server_pid(port), os.getpid()] + [h.pid for h in helpers]
-            clock = LockedClock(client, pids)
+            children: dict[str, list[str]] = {}
+            for job_id in job_ids:  # `<episode workflow id>/job/<n>`
+                children.setdefault(job_id.rsplit("/job/", 1)[0], []).append(job_id)
+            clock = LockedClock(client, pids, children)
             while open_ids and (skipped < limit or stalled < STALLED_STEPS):
                 # While no job can end yet, in long steps: every step costs the test server
                 # time of its own at thousands of open workflows (looks happen as often).
@@ -648,7 +675,9 @@ async def run_level(
                 skipped += step.total_seconds()
                 before = len(open_ids)
                 if skipped > run_s:
-                    open_ids = await still_open(client, open_ids, looking, clock)
+                    open_ids = await still_open(
+                        client, open_ids, looking, clock, set(watched_too + extra_ids)
+                    )
                 stalled = stalled + 1 if len(open_ids) == before else 0
                 progress(started, level.label, f"{skipped:.0f} s skipped, {len(open_ids)} open")
             if open_ids:
