@@ -151,9 +151,8 @@ class Level:
     # Jobs their episode cancelled as it ended (their end not yet reported to it): a cancel's
     # activities and confirmation are history a job that ran to its end does not have.
     cancelled_job_events: list[int] = field(default_factory=list)
-    task_latency_s: list[float] = field(default_factory=list)
-    # The same latencies by kind of workflow (job, episode, rollout, campaign, shard): which
-    # kind's tasks make the p99.
+    # Workflow-task latencies by kind of workflow (job, episode, rollout, campaign, shard):
+    # which kind's tasks make the p99.
     latency_by_kind: dict[str, list[float]] = field(default_factory=dict)
     # Workflow tasks of the sampled jobs that timed out or failed and were retried (a loaded
     # machine: each adds its timeout or failure and the retry's scheduled and started events,
@@ -182,7 +181,10 @@ class Level:
         return self.status_calls / max(1.0, self.running_s / 30)
 
     def quantile(self, q: float, kind: str | None = None) -> float:
-        latencies = self.task_latency_s if kind is None else self.latency_by_kind.get(kind, [])
+        if kind is None:
+            latencies = [s for by_kind in self.latency_by_kind.values() for s in by_kind]
+        else:
+            latencies = self.latency_by_kind.get(kind, [])
         ordered = sorted(latencies)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
@@ -279,7 +281,6 @@ async def read_histories(
                     attrs = event.workflow_task_completed_event_attributes
                     if attrs.scheduled_event_id in scheduled:
                         latency = at - scheduled[attrs.scheduled_event_id]
-                        level.task_latency_s.append(latency)
                         level.latency_by_kind.setdefault(kind, []).append(latency)
     return lengths
 
@@ -666,6 +667,7 @@ async def run_level(
             for job_id in job_ids:  # `<episode workflow id>/job/<n>`
                 children.setdefault(job_id.rsplit("/job/", 1)[0], []).append(job_id)
             clock = LockedClock(client, pids, children)
+            every_step = set(watched_too + extra_ids)  # a campaign's rollouts and episodes
             while open_ids and (skipped < limit or stalled < STALLED_STEPS):
                 # While no job can end yet, in long steps: every step costs the test server
                 # time of its own at thousands of open workflows (looks happen as often).
@@ -675,9 +677,7 @@ async def run_level(
                 skipped += step.total_seconds()
                 before = len(open_ids)
                 if skipped > run_s:
-                    open_ids = await still_open(
-                        client, open_ids, looking, clock, set(watched_too + extra_ids)
-                    )
+                    open_ids = await still_open(client, open_ids, looking, clock, every_step)
                 stalled = stalled + 1 if len(open_ids) == before else 0
                 progress(started, level.label, f"{skipped:.0f} s skipped, {len(open_ids)} open")
             if open_ids:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 from temporalio.common import RetryPolicy
@@ -61,18 +62,11 @@ SCORE_READ_RETRY = RetryPolicy(
 # Writing an episode's audit record reads its whole history (every run): minutes at most.
 AUDIT_TIMEOUT = timedelta(minutes=5)
 # The audit record is the episode's durable account (it outlives Temporal's retention), so its
-# write is retried until it lands, every 5 minutes at most: a full disk or an unreadable history
-# keeps the episode's workflow open (its answer is already given and its money retired), counted
-# by `posttrain_activity_retries_total{activity_type="write_audit"}` and alerted on
-# (PosttrainAuditRecordUnwritten), instead of a warning in a log and no record. With 5 attempts,
-# 163 of 300 episodes of an overloaded bench run lost theirs (issue 27's note).
-AUDIT_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(minutes=5),
-    maximum_attempts=0,
-    non_retryable_error_types=NON_RETRYABLE,
-)
+# write is retried as persistently as watching, every 5 minutes at most: a full disk or an
+# unreadable history keeps the episode's workflow open (its answer is already given and its
+# money retired), counted by `posttrain_activity_retries_total{activity_type="write_audit"}` and
+# alerted on (PosttrainAuditRecordUnwritten), instead of a warning in a log and no record.
+AUDIT_RETRY = replace(PERSISTENT_RETRY, maximum_interval=timedelta(minutes=5))
 
 # One retention sweep: bounded by its folder cap (RetentionPolicy.max_folders), it heartbeats
 # per episode and per folder; a worker that dies mid-sweep is noticed within the heartbeat

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionRequest
-from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from activities.backends.fake.backend import FakeJobScript, FakeScenario
@@ -113,6 +112,17 @@ async def test_a_scripted_episodes_record_holds_every_call_and_job_and_no_secret
     assert "HF_TOKEN" not in text and "POSTTRAIN_NONCE" not in text
 
 
+async def closed(ep: Episode) -> bool:
+    """Whether the episode's workflow has closed, described raw."""
+    described = await ep.env.client.workflow_service.describe_workflow_execution(
+        DescribeWorkflowExecutionRequest(
+            namespace=ep.env.client.namespace,
+            execution=WorkflowExecution(workflow_id=ep.handle.id),
+        )
+    )
+    return described.workflow_execution_info.HasField("close_time")
+
+
 async def test_an_audit_record_that_cannot_be_written_is_retried_until_it_is(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
@@ -138,7 +148,7 @@ async def test_an_audit_record_that_cannot_be_written_is_retried_until_it_is(
                 break
             await ep.skip(timedelta(seconds=30))
         assert await audit_attempt() > 2 * READ_RETRY.maximum_attempts
-        assert (await ep.handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        assert not await closed(ep)
         status = await ep.status()  # the episode's end is given meanwhile
         assert status.done and status.end is not None and status.end.reason is EndReason.cancelled
 
@@ -147,7 +157,7 @@ async def test_an_audit_record_that_cannot_be_written_is_retried_until_it_is(
         # skipped here, not by awaiting the result: the test server ends a result's long poll
         # empty when it skips past the poll's timeout before the workflow closes.
         for _ in range(20):
-            if (await ep.handle.describe()).status != WorkflowExecutionStatus.RUNNING:
+            if await closed(ep):
                 break
             await ep.skip(timedelta(seconds=30))
         end = await ep.handle.result()
@@ -156,17 +166,6 @@ async def test_an_audit_record_that_cannot_be_written_is_retried_until_it_is(
     assert end["reason"] == "cancelled"
     validate_record(record)
     assert record["episode_id"] == ep.episode_id and record["end"]["reason"] == "cancelled"
-
-
-async def closed(ep: Episode) -> bool:
-    """Whether the episode's workflow has closed, described raw."""
-    described = await ep.env.client.workflow_service.describe_workflow_execution(
-        DescribeWorkflowExecutionRequest(
-            namespace=ep.env.client.namespace,
-            execution=WorkflowExecution(workflow_id=ep.handle.id),
-        )
-    )
-    return described.workflow_execution_info.HasField("close_time")
 
 
 async def test_an_episode_that_cancelled_a_job_writes_its_record_on_the_test_server(
