@@ -35,6 +35,7 @@ from posttrain_common.keys import ServerKey
 from posttrain_common.settings import Settings
 from posttrain_server.agent_worker import build_agent_worker
 from posttrain_server.worker import build_worker
+from tests.leaked_locks import LeakedLocks
 from tests.workflows.harness import SKIP_STEP, write_task
 from workflows.campaign.contract import CampaignInput, CampaignStatus
 from workflows.campaign.workflow import CampaignWorkflow
@@ -92,6 +93,10 @@ class Campaigns:
     backend: FakeBackend
     settings: Settings
     handles: list[WorkflowHandle[Any, Any]] = field(default_factory=list)
+    locks: LeakedLocks = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.locks = LeakedLocks(self.client)
 
     @property
     def root(self) -> Path:
@@ -120,14 +125,17 @@ class Campaigns:
     async def sleep(self, duration: timedelta = SKIP_STEP) -> None:
         """`env.sleep`, waiting as long as it takes: agent turns run in real processes while
         the test server holds its clock, so one step may take many seconds of real time
-        (the SDK's `env.sleep` gives up after its default RPC timeout)."""
+        (the SDK's `env.sleep` gives up after its default RPC timeout). The locks the server
+        leaks when an episode closes after its rollout are released as they leak
+        (tests/leaked_locks): each would make the rest of the test pass in real time."""
         request = SleepRequest()
         request.duration.FromTimedelta(duration)
         for attempt in range(QUERY_TRIES):
             try:
-                await self.client.test_service.unlock_time_skipping_with_sleep(
-                    request, timeout=SLEEP_RPC_TIMEOUT
-                )
+                async with self.locks.watching():
+                    await self.client.test_service.unlock_time_skipping_with_sleep(
+                        request, timeout=SLEEP_RPC_TIMEOUT
+                    )
                 return
             except RPCError as err:  # another step is as good as this one (steps are unaligned)
                 if attempt == QUERY_TRIES - 1 or not _no_answer(err):

@@ -17,9 +17,11 @@ three times; the campaign's first run continues at its first finished rollout (1
 is about 30) and each later run after two or three, so 6 rollouts make it continue two or three
 times.
 
-The time-skipping test server stops skipping time for a child whose parent continued as new
-(temporalio/sdk-java#1540): from the first continue-as-new every timer costs real seconds, so
-the jobs, the watcher and the answer fallback are kept short here.
+The time-skipping test server stops skipping time when a child ends after its parent run
+continued as new (temporalio/sdk-java#1540: the lock it takes for the parent is never
+released). The harness releases those locks as they leak (tests/leaked_locks.py); before it
+did, every timer after the first continue-as-new cost real seconds, which is why the jobs, the
+watcher and the answer fallback are kept short here.
 """
 
 from __future__ import annotations
@@ -143,9 +145,9 @@ async def rollout_runs(c: Campaigns, records: list[RolloutRecord]) -> dict[str, 
     return runs
 
 
-# Two campaigns, the second mostly in real time: about 3 minutes at load 15 on 2 cores, 8
-# beside the other campaign tests (-n 2).
-@pytest.mark.slow  # real seconds per timer after the first continue-as-new (above)
+# Two campaigns: 15 s idle on 2 cores with the leaked locks released (about 3 minutes at load
+# 15 before, when the second ran mostly in real time).
+@pytest.mark.slow  # two campaigns of real agent turns (processes)
 @pytest.mark.timeout(900)
 async def test_a_campaign_continuing_as_new_records_every_rollout_once_as_without_it(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
@@ -246,7 +248,7 @@ async def test_a_campaign_continuing_as_new_records_every_rollout_once_as_withou
     assert all(timedelta(0) < beating[name] <= TURN_HEARTBEAT for name in HEARTBEATING)
 
 
-@pytest.mark.slow  # real seconds per timer after the first continue-as-new (above)
+@pytest.mark.slow  # a campaign of real agent turns (processes)
 @pytest.mark.timeout(600)
 async def test_a_retry_queued_behind_a_full_window_survives_the_campaign_continuing_as_new(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path

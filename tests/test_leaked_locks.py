@@ -1,0 +1,124 @@
+"""The test server leaks a time-skipping lock when a child closes after its parent run (the
+parent completed, or continued as new), and `LeakedLocks` releases exactly those
+(tests/leaked_locks.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from datetime import timedelta
+from typing import Literal
+
+from temporalio import workflow
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from tests.leaked_locks import LeakedLocks
+
+ParentMode = Literal["waits", "leaves", "continues"]
+
+
+@workflow.defn
+class Sleeper:
+    @workflow.run
+    async def run(self, minutes: int, runs_after: int) -> None:
+        await workflow.sleep(timedelta(minutes=minutes))
+        if runs_after:
+            workflow.continue_as_new(args=[minutes, runs_after - 1])
+
+
+@workflow.defn
+class Parent:
+    @workflow.run
+    async def run(self, mode: ParentMode) -> None:
+        if workflow.info().continued_run_id:  # the run after "continues": outlive the child
+            await workflow.sleep(timedelta(hours=2))
+            return
+        child = await workflow.start_child_workflow(
+            Sleeper.run,
+            args=[10, 1 if mode == "waits" else 0],
+            id=f"{workflow.info().workflow_id}-child",
+            parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+        )
+        if mode == "waits":
+            await child
+        elif mode == "continues":
+            workflow.continue_as_new(mode)
+
+
+async def _real_seconds_to_skip(env: WorkflowEnvironment, skipped: timedelta) -> float:
+    started = time.monotonic()
+    await env.sleep(skipped)
+    return time.monotonic() - started
+
+
+async def _child_closed_after_parent(env: WorkflowEnvironment, mode: ParentMode) -> None:
+    """Start a parent in `mode` and skip past its child's end (10 minutes)."""
+    await env.client.start_workflow(Parent.run, mode, id=mode, task_queue=QUEUE)
+    child = env.client.get_workflow_handle(f"{mode}-child")
+    for _ in range(100):  # until the child has started
+        try:
+            await child.describe()
+            break
+        except Exception:
+            await asyncio.sleep(0.1)
+    # Ends just past the child's end: the leak makes the rest of the skip real (a second).
+    await env.sleep(timedelta(minutes=10, seconds=1))
+
+
+QUEUE = f"q-{uuid.uuid4().hex[:8]}"
+
+
+async def test_a_child_closing_after_its_parent_leaks_a_lock_that_is_released(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    env = time_skipping_env
+    locks = LeakedLocks(env.client)
+    async with Worker(env.client, task_queue=QUEUE, workflows=[Parent, Sleeper]):
+        # A child that ends while its parent waits for it, after continuing as new: no leak.
+        await env.client.execute_workflow(Parent.run, "waits", id="waits", task_queue=QUEUE)
+        assert await locks.release() == 0
+        assert await _real_seconds_to_skip(env, timedelta(hours=1)) < 60
+
+        # A child that ends after its parent completed leaks one lock...
+        await _child_closed_after_parent(env, "leaves")
+        # ...so skipping time now passes in real time (the defect; if the server fixes it,
+        # this fails and the workaround can go).
+        assert await _real_seconds_to_skip(env, timedelta(seconds=3)) >= 3
+
+        assert await locks.release() == 1
+        assert await locks.release() == 0  # judged once
+        assert await _real_seconds_to_skip(env, timedelta(hours=1)) < 60
+    assert locks.released == 1
+
+
+async def test_a_child_closing_after_its_parent_continued_as_new_leaks_a_lock_too(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    # temporalio/sdk-java#1540: the child's end goes to the run that started it, which has
+    # closed; the new run never records it.
+    env = time_skipping_env
+    locks = LeakedLocks(env.client)
+    async with Worker(env.client, task_queue=QUEUE, workflows=[Parent, Sleeper]):
+        await _child_closed_after_parent(env, "continues")
+        assert await _real_seconds_to_skip(env, timedelta(seconds=3)) >= 3
+        assert await locks.release() == 1
+        assert await _real_seconds_to_skip(env, timedelta(minutes=30)) < 60
+
+
+async def test_released_while_a_skip_is_in_flight(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    # The leak comes 10 minutes into an hour's skip: without the watcher, the other 50
+    # minutes would pass in real time.
+    env = time_skipping_env
+    locks = LeakedLocks(env.client)
+    async with Worker(env.client, task_queue=QUEUE, workflows=[Parent, Sleeper]):
+        await env.client.start_workflow(Parent.run, "leaves", id="leaves", task_queue=QUEUE)
+        await env.client.get_workflow_handle("leaves").result()
+        started = time.monotonic()
+        async with locks.watching():
+            await env.sleep(timedelta(hours=1))
+        assert time.monotonic() - started < 60
+    assert locks.released == 1
