@@ -58,7 +58,7 @@ from pathlib import Path
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.api.testservice.v1 import SleepRequest, UnlockTimeSkippingRequest
+from temporalio.api.testservice.v1 import SleepRequest
 from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -96,6 +96,7 @@ from posttrain_env.agents.runner import TurnReply, TurnRequest, take_turn  # noq
 from posttrain_server.shutdown import exit_now  # noqa: E402
 from posttrain_server.temporal.setup import add_search_attributes  # noqa: E402
 from posttrain_server.worker import build_worker, workflow_only_worker  # noqa: E402
+from tests.leaked_locks import LeakedLocks  # noqa: E402
 from workflows.campaign.contract import CampaignInput  # noqa: E402
 from workflows.campaign.workflow import CampaignWorkflow  # noqa: E402
 from workflows.episode.session import ResetRequest, SessionState, SessionWorkflow  # noqa: E402
@@ -165,7 +166,6 @@ class Level:
     largest_shard: int = 0
     # Time-skipping locks the test server leaked and the bench released (LockedClock).
     leaked_locks: int = 0
-    leaked_by_closes: int = 0  # of those, by a child seen closing after its parent
 
     @property
     def jobs(self) -> int:
@@ -366,102 +366,44 @@ async def skip_time(client: Client, step: timedelta) -> None:
 
 
 class LockedClock:
-    """Skips time, releasing the time-skipping locks the test server leaks.
+    """Skips time, releasing the time-skipping locks the test server leaks as they leak.
 
     The test server (temporal-test-server 1.40) takes a lock when a child workflow closes, for
-    its parent to release as it takes in the child's end; a parent that has already closed
+    its parent to release as it records the child's end; a parent run that has already closed
     never does (temporalio/sdk-java#2642, open; a real server has no such lock). An episode
     often closes after its rollout has finished (it writes its audit record after telling the
-    rollout), and a job after its episode; each such close leaks one, and from then on every
-    `unlock_time_skipping_with_sleep` passes in real time. `closed` counts each child seen
-    closing after its parent, and `skip` releases as many with `UnlockTimeSkipping` first.
-    Any other leak is caught by its symptom: a step that lasted its whole length in real time
-    while the server, this process and the workflow processes were idle (under IDLE_SHARE of a
-    core) releases one lock; a step slowed by work in flight keeps its locks."""
+    rollout), and a job after its episode; each such close leaks one, and from then on skipped
+    time passes in real time. `tests/leaked_locks.LeakedLocks` finds each exactly (a closed
+    child whose parent run closed without recording its end) and releases it, every
+    `period_s` while a skip is in flight: a lock leaked in the middle of a long step would
+    otherwise make the rest of the step real."""
 
-    IDLE_SHARE = 0.1
-
-    def __init__(
-        self, client: Client, pids: list[int], children: dict[str, list[str]] | None = None
-    ) -> None:
-        """`children`: workflow id -> its children's ids (an episode's jobs)."""
+    def __init__(self, client: Client, period_s: float) -> None:
         self._client = client
-        self._pids = pids
-        self._children = children or {}
-        self._owed = 0
-        self._closed_at: dict[str, float] = {}  # workflows seen closed (and parents looked up)
-        self.orphans: set[str] = set()  # children not seen closed of a workflow that closed
-        self.released = 0
-        self.released_for_closes = 0  # of `released`: children seen closing after their parent
+        self._leaks = LeakedLocks(client, period_s=period_s)
+
+    @property
+    def released(self) -> int:
+        return self._leaks.released
 
     async def skip(self, step: timedelta) -> None:
-        for _ in range(self._owed):
-            await self._unlock()
-        self.released_for_closes += self._owed
-        self._owed = 0
-        cpu, started = self._cpu_s(), time.monotonic()
-        await skip_time(self._client, step)
-        wall = time.monotonic() - started
-        idle = self._cpu_s() - cpu < self.IDLE_SHARE * wall
-        if wall >= 0.9 * step.total_seconds() and idle:
-            await self._unlock()
-
-    async def closed(self, workflow_id: str, closed_at: float, parent_id: str | None) -> None:
-        """`workflow_id` was seen closed at `closed_at`: a leaked lock if its parent had closed
-        before it. Its children still open (`children`) are looked at every step from now on:
-        each will close after it."""
-        self._closed_at[workflow_id] = closed_at
-        self.orphans.discard(workflow_id)
-        self.orphans.update(self._children.get(workflow_id, []))
-        if parent_id is None:
-            return
-        parent_closed_at = self._closed_at.get(parent_id)
-        if parent_closed_at is None:
-            parent_closed_at, _ = await close_of(self._client, parent_id)
-            if parent_closed_at is None:
-                return  # the parent is open: it takes in the child's end and releases the lock
-            self._closed_at[parent_id] = parent_closed_at
-        if parent_closed_at <= closed_at:
-            self._owed += 1
-
-    async def _unlock(self) -> None:
-        await self._client.test_service.unlock_time_skipping(UnlockTimeSkippingRequest())
-        self.released += 1
-
-    def _cpu_s(self) -> float:
-        """CPU seconds used so far by the processes watched (those gone count 0)."""
-        total = 0.0
-        for pid in self._pids:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return total
-
-
-def test_server_pid(port: int) -> int:
-    """The pid of the test server listening on `port` (the SDK does not expose it)."""
-    for proc in Path("/proc").iterdir():
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(b"temporal-test-server") and str(port).encode() in argv:
-            return int(proc.name)
-    raise RuntimeError(f"no temporal-test-server process listens on port {port}")
+        async with self._leaks.watching():
+            await skip_time(self._client, step)
 
 
 RUNNING_STEPS = 5  # skip steps taken at once while every job is still running
 LONG_STEP_S = RUNNING_STEPS * SKIP_STEP.total_seconds()
 STALLED_STEPS = 10  # steps past the time limit without a workflow closing: the level failed
 CLOSED_BATCH = 50  # describes at once: 10,000 at once upset the server
+# How often leaked locks are looked for while a step is in flight: each look lists every
+# closed workflow (the test server returns them all at once), 11,000 at the largest level.
+LEAK_PERIOD_S = 5.0
 
 
-async def close_of(client: Client, workflow_id: str) -> tuple[float | None, str | None]:
-    """When the workflow closed (None: open, or not started yet: with a campaign window, the
-    jobs of the rollouts still waiting for their turn) and its parent's id (None: none). Read
-    raw: the SDK's `describe()` cannot decode every search attribute the time-skipping server
+async def is_closed(client: Client, workflow_id: str) -> bool:
+    """Whether the workflow has closed (not when it is open, or not started yet: with a
+    campaign window, the jobs of the rollouts still waiting for their turn). Read raw: the
+    SDK's `describe()` cannot decode every search attribute the time-skipping server
     returns."""
     try:
         described = await client.workflow_service.describe_workflow_execution(
@@ -471,45 +413,25 @@ async def close_of(client: Client, workflow_id: str) -> tuple[float | None, str 
         )
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
-            return None, None
+            return False
         raise
-    info = described.workflow_execution_info
-    closed_at = info.close_time.ToMicroseconds() / 1e6 if info.HasField("close_time") else None
-    parent = info.parent_execution.workflow_id if info.HasField("parent_execution") else None
-    return closed_at, parent or None
+    return described.workflow_execution_info.HasField("close_time")
 
 
-async def still_open(
-    client: Client,
-    open_ids: set[str],
-    rng: random.Random,
-    clock: LockedClock,
-    every_step: set[str] | None = None,
-) -> set[str]:
-    """The workflows of `open_ids` not yet closed. Those of `every_step` (a campaign's
-    rollouts and episodes) and the open children of a workflow that closed
-    (`clock.orphans`) are looked up at every step: their closes are where the test server
-    leaks its locks, and each one seen closed is told to `clock`. The rest (jobs) are looked up
-    in random batches until a batch finds none closed: a step where few have ended costs a
-    batch, not a describe per job (10,000 per step at the largest level, most of the server's
-    time). One still open keeps the caller stepping, so every workflow is seen closed before
-    the level ends."""
+async def still_open(client: Client, open_ids: set[str], rng: random.Random) -> set[str]:
+    """The workflows of `open_ids` not yet closed, looked up in random batches until a batch
+    finds none closed: a step where few have ended costs a batch, not a describe per job
+    (10,000 per step at the largest level, most of the server's time). One still open keeps
+    the caller stepping, so every workflow is seen closed before the level ends."""
     remaining = set(open_ids)
 
     async def look(batch: list[str]) -> bool:
         """Whether any of `batch` has closed."""
-        closes = await asyncio.gather(*(close_of(client, w) for w in batch))
-        for workflow_id, (closed_at, parent) in zip(batch, closes, strict=True):
-            if closed_at is None:
-                continue
-            remaining.discard(workflow_id)
-            await clock.closed(workflow_id, closed_at, parent)
-        return any(closed_at is not None for closed_at, _ in closes)
+        closed = await asyncio.gather(*(is_closed(client, w) for w in batch))
+        remaining.difference_update(w for w, c in zip(batch, closed, strict=True) if c)
+        return any(closed)
 
-    always = sorted(open_ids & ((every_step or set()) | clock.orphans))
-    for start in range(0, len(always), CLOSED_BATCH):
-        await look(always[start : start + CLOSED_BATCH])
-    order = sorted(remaining - set(always))
+    order = sorted(remaining)
     rng.shuffle(order)
     for start in range(0, len(order), CLOSED_BATCH):
         if not await look(order[start : start + CLOSED_BATCH]):
@@ -621,7 +543,6 @@ async def run_level(
                             )
                         await asyncio.sleep(10)
                 extra_ids = [handle.id] + [rollout_workflow_id(r, 1) for r in rollout_ids]
-                watched_too = episode_ids  # their closes leak the test server's locks
             else:
                 gate = asyncio.Semaphore(20)
 
@@ -641,7 +562,6 @@ async def run_level(
                 episode_ids = [e for e, _ in submitted]
                 job_ids = [j for _, js in submitted for j in js]
                 extra_ids = []
-                watched_too = []
             level.submit_s = time.monotonic() - started
             progress(started, level.label, f"{len(hub.jobs)} jobs submitted")
             stem = watcher_workflow_id(client.namespace, queue)
@@ -653,7 +573,7 @@ async def run_level(
                     continue
                 level.largest_shard = max(level.largest_shard, len(watched))
             # Until every job workflow (and the campaign, its rollouts, their episodes) ended.
-            open_ids = set(job_ids) | set(extra_ids) | set(watched_too)
+            open_ids = set(job_ids) | set(extra_ids) | (set(episode_ids) if campaign else set())
             # Every job has ended on the Hub by `limit`; past it, the level fails only once no
             # workflow has closed for STALLED_STEPS steps (on a slow server, thousands of ends
             # take many steps to be delivered, but they keep coming).
@@ -661,13 +581,7 @@ async def run_level(
             limit = waves * (run_s + SCHEDULING_S + 20 * 4) + 600
             skipped, stalled = 0.0, 0
             looking = random.Random(11)
-            port = int(client.service_client.config.target_host.rsplit(":", 1)[1])
-            pids = [test_server_pid(port), os.getpid()] + [h.pid for h in helpers]
-            children: dict[str, list[str]] = {}
-            for job_id in job_ids:  # `<episode workflow id>/job/<n>`
-                children.setdefault(job_id.rsplit("/job/", 1)[0], []).append(job_id)
-            clock = LockedClock(client, pids, children)
-            every_step = set(watched_too + extra_ids)  # a campaign's rollouts and episodes
+            clock = LockedClock(client, LEAK_PERIOD_S)
             while open_ids and (skipped < limit or stalled < STALLED_STEPS):
                 # While no job can end yet, in long steps: every step costs the test server
                 # time of its own at thousands of open workflows (looks happen as often).
@@ -677,14 +591,13 @@ async def run_level(
                 skipped += step.total_seconds()
                 before = len(open_ids)
                 if skipped > run_s:
-                    open_ids = await still_open(client, open_ids, looking, clock, every_step)
+                    open_ids = await still_open(client, open_ids, looking)
                 stalled = stalled + 1 if len(open_ids) == before else 0
                 progress(started, level.label, f"{skipped:.0f} s skipped, {len(open_ids)} open")
             if open_ids:
                 raise RuntimeError(f"{len(open_ids)} workflows did not end")
             level.wall_s = time.monotonic() - started
             level.leaked_locks = clock.released
-            level.leaked_by_closes = clock.released_for_closes
             progress(started, level.label, "every workflow ended; reading histories")
             rng = random.Random(7)
             sample_jobs = rng.sample(job_ids, min(SAMPLE_JOBS, len(job_ids)))
@@ -761,12 +674,8 @@ def report(levels: list[Level], shards: int) -> list[str]:
     ]
     if any(lv.leaked_locks for lv in levels):
         lines.append(
-            "time-skipping locks the test server leaked, released by the bench: "
-            + ", ".join(
-                f"{lv.label} {lv.leaked_locks} ({lv.leaked_by_closes} by a child closing after "
-                "its parent)"
-                for lv in levels
-            )
+            "time-skipping locks the test server leaked (a child closing after its parent), "
+            "released by the bench: " + ", ".join(f"{lv.label} {lv.leaked_locks}" for lv in levels)
         )
     if last.cancelled_job_events:
         lines.append(

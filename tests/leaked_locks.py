@@ -55,8 +55,10 @@ class _Described:
 
 
 class LeakedLocks:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, period_s: float = WATCH_PERIOD_S) -> None:
+        """`period_s`: how often `watching` looks for leaks."""
         self._client = client
+        self._period_s = period_s
         self._judged: set[Run] = set()  # closed runs already looked at
         self._parents: dict[Run, Run | None] = {}  # closed run -> its parent's run
         self._ended_children: dict[Run, set[str]] = {}  # closed parent run -> children it saw end
@@ -75,7 +77,7 @@ class LeakedLocks:
 
     @asynccontextmanager
     async def watching(self) -> AsyncIterator[None]:
-        """Release leaked locks every WATCH_PERIOD_S while the body runs (a skip)."""
+        """Release leaked locks every `period_s` while the body runs (a skip)."""
 
         async def watch() -> None:
             while True:
@@ -84,7 +86,7 @@ class LeakedLocks:
                 except RPCError as err:  # no answer in time on a loaded machine: next period
                     if err.status not in NO_ANSWER:
                         raise
-                await asyncio.sleep(WATCH_PERIOD_S)
+                await asyncio.sleep(self._period_s)
 
         watcher = asyncio.create_task(watch())
         try:
