@@ -593,7 +593,12 @@ async def run_level(
                 if skipped > run_s:
                     open_ids = await still_open(client, open_ids, looking)
                 stalled = stalled + 1 if len(open_ids) == before else 0
-                progress(started, level.label, f"{skipped:.0f} s skipped, {len(open_ids)} open")
+                progress(
+                    started,
+                    level.label,
+                    f"{skipped:.0f} s skipped, {len(open_ids)} open, "
+                    f"{clock.released} leaked locks released",
+                )
             if open_ids:
                 raise RuntimeError(f"{len(open_ids)} workflows did not end")
             level.wall_s = time.monotonic() - started
