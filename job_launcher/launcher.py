@@ -54,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 
 # Filled in by the builder: base64 of the JSON configuration and of the agent's script.
 _EMBEDDED_CONFIG = ""
@@ -62,6 +63,8 @@ _EMBEDDED_SCRIPT = ""
 NONCE_ENV = "POSTTRAIN_NONCE"
 LAUNCHER_TAG = "POSTTRAIN_LAUNCHER"
 NEVER_RAN_EXIT = 125
+# Passed on to the job's process group (`supervise`).
+FORWARDED_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 MAX_PACKAGES = 64
 
 # Identical to job_launcher.requirements.STRICT_REQUIREMENT_PATTERN (a test asserts it): the
@@ -866,11 +869,17 @@ def _make_writable(folder: str) -> None:
         pass  # not ours to change (root's run needs none): removing it says what failed
 
 
-def _child(ctx: JobContext, errfd: int) -> None:
-    """In the forked child: sandbox, then exec. Never returns; reports failures on errfd."""
+def _child(ctx: JobContext, errfd: int, mask: Iterable[signal.Signals | int]) -> None:
+    """In the forked child: sandbox, then exec. Never returns; reports failures on errfd.
+    `mask`: the signal mask to restore (supervise blocks FORWARDED_SIGNALS across the fork)."""
     stage = "seccomp"
     try:
         os.setsid()
+        # Now in a process group of its own, which `forward` signals: a signal held since the
+        # fork is taken here, with its default action (the job ends as if signalled later).
+        for signum in FORWARDED_SIGNALS:
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         install_seccomp()
         stage = "fds"
         close_inherited_fds(errfd)
@@ -995,20 +1004,29 @@ def supervise(ctx: JobContext, nonce: str) -> int:
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     sys.stdout.flush()
     sys.stderr.flush()
+    # Held from before the fork until `forward` is in place: a SIGTERM in between would
+    # otherwise kill this process with its default action, before the job's group is
+    # signalled, leaving the job running and no final line (seen on a loaded CI machine).
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
-        _child(ctx, write_end)
+        _child(ctx, write_end, mask)
     os.close(write_end)
 
     def forward(signum: int, _frame: object) -> None:
-        try:
-            os.killpg(pid, signum)
-        except OSError:
-            pass
+        # To the job's group; before the child has made it (setsid), to the child, which
+        # holds the signal until it has.
+        for send in (os.killpg, os.kill):
+            try:
+                send(pid, signum)
+                return
+            except OSError:
+                continue
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for signum in FORWARDED_SIGNALS:
         signal.signal(signum, forward)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     report = b""
     while True:
         try:
