@@ -58,7 +58,6 @@ from pathlib import Path
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.api.testservice.v1 import SleepRequest
 from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -164,7 +163,8 @@ class Level:
     largest_payload_of: str = ""
     shard_runs: int = 0
     largest_shard: int = 0
-    # Time-skipping locks the test server leaked and the bench released (LockedClock).
+    # Time-skipping locks the test server leaked and the bench released (tests/leaked_locks:
+    # an episode closing after its rollout, a job after its episode).
     leaked_locks: int = 0
 
     @property
@@ -354,43 +354,6 @@ def scripted_calls(jobs: int, timeout_minutes: int) -> list[dict[str, object]]:
     return [*submits, {"wait": True}, {"stop": True}]
 
 
-async def skip_time(client: Client, step: timedelta) -> None:
-    """`WorkflowEnvironment.sleep` with a deadline of minutes: the server skips time once the
-    tasks in flight are done, which at 10,000 jobs on two cores outlasts the SDK's default RPC
-    deadline ("Timeout expired")."""
-    request = SleepRequest()
-    request.duration.FromTimedelta(step)
-    await client.test_service.unlock_time_skipping_with_sleep(
-        request, timeout=timedelta(minutes=15)
-    )
-
-
-class LockedClock:
-    """Skips time, releasing the time-skipping locks the test server leaks as they leak.
-
-    The test server (temporal-test-server 1.40) takes a lock when a child workflow closes, for
-    its parent to release as it records the child's end; a parent run that has already closed
-    never does (temporalio/sdk-java#2642, open; a real server has no such lock). An episode
-    often closes after its rollout has finished (it writes its audit record after telling the
-    rollout), and a job after its episode; each such close leaks one, and from then on skipped
-    time passes in real time. `tests/leaked_locks.LeakedLocks` finds each exactly (a closed
-    child whose parent run closed without recording its end) and releases it, every
-    `period_s` while a skip is in flight: a lock leaked in the middle of a long step would
-    otherwise make the rest of the step real."""
-
-    def __init__(self, client: Client, period_s: float) -> None:
-        self._client = client
-        self._leaks = LeakedLocks(client, period_s=period_s)
-
-    @property
-    def released(self) -> int:
-        return self._leaks.released
-
-    async def skip(self, step: timedelta) -> None:
-        async with self._leaks.watching():
-            await skip_time(self._client, step)
-
-
 RUNNING_STEPS = 5  # skip steps taken at once while every job is still running
 LONG_STEP_S = RUNNING_STEPS * SKIP_STEP.total_seconds()
 STALLED_STEPS = 10  # steps past the time limit without a workflow closing: the level failed
@@ -398,6 +361,9 @@ CLOSED_BATCH = 50  # describes at once: 10,000 at once upset the server
 # How often leaked locks are looked for while a step is in flight: each look lists every
 # closed workflow (the test server returns them all at once), 11,000 at the largest level.
 LEAK_PERIOD_S = 5.0
+# A step's deadline: the server skips time once the tasks in flight are done, which at 10,000
+# jobs on two cores takes minutes.
+STEP_DEADLINE = timedelta(minutes=15)
 
 
 async def is_closed(client: Client, workflow_id: str) -> bool:
@@ -581,12 +547,13 @@ async def run_level(
             limit = waves * (run_s + SCHEDULING_S + 20 * 4) + 600
             skipped, stalled = 0.0, 0
             looking = random.Random(11)
-            clock = LockedClock(client, LEAK_PERIOD_S)
+            # Released as they leak: each would make the rest of the level pass in real time.
+            locks = LeakedLocks(client, period_s=LEAK_PERIOD_S)
             while open_ids and (skipped < limit or stalled < STALLED_STEPS):
                 # While no job can end yet, in long steps: every step costs the test server
                 # time of its own at thousands of open workflows (looks happen as often).
                 step = SKIP_STEP * (RUNNING_STEPS if skipped + LONG_STEP_S < run_s else 1)
-                await clock.skip(step)
+                await locks.skip(step, STEP_DEADLINE)
                 hub.advance(step.total_seconds())
                 skipped += step.total_seconds()
                 before = len(open_ids)
@@ -597,12 +564,12 @@ async def run_level(
                     started,
                     level.label,
                     f"{skipped:.0f} s skipped, {len(open_ids)} open, "
-                    f"{clock.released} leaked locks released",
+                    f"{locks.released} leaked locks released",
                 )
             if open_ids:
                 raise RuntimeError(f"{len(open_ids)} workflows did not end")
             level.wall_s = time.monotonic() - started
-            level.leaked_locks = clock.released
+            level.leaked_locks = locks.released
             progress(started, level.label, "every workflow ended; reading histories")
             rng = random.Random(7)
             sample_jobs = rng.sample(job_ids, min(SAMPLE_JOBS, len(job_ids)))

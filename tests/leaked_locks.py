@@ -12,8 +12,8 @@ after its episode), so the race is ours to live with; a real server takes no suc
 `LeakedLocks.release()` finds every such close exactly: a closed child whose parent run has
 closed without recording the child's end. It looks only at closes it has not judged before,
 and reads a parent's history once it is closed (a closed history no longer changes).
-`LeakedLocks.watching()` keeps releasing while a skip is in flight: a lock leaked in the
-middle of a skip would otherwise make the rest of it pass in real time."""
+`LeakedLocks.skip()` keeps releasing while a skip is in flight (`watching`): a lock leaked
+in the middle of a skip would otherwise make the rest of it pass in real time."""
 
 from __future__ import annotations
 
@@ -21,10 +21,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
+from datetime import timedelta
 
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType, WorkflowExecutionStatus
-from temporalio.api.testservice.v1 import UnlockTimeSkippingRequest
+from temporalio.api.testservice.v1 import SleepRequest, UnlockTimeSkippingRequest
 from temporalio.api.workflowservice.v1 import (
     DescribeWorkflowExecutionRequest,
     ListClosedWorkflowExecutionsRequest,
@@ -45,7 +46,20 @@ CONTINUED_AS_NEW = WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_CONTINUED_A
 WATCH_PERIOD_S = 0.5
 NO_ANSWER = {RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE, RPCStatusCode.CANCELLED}
 
+SKIP_DEADLINE = timedelta(minutes=5)
+
 Run = tuple[str, str]  # (workflow id, run id)
+
+
+async def skip_time(
+    client: Client, duration: timedelta, deadline: timedelta = SKIP_DEADLINE
+) -> None:
+    """`WorkflowEnvironment.sleep` with a deadline of minutes: the server skips time once the
+    tasks in flight are done, which on a loaded machine (or at 10,000 jobs) outlasts the SDK's
+    default RPC deadline ("Timeout expired")."""
+    request = SleepRequest()
+    request.duration.FromTimedelta(duration)
+    await client.test_service.unlock_time_skipping_with_sleep(request, timeout=deadline)
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,11 @@ class LeakedLocks:
                 leaked += 1
         self.released += leaked
         return leaked
+
+    async def skip(self, duration: timedelta, deadline: timedelta = SKIP_DEADLINE) -> None:
+        """`skip_time`, releasing leaked locks while it is in flight."""
+        async with self.watching():
+            await skip_time(self._client, duration, deadline)
 
     @asynccontextmanager
     async def watching(self) -> AsyncIterator[None]:

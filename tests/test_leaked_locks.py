@@ -7,15 +7,17 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Literal
 
 from temporalio import workflow
-from temporalio.api.testservice.v1 import SleepRequest
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.leaked_locks import LeakedLocks
+from tests.leaked_locks import LeakedLocks, skip_time
 
 ParentMode = Literal["waits", "leaves", "continues"]
 
@@ -48,19 +50,9 @@ class Parent:
             workflow.continue_as_new(mode)
 
 
-async def _skip(env: WorkflowEnvironment, skipped: timedelta) -> None:
-    """`env.sleep` with a deadline of minutes (the SDK's default gives up after seconds, which
-    a loaded machine can take): the assertions are on the real time a skip takes."""
-    request = SleepRequest()
-    request.duration.FromTimedelta(skipped)
-    await env.client.test_service.unlock_time_skipping_with_sleep(
-        request, timeout=timedelta(minutes=5)
-    )
-
-
 async def _real_seconds_to_skip(env: WorkflowEnvironment, skipped: timedelta) -> float:
     started = time.monotonic()
-    await _skip(env, skipped)
+    await skip_time(env.client, skipped)
     return time.monotonic() - started
 
 
@@ -72,21 +64,27 @@ async def _child_closed_after_parent(env: WorkflowEnvironment, mode: ParentMode)
         try:
             await child.describe()
             break
-        except Exception:
+        except RPCError:
             await asyncio.sleep(0.1)
     # Ends just past the child's end: the leak makes the rest of the skip real (a second).
-    await _skip(env, timedelta(minutes=10, seconds=1))
+    await skip_time(env.client, timedelta(minutes=10, seconds=1))
 
 
 QUEUE = f"q-{uuid.uuid4().hex[:8]}"
+
+
+@asynccontextmanager
+async def watched(env: WorkflowEnvironment) -> AsyncIterator[LeakedLocks]:
+    """The test's workflows served, and a `LeakedLocks` that has released nothing yet."""
+    async with Worker(env.client, task_queue=QUEUE, workflows=[Parent, Sleeper]):
+        yield LeakedLocks(env.client)
 
 
 async def test_a_child_closing_after_its_parent_leaks_a_lock_that_is_released(
     time_skipping_env: WorkflowEnvironment,
 ) -> None:
     env = time_skipping_env
-    locks = LeakedLocks(env.client)
-    async with Worker(env.client, task_queue=QUEUE, workflows=[Parent, Sleeper]):
+    async with watched(env) as locks:
         # A child that ends while its parent waits for it, after continuing as new: no leak.
         await env.client.execute_workflow(Parent.run, "waits", id="waits", task_queue=QUEUE)
         assert await locks.release() == 0
@@ -110,8 +108,7 @@ async def test_a_child_closing_after_its_parent_continued_as_new_leaks_a_lock_to
     # temporalio/sdk-java#1540: the child's end goes to the run that started it, which has
     # closed; the new run never records it.
     env = time_skipping_env
-    locks = LeakedLocks(env.client)
-    async with Worker(env.client, task_queue=QUEUE, workflows=[Parent, Sleeper]):
+    async with watched(env) as locks:
         await _child_closed_after_parent(env, "continues")
         assert await _real_seconds_to_skip(env, timedelta(seconds=3)) >= 3
         assert await locks.release() == 1
@@ -124,12 +121,10 @@ async def test_released_while_a_skip_is_in_flight(
     # The leak comes 10 minutes into an hour's skip: without the watcher, the other 50
     # minutes would pass in real time.
     env = time_skipping_env
-    locks = LeakedLocks(env.client)
-    async with Worker(env.client, task_queue=QUEUE, workflows=[Parent, Sleeper]):
+    async with watched(env) as locks:
         await env.client.start_workflow(Parent.run, "leaves", id="leaves", task_queue=QUEUE)
         await env.client.get_workflow_handle("leaves").result()
         started = time.monotonic()
-        async with locks.watching():
-            await _skip(env, timedelta(hours=1))
+        await locks.skip(timedelta(hours=1))
         assert time.monotonic() - started < 60
     assert locks.released == 1

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.api.testservice.v1 import SleepRequest
 from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
@@ -128,14 +127,9 @@ class Campaigns:
         (the SDK's `env.sleep` gives up after its default RPC timeout). The locks the server
         leaks when an episode closes after its rollout are released as they leak
         (tests/leaked_locks): each would make the rest of the test pass in real time."""
-        request = SleepRequest()
-        request.duration.FromTimedelta(duration)
         for attempt in range(QUERY_TRIES):
             try:
-                async with self.locks.watching():
-                    await self.client.test_service.unlock_time_skipping_with_sleep(
-                        request, timeout=SLEEP_RPC_TIMEOUT
-                    )
+                await self.locks.skip(duration, SLEEP_RPC_TIMEOUT)
                 return
             except RPCError as err:  # another step is as good as this one (steps are unaligned)
                 if attempt == QUERY_TRIES - 1 or not _no_answer(err):
