@@ -84,9 +84,15 @@ class LeakedLocks:
         leaked = 0
         for child, parent in await self._new_closes():
             if child[0] not in await self._children_ended_by(parent):
-                await self._client.test_service.unlock_time_skipping(UnlockTimeSkippingRequest())
+                # A deadline of minutes: a release cut short on a loaded machine may still
+                # have been applied, and could then be neither counted nor tried again.
+                await self._client.test_service.unlock_time_skipping(
+                    UnlockTimeSkippingRequest(), timeout=SKIP_DEADLINE
+                )
                 leaked += 1
-        self.released += leaked
+                self.released += 1  # counted as it is applied: a later call may fail
+            # Judged once decided: a call that fails before leaves it for the next one.
+            self._judged.add(child)
         return leaked
 
     async def skip(self, duration: timedelta, deadline: timedelta = SKIP_DEADLINE) -> None:
@@ -118,8 +124,9 @@ class LeakedLocks:
                 await watcher
 
     async def _new_closes(self) -> list[tuple[Run, Run]]:
-        """Closed children not judged yet, each with its parent's run. A child whose parent is
-        still open is left for a later call: the parent may yet record its end."""
+        """Closed children not judged yet whose parent run has closed, each with its parent's
+        run. A child whose parent is still open is left for a later call: the parent may yet
+        record its end."""
         judged: list[tuple[Run, Run]] = []
         for run in await self._closed_runs():
             if run in self._judged:
@@ -130,7 +137,6 @@ class LeakedLocks:
             if parent is None:
                 self._judged.add(run)
             elif parent in self._ended_children or (await self._describe(parent)).closed:
-                self._judged.add(run)
                 judged.append((run, parent))
         return judged
 

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Literal
 
 from temporalio import workflow
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -29,6 +30,18 @@ class Sleeper:
         await workflow.sleep(timedelta(minutes=minutes))
         if runs_after:
             workflow.continue_as_new(args=[minutes, runs_after - 1])
+
+
+@workflow.defn
+class Ticker:
+    """Wakes every minute for an hour: time then moves in steps, and a lock leaked in the
+    middle of a skip stops it (with no timer left but the skip's end, the server would jump
+    there at once, possibly before the lock is taken)."""
+
+    @workflow.run
+    async def run(self) -> None:
+        for _ in range(60):
+            await workflow.sleep(timedelta(minutes=1))
 
 
 @workflow.defn
@@ -76,7 +89,7 @@ QUEUE = f"q-{uuid.uuid4().hex[:8]}"
 @asynccontextmanager
 async def watched(env: WorkflowEnvironment) -> AsyncIterator[LeakedLocks]:
     """The test's workflows served, and a `LeakedLocks` that has released nothing yet."""
-    async with Worker(env.client, task_queue=QUEUE, workflows=[Parent, Sleeper]):
+    async with Worker(env.client, task_queue=QUEUE, workflows=[Parent, Sleeper, Ticker]):
         yield LeakedLocks(env.client)
 
 
@@ -118,13 +131,22 @@ async def test_a_child_closing_after_its_parent_continued_as_new_leaks_a_lock_to
 async def test_released_while_a_skip_is_in_flight(
     time_skipping_env: WorkflowEnvironment,
 ) -> None:
-    # The leak comes 10 minutes into an hour's skip: without the watcher, the other 50
-    # minutes would pass in real time.
+    # The leak comes 10 minutes into an hour's skip that the ticker moves a minute at a time:
+    # without the watcher, the rest would pass in real time. (Without the ticker the server
+    # may jump to the skip's end before it takes the leaked lock, and the watcher has nothing
+    # to release in flight: the CI failure at 6fa186a.)
     env = time_skipping_env
     async with watched(env) as locks:
+        await env.client.start_workflow(Ticker.run, id="ticker", task_queue=QUEUE)
         await env.client.start_workflow(Parent.run, "leaves", id="leaves", task_queue=QUEUE)
-        await env.client.get_workflow_handle("leaves").result()
+        # Waiting on a result skips time by itself: the child must end inside the skip.
+        with env.auto_time_skipping_disabled():
+            await env.client.get_workflow_handle("leaves").result()
+        child = await env.client.get_workflow_handle("leaves-child").describe()
+        assert child.status == WorkflowExecutionStatus.RUNNING  # it ends inside the skip
         started = time.monotonic()
         await locks.skip(timedelta(hours=1))
         assert time.monotonic() - started < 60
+        child = await env.client.get_workflow_handle("leaves-child").describe()
+        assert child.status == WorkflowExecutionStatus.COMPLETED
     assert locks.released == 1
