@@ -27,8 +27,9 @@ import statistics
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from temporalio.api.common.v1 import WorkflowExecution
@@ -128,11 +129,14 @@ async def job_closed(client: Client, workflow_id: str) -> bool:
     return described.workflow_execution_info.HasField("close_time")
 
 
-def staggered_hub(run_s: float, stagger_s: int = 20) -> tuple[FakeHub, HfBackend]:
+def staggered_hub(
+    run_s: float, stagger_s: int = 20, clock: Callable[[], datetime] | None = None
+) -> tuple[FakeHub, HfBackend]:
     """The recording fake Hub, whose jobs are scheduled ~45 s and run ~`run_s` (staggered by up
     to `stagger_s` seconds per job, deterministically; 0: all alike), and an HfBackend on it
-    that follows its clock."""
-    hub = FakeHub()
+    that follows its clock (`clock`: e.g. the real one; default: the fake Hub's own, moved by
+    `hub.advance`)."""
+    hub = FakeHub(clock=clock)
     hub.models[MODEL] = model_json(MODEL, "b" * 40)
 
     def plan(labels: dict[str, str]) -> JobPlan:

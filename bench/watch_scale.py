@@ -1,7 +1,7 @@
 """Sharded job watching at scale: thousands of concurrently running jobs across episodes.
 
     uv run python bench/watch_scale.py [--levels 100x10,1000x10] [--run-minutes 10]
-        [--campaign 1000x10 [--campaign-window 200]] [--workflow-processes 2]
+        [--campaign 1000x10 [--campaign-window 200]] [--workflow-processes 2] [--server dev]
 
 Each level is EPISODESxJOBS: that many episodes, each submitting that many jobs (`jobs_submit`
 on cpu-basic), all running at once. On the time-skipping test server, with an in-process worker
@@ -24,7 +24,8 @@ Reported per level, and how each grows from the first level to the last:
   recorded too): target <= 30;
 - workflow-task latency, scheduled to completed, p50/p99 over every workflow task of the
   sampled workflows and all shards: target p99 <= 1 s;
-- Hub status calls per job per 30 s of running: target <= 1;
+- Hub status calls per job per 30 s of its life on the Hub (created to ended: the watcher
+  follows a job while it is scheduled too): target <= 1;
 - jobs per shard (largest), shard runs (continued as new), submit time.
 
 `--campaign ROLLOUTSxJOBS` (e.g. 1000x10) adds a campaign level after the others: one campaign
@@ -34,6 +35,12 @@ one whose end is not reported yet when the agent stops is cancelled, and counted
 agent turns run in this process (`InProcessTurns`: the scripted agent's code, without the
 process each turn gets in production), so what is measured is the workflows. The same figures,
 over a sample of the rollouts' jobs and episodes, every rollout and campaign run and every shard.
+
+`--server dev` runs the levels on Temporal's dev server instead (`temporal server start-dev`,
+file-backed SQLite in WAL mode, as the embedded server runs), in real time: the fake Hub follows
+the real clock, jobs run `--run-minutes` of real time from their submission, and nothing is
+skipped. The test server holds every workflow in memory and slows as they accumulate (a
+1000x10 campaign did not finish on it); the dev server is what a one-machine deployment runs.
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from temporalio.api.common.v1 import WorkflowExecution
@@ -93,6 +100,7 @@ from posttrain_common.keys import ServerKey  # noqa: E402
 from posttrain_common.settings import Settings  # noqa: E402
 from posttrain_env.agents.runner import TurnReply, TurnRequest, take_turn  # noqa: E402
 from posttrain_server.shutdown import exit_now  # noqa: E402
+from posttrain_server.temporal.dev_server import sqlite_flags  # noqa: E402
 from posttrain_server.temporal.setup import add_search_attributes  # noqa: E402
 from posttrain_server.worker import build_worker, workflow_only_worker  # noqa: E402
 from tests.leaked_locks import LeakedLocks  # noqa: E402
@@ -108,6 +116,7 @@ from workflows.ids import (  # noqa: E402
     watcher_shard_ids,
     watcher_workflow_id,
 )
+from workflows.operations.search_attributes import SEARCH_ATTRIBUTES  # noqa: E402
 
 PAYLOAD_TARGET = 512 * 1024
 EVENTS_TARGET = 30
@@ -145,7 +154,8 @@ class Level:
     window: int | None = None
     submit_s: float = 0.0
     wall_s: float = 0.0
-    running_s: float = 0.0
+    # Seconds the jobs spent on the Hub, created to ended (scheduled, then running).
+    on_hub_s: float = 0.0
     status_calls: int = 0
     job_events: list[int] = field(default_factory=list)
     # Jobs their episode cancelled as it ended (their end not yet reported to it): a cancel's
@@ -178,7 +188,7 @@ class Level:
 
     @property
     def status_per_job_per_30s(self) -> float:
-        return self.status_calls / max(1.0, self.running_s / 30)
+        return self.status_calls / max(1.0, self.on_hub_s / 30)
 
     def quantile(self, q: float, kind: str | None = None) -> float:
         if kind is None:
@@ -415,6 +425,7 @@ async def run_level(
     campaign: bool = False,
     server_args: list[str] | None = None,
     window: int | None = None,
+    server: str = "test",
 ) -> Level:
     window = window if campaign and window is not None and window < episodes else None
     level = Level(episodes, jobs, campaign, window)
@@ -428,16 +439,18 @@ async def run_level(
     timeout_minutes = int(run_minutes) + 30
     # A campaign's jobs run alike: its agent waits for its last job, and its episode's end
     # would cancel any still running (a cancelled job's history is not the running one's).
-    hub, backend = staggered_hub(run_s, stagger_s=0 if campaign else 20)
-    env = await WorkflowEnvironment.start_time_skipping(
-        data_converter=pydantic_data_converter,
-        test_server_existing_path=_binary("temporal-test-server"),
-        test_server_extra_args=server_args or [],
+    real_time = server == "dev"
+    hub, backend = staggered_hub(
+        run_s,
+        stagger_s=0 if campaign else 20,
+        clock=(lambda: datetime.now(UTC)) if real_time else None,
     )
+    env = await start_server(server, workdir, server_args or [])
     started = time.monotonic()
     helpers: list[subprocess.Popen[bytes]] = []
     try:
-        await add_search_attributes(env.client)
+        if not real_time:  # the dev server registered them as it started
+            await add_search_attributes(env.client)
         client, queue = env.client, f"watch-scale-{uuid.uuid4().hex[:8]}"
         # Every open workflow stays cached (the SDK's default of 1,000 would replay evicted ones).
         settings = Settings(
@@ -553,18 +566,23 @@ async def run_level(
                 # While no job can end yet, in long steps: every step costs the test server
                 # time of its own at thousands of open workflows (looks happen as often).
                 step = SKIP_STEP * (RUNNING_STEPS if skipped + LONG_STEP_S < run_s else 1)
-                await locks.skip(step, STEP_DEADLINE)
-                hub.advance(step.total_seconds())
-                skipped += step.total_seconds()
+                if real_time:  # jobs ran while others were submitted: any may have ended
+                    await asyncio.sleep(SKIP_STEP.total_seconds())
+                    skipped += SKIP_STEP.total_seconds()
+                else:
+                    await locks.skip(step, STEP_DEADLINE)
+                    hub.advance(step.total_seconds())
+                    skipped += step.total_seconds()
                 before = len(open_ids)
-                if skipped > run_s:
+                if real_time or skipped > run_s:
                     open_ids = await still_open(client, open_ids, looking)
                 stalled = stalled + 1 if len(open_ids) == before else 0
+                leaks = "" if real_time else f", {locks.released} leaked locks released"
                 progress(
                     started,
                     level.label,
-                    f"{skipped:.0f} s skipped, {len(open_ids)} open, "
-                    f"{locks.released} leaked locks released",
+                    f"{skipped:.0f} s {'waited' if real_time else 'skipped'}, "
+                    f"{len(open_ids)} open{leaks}",
                 )
             if open_ids:
                 raise RuntimeError(f"{len(open_ids)} workflows did not end")
@@ -591,8 +609,27 @@ async def run_level(
     level.status_calls = len(status)
     for job_id in hub.jobs:
         durations = hub.info(job_id).durations
-        level.running_s += float(durations.running_secs or 0) if durations else 0.0
+        level.on_hub_s += float(durations.total_secs or 0) if durations else 0.0
     return level
+
+
+async def start_server(server: str, workdir: Path, server_args: list[str]) -> WorkflowEnvironment:
+    """The time-skipping test server ("test"), or the dev server file-backed in WAL mode as the
+    embedded server runs ("dev"), with the operator's search attributes."""
+    if server == "dev":
+        return await WorkflowEnvironment.start_local(
+            data_converter=pydantic_data_converter,
+            dev_server_existing_path=_binary("temporal"),
+            dev_server_database_filename=str(workdir / "temporal.db"),
+            dev_server_log_level="error",
+            dev_server_extra_args=[*sqlite_flags(), *server_args],
+            search_attributes=SEARCH_ATTRIBUTES,
+        )
+    return await WorkflowEnvironment.start_time_skipping(
+        data_converter=pydantic_data_converter,
+        test_server_existing_path=_binary("temporal-test-server"),
+        test_server_extra_args=server_args,
+    )
 
 
 def progress(started: float, label: str, message: str) -> None:
@@ -604,8 +641,14 @@ def verdict(ok: bool) -> str:
     return "OK" if ok else "MISSED"
 
 
-def report(levels: list[Level], shards: int) -> list[str]:
-    lines = [f"watcher shards: {shards}"]
+SERVERS = {
+    "test": "the time-skipping test server",
+    "dev": "the dev server (file-backed SQLite, WAL), in real time",
+}
+
+
+def report(levels: list[Level], shards: int, server: str = "test") -> list[str]:
+    lines = [f"watcher shards: {shards}; Temporal: {SERVERS[server]}"]
     header = (
         f"{'level':>10} {'jobs':>6} {'payload KiB':>11} {'events/job':>10} "
         f"{'task p50 ms':>11} {'task p99 ms':>11} {'status/job/30s':>14} "
@@ -699,10 +742,17 @@ def main() -> None:
         help="the campaign's concurrency: rollouts in flight at once (default: all of them)",
     )
     parser.add_argument(
+        "--server",
+        choices=sorted(SERVERS),
+        default="test",
+        help="the Temporal server: the time-skipping test server, or the dev server in real time",
+    )
+    parser.add_argument(
         "--server-arg",
         action="append",
         default=[],
-        help="an argument for the test server (a GraalVM native image: e.g. -XX:+VerboseGC)",
+        help="an argument for the server (the test server is a GraalVM native image: e.g. "
+        "-XX:+VerboseGC)",
     )
     parser.add_argument("--serve-workflows", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -733,10 +783,12 @@ def main() -> None:
                         campaign,
                         args.server_arg,
                         args.campaign_window,
+                        args.server,
                     )
                 )
             # Each level's row as soon as it is measured: a later level may not finish.
-            print(report(levels, args.shards)[2 + len(levels) - 1], file=sys.stderr, flush=True)
+            row = report(levels, args.shards, args.server)[2 + len(levels) - 1]
+            print(row, file=sys.stderr, flush=True)
 
     status = 0
     try:
@@ -752,7 +804,7 @@ def main() -> None:
         traceback.print_exc()
         status = 1
     if levels:
-        print("\n".join(report(levels, args.shards)))
+        print("\n".join(report(levels, args.shards, args.server)))
     exit_now(status)
 
 

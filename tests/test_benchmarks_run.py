@@ -213,6 +213,26 @@ def test_the_watch_scale_benchmark_runs_and_meets_its_targets_at_a_small_level(
 
 
 @DEPLOYMENT
+@pytest.mark.timeout(900)
+def test_the_watch_scale_benchmark_runs_on_the_dev_server_in_real_time() -> None:
+    # Jobs run a minute of real time after their ~45 s of scheduling: a few minutes in all.
+    out = run(
+        "bench/watch_scale.py",
+        *("--levels", "2x3", "--campaign", "4x4", "--run-minutes", "1", "--server", "dev"),
+        timeout=840,
+    )
+    assert "watcher shards: 16; Temporal: the dev server" in out, out
+    rows = [line.split() for line in out.splitlines()]
+    levels = {row[0]: row for row in rows if row and row[0] in ("2x3", "c4x4")}
+    assert levels["2x3"][1] == "6" and levels["c4x4"][1] == "16", out
+    assert all(int(row[3]) <= 30 for row in levels.values()), out
+    for target in ("largest payload", "history events per job", "Hub status calls"):
+        (line,) = [line for line in out.splitlines() if line.startswith(target)]
+        assert line.endswith("OK"), line
+    assert "leaked" not in out, out  # no time-skipping lock on a real server
+
+
+@DEPLOYMENT
 def test_the_rollouts_benchmark_runs_and_prints_its_table() -> None:
     out = run("bench/rollouts.py", "--rollouts", "4", "--concurrency", "1,2", "--step-s", "1")
     # A level's row: clients, rollouts, per s, calls, p50, p99, replayed, CPU s per rollout.
