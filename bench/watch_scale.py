@@ -156,6 +156,9 @@ class Level:
     wall_s: float = 0.0
     # Seconds the jobs spent on the Hub, created to ended (scheduled, then running).
     on_hub_s: float = 0.0
+    # The most jobs on the Hub at once (created, not ended): in real time (`--server dev`) the
+    # first jobs may end before the last are submitted.
+    peak_on_hub: int = 0
     status_calls: int = 0
     job_events: list[int] = field(default_factory=list)
     # Jobs their episode cancelled as it ended (their end not yet reported to it): a cancel's
@@ -607,9 +610,14 @@ async def run_level(
         await env.shutdown()
     status = [c for c in hub.calls if c.method in STATUS_CALLS and not _by_key(c.args)]
     level.status_calls = len(status)
+    lives: list[tuple[float, float]] = []
     for job_id in hub.jobs:
         durations = hub.info(job_id).durations
-        level.on_hub_s += float(durations.total_secs or 0) if durations else 0.0
+        on_hub_s = float(durations.total_secs or 0) if durations else 0.0
+        level.on_hub_s += on_hub_s
+        created = hub.jobs[job_id].created_at.timestamp()
+        lives.append((created, created + on_hub_s))
+    level.peak_on_hub = most_at_once(lives)
     return level
 
 
@@ -630,6 +638,17 @@ async def start_server(server: str, workdir: Path, server_args: list[str]) -> Wo
         test_server_existing_path=_binary("temporal-test-server"),
         test_server_extra_args=server_args,
     )
+
+
+def most_at_once(lives: list[tuple[float, float]]) -> int:
+    """The most intervals (start, end) open at one moment (one ending as another starts: not
+    both)."""
+    edges = sorted([(start, 1) for start, _ in lives] + [(end, -1) for _, end in lives])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
 
 
 def progress(started: float, label: str, message: str) -> None:
@@ -687,6 +706,10 @@ def report(levels: list[Level], shards: int, server: str = "test") -> list[str]:
         f"Hub status calls per job per 30 s: {last.status_per_job_per_30s:.4f} (target <= 1)  "
         f"{verdict(last.status_per_job_per_30s <= 1)}",
     ]
+    lines.append(
+        "jobs on the Hub at once (most): "
+        + ", ".join(f"{lv.label} {lv.peak_on_hub} of {lv.jobs}" for lv in levels)
+    )
     if any(lv.leaked_locks for lv in levels):
         lines.append(
             "time-skipping locks the test server leaked (a child closing after its parent), "

@@ -230,6 +230,8 @@ def test_the_watch_scale_benchmark_runs_on_the_dev_server_in_real_time() -> None
         (line,) = [line for line in out.splitlines() if line.startswith(target)]
         assert line.endswith("OK"), line
     assert "leaked" not in out, out  # no time-skipping lock on a real server
+    # Submitted in seconds, each on the Hub for minutes: every job was there at once.
+    assert "jobs on the Hub at once (most): 2x3 6 of 6, c4x4 16 of 16" in out, out
 
 
 @DEPLOYMENT
