@@ -735,6 +735,9 @@ def report(levels: list[Level], shards: int, server: str = "test") -> list[str]:
 
 
 def parse_levels(text: str) -> list[tuple[int, int]]:
+    """`100x10,1000x10`; `none`: no level (a campaign level alone)."""
+    if text.strip() == "none":
+        return []
     levels = []
     for item in text.split(","):
         episodes, _, jobs = item.strip().partition("x")
@@ -746,7 +749,12 @@ def parse_levels(text: str) -> list[tuple[int, int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--levels", type=parse_levels, default=parse_levels("100x10,1000x10"))
+    parser.add_argument(
+        "--levels",
+        type=parse_levels,
+        default=parse_levels("100x10,1000x10"),
+        help="EPISODESxJOBS,...: the sessions' levels, in order (none: the campaign level alone)",
+    )
     parser.add_argument("--run-minutes", type=float, default=10.0, help="running time per job")
     parser.add_argument("--shards", type=int, default=Settings().watch_shards)
     parser.add_argument(
@@ -779,6 +787,8 @@ def main() -> None:
     )
     parser.add_argument("--serve-workflows", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if not args.levels and not args.campaign:
+        parser.error("no level to run: give --levels, --campaign, or both")
     if args.serve_workflows:
         address, queue, cache = args.serve_workflows
         asyncio.run(serve_workflows(address, queue, int(cache)))
