@@ -1,6 +1,6 @@
 """Sharded job watching at scale: thousands of concurrently running jobs across episodes.
 
-    uv run python bench/watch_scale.py [--levels 100x10,1000x10] [--run-minutes 10]
+    uv run python bench/watch_scale.py [--levels 100x10,1000x10|none] [--run-minutes 10]
         [--campaign 1000x10 [--campaign-window 200]] [--workflow-processes 2] [--server dev]
 
 Each level is EPISODESxJOBS: that many episodes, each submitting that many jobs (`jobs_submit`
@@ -452,8 +452,6 @@ async def run_level(
     started = time.monotonic()
     helpers: list[subprocess.Popen[bytes]] = []
     try:
-        if not real_time:  # the dev server registered them as it started
-            await add_search_attributes(env.client)
         client, queue = env.client, f"watch-scale-{uuid.uuid4().hex[:8]}"
         # Every open workflow stays cached (the SDK's default of 1,000 would replay evicted ones).
         settings = Settings(
@@ -568,14 +566,16 @@ async def run_level(
             while open_ids and (skipped < limit or stalled < STALLED_STEPS):
                 # While no job can end yet, in long steps: every step costs the test server
                 # time of its own at thousands of open workflows (looks happen as often).
-                step = SKIP_STEP * (RUNNING_STEPS if skipped + LONG_STEP_S < run_s else 1)
-                if real_time:  # jobs ran while others were submitted: any may have ended
-                    await asyncio.sleep(SKIP_STEP.total_seconds())
-                    skipped += SKIP_STEP.total_seconds()
+                # In real time, short steps: jobs ran while others were submitted, so any may
+                # have ended.
+                long_steps = not real_time and skipped + LONG_STEP_S < run_s
+                step = SKIP_STEP * (RUNNING_STEPS if long_steps else 1)
+                if real_time:
+                    await asyncio.sleep(step.total_seconds())
                 else:
                     await locks.skip(step, STEP_DEADLINE)
                     hub.advance(step.total_seconds())
-                    skipped += step.total_seconds()
+                skipped += step.total_seconds()
                 before = len(open_ids)
                 if real_time or skipped > run_s:
                     open_ids = await still_open(client, open_ids, looking)
@@ -633,11 +633,17 @@ async def start_server(server: str, workdir: Path, server_args: list[str]) -> Wo
             dev_server_extra_args=[*sqlite_flags(), *server_args],
             search_attributes=SEARCH_ATTRIBUTES,
         )
-    return await WorkflowEnvironment.start_time_skipping(
+    env = await WorkflowEnvironment.start_time_skipping(
         data_converter=pydantic_data_converter,
         test_server_existing_path=_binary("temporal-test-server"),
         test_server_extra_args=server_args,
     )
+    try:
+        await add_search_attributes(env.client)
+    except BaseException:
+        await env.shutdown()
+        raise
+    return env
 
 
 def most_at_once(lives: list[tuple[float, float]]) -> int:
