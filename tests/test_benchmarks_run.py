@@ -121,8 +121,11 @@ def test_the_math_word_problems_benchmark_runs_and_prints_its_figures() -> None:
 
 
 @DEPLOYMENT
+@pytest.mark.timeout(960)
 def test_the_campaign_scale_benchmark_runs_and_prints_its_figures() -> None:
-    out = run("bench/campaign_scale.py", "--rollouts", "3", "--concurrency", "2")
+    # 15 s alone; in a fresh clone's slow set (8 workers on 2 cores, beside model training and
+    # vLLM's compilation) it once passed 240 s. This checks that it runs, not how fast.
+    out = run("bench/campaign_scale.py", "--rollouts", "3", "--concurrency", "2", timeout=900)
     assert "phase: completed" in out and "rollouts_per_minute" in out, out
     assert "rollout_events_median" in out and "worker_peak_rss_mib" in out, out
 
