@@ -42,10 +42,9 @@ TCP sockets are refused: vLLM's gloo process group needs a loopback one even on 
 the job launcher's filter allows AF_UNIX only, so under the launcher vLLM never starts. "auto"
 takes vLLM when the child sees CUDA, vLLM is installed and sockets are allowed, else
 transformers (on a GPU with vLLM under the launcher, saying why), and falls back to
-transformers if the vLLM engine fails to start,
-saying so in the result (`engine_note`). A failure after the checks passed is the grader's:
-the artifact's tensors have the base model's names, dtypes and shapes, so what the run needs
-does not depend on them.
+transformers if the vLLM engine fails to start, saying so in the result (`engine_note`). A
+failure after the checks passed is the grader's: the artifact's tensors have the base model's
+names, dtypes and shapes, so what the run needs does not depend on them.
 """
 
 # torch, transformers and vLLM live in the job's venv, not the server's: nothing to check them
@@ -513,7 +512,8 @@ def run_generation(
     except GraderFault as exc:
         return {"grader_fault": str(exc)}
     # "auto" on a GPU with vLLM, under the launcher: transformers at once, saying why.
-    note = f"vLLM not started: {VLLM_NEEDS_SOCKETS}" if cuda and vllm_found and not sockets else ""
+    skipped = engine == "auto" and cuda and vllm_found and not sockets
+    note = f"vLLM not started: {VLLM_NEEDS_SOCKETS}" if skipped else ""
     report(chosen)  # how far it got: "auto" falls back only from a vLLM run that failed
     tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True, trust_remote_code=False)
     prompts = render_prompts(tokenizer, conversations, tools)
@@ -523,7 +523,7 @@ def run_generation(
             result = run_vllm(Path(folder), base, prompts, settings)
         else:
             result = run_transformers(Path(folder), base, prompts, settings, memory)
-    return result | {"engine": chosen, "engine_note": note if engine == "auto" else ""}
+    return result | {"engine": chosen, "engine_note": note}
 
 
 def generate(

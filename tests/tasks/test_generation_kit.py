@@ -3,7 +3,7 @@ the tools argument, and how evaluator_script embeds it (and installs vLLM only w
 
 The model runs themselves (transformers on the CPU; the vLLM switch answering a grader fault
 where vLLM is absent) are in tests/local/test_math_word_problems.py, which has a venv with
-torch."""
+torch; vLLM's own runs (its CPU build) are in tests/local/test_vllm_engine.py."""
 
 from __future__ import annotations
 
