@@ -147,7 +147,7 @@ class VisibilityCollector:
     async def collect(self) -> VisibilityReading | None:
         """One reading, published; None when Temporal could not be read (counted, logged)."""
         try:
-            reading = await self.read(datetime.now(UTC))
+            reading = await self.read()
         except RPCError as err:
             self._failed(err.status.name if err.status is not None else "unknown", err)
             return None
@@ -160,7 +160,7 @@ class VisibilityCollector:
         self.publish(reading)
         return reading
 
-    async def read(self, now: datetime) -> VisibilityReading:
+    async def read(self) -> VisibilityReading:
         reading = VisibilityReading()
         listed = 0
         async for execution in self._client.list_workflows(RUNNING_EPISODES, limit=self._cap):
@@ -183,7 +183,9 @@ class VisibilityCollector:
             pending = attrs.get(sa.CANCEL_PENDING_SINCE)
             if pending is not None:
                 reading.unconfirmed += 1
-                age = (now - pending).total_seconds()
+                # Measured as the job is seen: a clock read before the listing can precede a
+                # cancellation requested while it ran, and its age would come out below 0.
+                age = (datetime.now(UTC) - pending).total_seconds()
                 reading.oldest_unconfirmed_s = max(reading.oldest_unconfirmed_s, age)
         reading.truncated = reading.truncated or listed >= self._cap
         async for execution in self._client.list_workflows(CLOSED_HOLDING, limit=CLOSED_CAP):

@@ -97,8 +97,16 @@ async def test_the_worker_endpoint_serves_the_episodes_jobs_and_cancellations_it
                 return value(found, "posttrain_unconfirmed_cancellations") == 1
 
             await eventually(unconfirmed, 60, "the unconfirmed cancellation", every_s=0.5)
-            age = value(found, "posttrain_oldest_unconfirmed_cancellation_age_seconds")
-            assert age is not None and 0 < age < 120
+            first_age = value(found, "posttrain_oldest_unconfirmed_cancellation_age_seconds")
+            assert first_age is not None and 0 < first_age < 120
+
+            async def older() -> bool:  # the age counts up while the cancellation waits
+                nonlocal found
+                found = await scrape(url)
+                age = value(found, "posttrain_oldest_unconfirmed_cancellation_age_seconds")
+                return age is not None and age > first_age + 0.5
+
+            await eventually(older, 60, "the cancellation's age growing", every_s=0.5)
             assert value(found, "posttrain_jobs", state="cancelling", backend="fake") == 1
             assert value(found, "posttrain_jobs", state="running", backend="fake") == 0
         # Stopped: its info series is gone and its endpoint no longer answers.

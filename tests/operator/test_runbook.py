@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import shlex
-from datetime import UTC, datetime
 from pathlib import Path
 
 from activities.backends.fake.backend import FakeJobScript, FakeScenario
@@ -125,7 +124,7 @@ async def test_a_terminated_episode_holds_money_until_the_pages_trigger_winds_it
         collector = VisibilityCollector(op.client, "fake")
 
         async def held() -> bool:
-            return (await collector.read(datetime.now(UTC))).ended_holding == 1
+            return (await collector.read()).ended_holding == 1
 
         await eventually(held, 30, "the terminated episode counts as holding money", every_s=0.5)
         assert backend_state(op, ref) is JobState.running
@@ -143,7 +142,7 @@ async def test_a_terminated_episode_holds_money_until_the_pages_trigger_winds_it
         async def released() -> bool:
             if await workflow_status(op, workflow_id) != "COMPLETED":
                 return False
-            reading = await collector.read(datetime.now(UTC))
+            reading = await collector.read()
             return reading.ended_holding == 0 and reading.reserved_micro_usd == 0
 
         await eventually(released, 30, "no money is held once it is wound down", every_s=0.5)
