@@ -49,7 +49,8 @@ from posttrain_env.models import TaskSpec, usd
 from tasks.registry import TaskSpecError, load_task
 
 # How often a rollout's activity tells Temporal it is alive (the rollout's heartbeat timeout,
-# `workflows/campaign/rollout.py` CALL_HEARTBEAT, is a few of these).
+# `workflows/campaign/rollout.py` CALL_HEARTBEAT, is a few of these). The first beat comes
+# after one period: most calls end within milliseconds, and a beat is a server write.
 HEARTBEAT_S = 2.0
 
 
@@ -142,24 +143,24 @@ class CampaignActivities(CampaignsApi):
 
     @activity.defn
     async def open_conversation(self, request: OpenConversation) -> str:
-        async with heartbeating(HEARTBEAT_S):
+        async with heartbeating(HEARTBEAT_S, first_after_s=HEARTBEAT_S):
             return await asyncio.to_thread(
                 self._store.start_conversation, request.campaign_id, request.brief
             )
 
     @activity.defn
     async def send_call(self, call: CallRef) -> CallState:
-        async with heartbeating(HEARTBEAT_S):
+        async with heartbeating(HEARTBEAT_S, first_after_s=HEARTBEAT_S):
             return await self._send(call)
 
     @activity.defn
     async def collect_answer(self, call: CallRef) -> CallState:
-        async with heartbeating(HEARTBEAT_S):
+        async with heartbeating(HEARTBEAT_S, first_after_s=HEARTBEAT_S):
             return await self._collect(call)
 
     @activity.defn
     async def finish_attempt(self, finish: FinishAttempt) -> None:
-        async with heartbeating(HEARTBEAT_S):
+        async with heartbeating(HEARTBEAT_S, first_after_s=HEARTBEAT_S):
             await self._finish(finish)
 
     async def _send(self, call: CallRef) -> CallState:
@@ -179,12 +180,14 @@ class CampaignActivities(CampaignsApi):
         )
         if not await self._calls.send(call.episode_id, request):
             return await self._answer(call, agent_call, await self._after_the_end(call))
-        return await self._collect(call)
+        # The episode has just accepted the call, so it was running: an answer not there yet
+        # comes by signal, or the episode's end is found by `collect_answer` (no describe now).
+        return await self._collect(call, accepted=True)
 
-    async def _collect(self, call: CallRef) -> CallState:
+    async def _collect(self, call: CallRef, *, accepted: bool = False) -> CallState:
         result = await self._calls.result_of(call.episode_id, call.request_id)
         if result is None:
-            if await self._calls.is_running(call.episode_id):
+            if accepted or await self._calls.is_running(call.episode_id):
                 return CallState(answered=False, conversation=call.conversation)
             # Completed, and no answer kept (dropped from its recent answers): none will come.
             result = await self._after_the_end(call)

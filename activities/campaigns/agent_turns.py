@@ -162,7 +162,8 @@ class AgentTurnActivities(AgentsApi):
                     f"the agent's turn took longer than {timeout_s:.0f} s (turn_timeout_s)",
                 )
             await asyncio.wait([reading], timeout=HEARTBEAT_S)
-            if activity.in_activity():
+            # Only while the turn still runs: a beat after it is a server write for nothing.
+            if not reading.done() and activity.in_activity():
                 activity.heartbeat()
         out = reading.result()
         if len(out) > MAX_AGENT_TURN_BYTES:

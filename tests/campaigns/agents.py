@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -47,3 +48,14 @@ class Busy:
                 {"id": f"c{i}", "tool": "task_info", "arguments": {}} for i in range(self.calls)
             ],  # type: ignore[misc]
         )
+
+
+class Slow:
+    """Thinks for `seconds` (as a model's reply takes its time), then stops."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    async def act(self, conversation: Conversation) -> Turn:
+        await asyncio.sleep(self.seconds)
+        return Turn.stop(content="done thinking")
