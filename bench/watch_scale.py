@@ -41,6 +41,9 @@ file-backed SQLite in WAL mode, as the embedded server runs), in real time: the 
 the real clock, jobs run `--run-minutes` of real time from their submission, and nothing is
 skipped. The test server holds every workflow in memory and slows as they accumulate (a
 1000x10 campaign did not finish on it); the dev server is what a one-machine deployment runs.
+There the report also gives the server's work per job, from the dev server's own request counts
+(its Prometheus metrics, read once every workflow has ended): workflow tasks, activity tasks,
+signals, queries, activity heartbeats and persistence writes (the bench's own reads left out).
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ sys.dont_write_bytecode = False
 
 from activities.campaigns.agent_turns import AgentTurnActivities  # noqa: E402
 from activities.campaigns.store import CampaignStore  # noqa: E402
+from bench._server_work import read_server_work  # noqa: E402
+from bench._topology import free_port  # noqa: E402
 from bench.hub_api_load import (  # noqa: E402
     MODEL,
     SCHEDULING_S,
@@ -179,6 +184,8 @@ class Level:
     # Time-skipping locks the test server leaked and the bench released (tests/leaked_locks:
     # an episode closing after its rollout, a job after its episode).
     leaked_locks: int = 0
+    # The dev server's own request counts for the level (`SERVER_WORK`); empty on the test server.
+    server_work: dict[str, float] = field(default_factory=dict)
 
     @property
     def jobs(self) -> int:
@@ -461,7 +468,9 @@ async def run_level(
         stagger_s=0 if campaign else 20,
         clock=(lambda: datetime.now(UTC)) if real_time else None,
     )
-    env = await start_server(server, workdir, server_args or [])
+    metrics_port = free_port() if real_time else None
+    metrics_args = ["--metrics-port", str(metrics_port)] if metrics_port is not None else []
+    env = await start_server(server, workdir, [*metrics_args, *(server_args or [])])
     started = time.monotonic()
     helpers: list[subprocess.Popen[bytes]] = []
     try:
@@ -604,6 +613,8 @@ async def run_level(
                 raise RuntimeError(f"{len(open_ids)} workflows did not end")
             level.wall_s = time.monotonic() - started
             level.leaked_locks = locks.released
+            if metrics_port is not None:
+                level.server_work = await read_server_work(metrics_port)
             progress(started, level.label, "every workflow ended; reading histories")
             rng = random.Random(7)
             sample_jobs = rng.sample(job_ids, min(SAMPLE_JOBS, len(job_ids)))
@@ -734,6 +745,12 @@ def report(levels: list[Level], shards: int, server: str = "test") -> list[str]:
             "time-skipping locks the test server leaked (a child closing after its parent), "
             "released by the bench: " + ", ".join(f"{lv.label} {lv.leaked_locks}" for lv in levels)
         )
+    lines += [
+        f"server work per job ({lv.label}, the dev server's request counts): "
+        + ", ".join(f"{name} {count / lv.jobs:.2f}" for name, count in lv.server_work.items())
+        for lv in levels
+        if lv.server_work
+    ]
     if last.cancelled_job_events:
         lines.append(
             f"jobs cancelled by their episode's end: {len(last.cancelled_job_events)} of the "

@@ -235,6 +235,22 @@ def test_the_watch_scale_benchmark_runs_on_the_dev_server_in_real_time() -> None
     assert "leaked" not in out, out  # no time-skipping lock on a real server
     # Submitted in seconds, each on the Hub for minutes: every job was there at once.
     assert "jobs on the Hub at once (most): 2x3 6 of 6, c4x4 16 of 16" in out, out
+    work = {label: server_work_of(out, label) for label in ("2x3", "c4x4")}
+    for label, per_job in work.items():
+        # A job's own workflow alone takes several workflow tasks, and each job is written.
+        assert per_job["workflow tasks"] >= 3 and per_job["persistence writes"] >= 3, (label, out)
+    # A campaign's call costs an agent turn and the rollout's store activities besides the
+    # episode's; its activities end within their first heartbeat period, so send no beat
+    # (three per job before; a loaded machine may let an odd one run past it).
+    assert work["c4x4"]["activity tasks"] > work["2x3"]["activity tasks"], out
+    assert work["c4x4"]["heartbeats"] < 1, out
+
+
+def server_work_of(out: str, label: str) -> dict[str, float]:
+    """`server work per job (LABEL, ...): name n, name n` as a dict."""
+    (line,) = [ln for ln in out.splitlines() if ln.startswith(f"server work per job ({label},")]
+    counts = line.split("): ", 1)[1].split(", ")
+    return {name: float(n) for name, n in (c.rsplit(" ", 1) for c in counts)}
 
 
 @DEPLOYMENT
