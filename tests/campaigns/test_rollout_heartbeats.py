@@ -122,8 +122,10 @@ async def test_a_call_activity_heartbeats_while_the_episode_takes_its_time(
 
 
 async def test_a_call_the_episode_takes_at_once_costs_no_beat_and_no_describe(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A first period no loaded machine outlasts: no beat is due within it.
+    monkeypatch.setattr(campaigns, "HEARTBEAT_S", 600.0)
     episode = QuickEpisode()
     acts, ref = call_activities(tmp_path, episode)
     env = ActivityEnvironment()
