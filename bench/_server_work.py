@@ -41,3 +41,13 @@ async def read_server_work(port: int) -> dict[str, float]:
         response = await http.get(f"http://127.0.0.1:{port}/metrics")
         response.raise_for_status()
         return server_work(response.text)
+
+
+def given_metrics_port(server_args: list[str]) -> int | None:
+    """The metrics port `--server-arg` gives the dev server (`--metrics-port N` or `=N`)."""
+    for index, arg in enumerate(server_args):
+        if arg == "--metrics-port" and index + 1 < len(server_args):
+            return int(server_args[index + 1])
+        if arg.startswith("--metrics-port="):
+            return int(arg.split("=", 1)[1])
+    return None

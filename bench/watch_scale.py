@@ -86,7 +86,7 @@ sys.dont_write_bytecode = False
 
 from activities.campaigns.agent_turns import AgentTurnActivities  # noqa: E402
 from activities.campaigns.store import CampaignStore  # noqa: E402
-from bench._server_work import read_server_work  # noqa: E402
+from bench._server_work import given_metrics_port, read_server_work  # noqa: E402
 from bench._topology import free_port  # noqa: E402
 from bench.hub_api_load import (  # noqa: E402
     MODEL,
@@ -468,9 +468,14 @@ async def run_level(
         stagger_s=0 if campaign else 20,
         clock=(lambda: datetime.now(UTC)) if real_time else None,
     )
-    metrics_port = free_port() if real_time else None
-    metrics_args = ["--metrics-port", str(metrics_port)] if metrics_port is not None else []
-    env = await start_server(server, workdir, [*metrics_args, *(server_args or [])])
+    server_args = server_args or []
+    metrics_port = None
+    if real_time:
+        metrics_port = given_metrics_port(server_args)
+        if metrics_port is None:
+            metrics_port = free_port()
+            server_args = ["--metrics-port", str(metrics_port), *server_args]
+    env = await start_server(server, workdir, server_args)
     started = time.monotonic()
     helpers: list[subprocess.Popen[bytes]] = []
     try:

@@ -1,9 +1,10 @@
 """The scale bench's server work per job is read from the dev server's request counters: the
-operations it names are counted on the service it names, the bench's own reads are not."""
+operations it names are counted on the service it names, the bench's own reads are not; on
+the port `--server-arg` gives the server, if it gives one."""
 
 from __future__ import annotations
 
-from bench._server_work import server_work
+from bench._server_work import given_metrics_port, server_work
 
 
 def counter(family: str, rows: list[tuple[str, str, int]]) -> str:
@@ -47,3 +48,9 @@ def test_the_server_work_counts_each_operation_once_and_leaves_the_benchs_reads_
         "heartbeats": 0.0,  # none sent: still reported
         "persistence writes": 92.0,  # updates and creations, not reads
     }
+
+
+def test_the_metrics_port_given_to_the_server_is_the_one_read() -> None:
+    assert given_metrics_port(["--metrics-port", "9391"]) == 9391
+    assert given_metrics_port(["--log-level", "warn", "--metrics-port=9392"]) == 9392
+    assert given_metrics_port(["--log-level", "warn"]) is None
