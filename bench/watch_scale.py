@@ -184,7 +184,8 @@ class Level:
     # Time-skipping locks the test server leaked and the bench released (tests/leaked_locks:
     # an episode closing after its rollout, a job after its episode).
     leaked_locks: int = 0
-    # The dev server's own request counts for the level (`SERVER_WORK`); empty on the test server.
+    # The dev server's own request counts for the level (bench/_server_work.py); empty on the
+    # test server.
     server_work: dict[str, float] = field(default_factory=dict)
 
     @property

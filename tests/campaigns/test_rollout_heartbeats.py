@@ -84,7 +84,11 @@ class QuickEpisode:
         raise AssertionError("a call still running never asks for the episode's status")
 
 
-def call_activities(tmp_path: Path, episode: SlowEpisode | QuickEpisode) -> tuple[Any, CallRef]:
+def call_activities(
+    tmp_path: Path, episode: SlowEpisode | QuickEpisode
+) -> tuple[Any, CallRef, ActivityEnvironment]:
+    """The call activities against `episode`, a stored call, and an activity environment that
+    hands each heartbeat to the episode."""
     store = CampaignStore(tmp_path / "campaigns")
     head = store.start_conversation("c1", BRIEF)
     attempt = "c1/t_a/x/1/a1"
@@ -103,7 +107,9 @@ def call_activities(tmp_path: Path, episode: SlowEpisode | QuickEpisode) -> tupl
         reply_to="rollout/c1/t_a/x/1/a1",
         conversation=head,
     )
-    return acts, ref
+    env = ActivityEnvironment()
+    env.on_heartbeat = episode.heartbeat
+    return acts, ref, env
 
 
 @pytest.mark.parametrize("method", ["send_call", "collect_answer"])
@@ -112,9 +118,7 @@ async def test_a_call_activity_heartbeats_while_the_episode_takes_its_time(
 ) -> None:
     monkeypatch.setattr(campaigns, "HEARTBEAT_S", 0.01)
     episode = SlowEpisode()
-    acts, ref = call_activities(tmp_path, episode)
-    env = ActivityEnvironment()
-    env.on_heartbeat = episode.heartbeat
+    acts, ref, env = call_activities(tmp_path, episode)
 
     state: CallState = await env.run(getattr(acts, method), ref)
 
@@ -127,9 +131,7 @@ async def test_a_call_the_episode_takes_at_once_costs_no_beat_and_no_describe(
     # A first period no loaded machine outlasts: no beat is due within it.
     monkeypatch.setattr(campaigns, "HEARTBEAT_S", 600.0)
     episode = QuickEpisode()
-    acts, ref = call_activities(tmp_path, episode)
-    env = ActivityEnvironment()
-    env.on_heartbeat = episode.heartbeat
+    acts, ref, env = call_activities(tmp_path, episode)
 
     sent: CallState = await env.run(acts.send_call, ref)
     # Just accepted, so running: the answer comes by signal, no describe to ask.
