@@ -95,15 +95,14 @@ async def bench(rollouts: int, concurrency: int, turns_at_once: int) -> dict[str
             backend="fake",
             campaigns_dir=workdir / "campaigns",
             watch_interval_s=1,
+            agent_turns_at_once=turns_at_once,
         )
         backend = FakeBackend(settings.state_dir / "fake", SCENARIO)
         queue, agent_queue = f"bench-{uuid.uuid4().hex[:8]}", f"agents-{uuid.uuid4().hex[:8]}"
         key = ServerKey.load_or_create(settings.server_key_path)
         worker = build_worker(client, settings, backend, key=key, task_queue=queue)
         environ = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
-        agents = build_agent_worker(
-            client, settings, environ, task_queue=agent_queue, turns_at_once=turns_at_once
-        )
+        agents = build_agent_worker(client, settings, environ, task_queue=agent_queue)
         spec = parse_spec(
             {
                 "name": "scale",

@@ -111,6 +111,12 @@ class Settings(BaseSettings):
     # Agent turns run on this queue only, in `posttrain-env agent-worker` (never beside the
     # broker's secrets).
     agent_task_queue: str = "posttrain-agents"
+    # Turns one agent worker runs at once (each in a process of its own).
+    agent_turns_at_once: int = Field(default=16, ge=1, le=1024)
+    # Turns started per second on the agent task queue, by every agent worker together (Temporal
+    # paces the queue's dispatch): an LLM provider's request rate, or what the Temporal server
+    # sustains (docs/deployment.md#capacity). None: a turn starts as soon as a slot is free.
+    agent_turns_per_second: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     # Campaign folders (records, conversations); default `<state dir>/campaigns`. The server's
     # worker and the agent worker must both see it.
     campaigns_dir: Path | None = None

@@ -30,8 +30,6 @@ from posttrain_server.temporal.client import connect
 
 log = logging.getLogger(__name__)
 BROKER_TOKENS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
-# Turns run at once by one agent worker (each is a process of its own).
-DEFAULT_TURNS_AT_ONCE = 16
 
 
 def key_paths(settings: Settings, environ: Mapping[str, str]) -> list[Path]:
@@ -72,32 +70,41 @@ def build_agent_worker(
     environ: Mapping[str, str],
     *,
     task_queue: str | None = None,
-    turns_at_once: int = DEFAULT_TURNS_AT_ONCE,
 ) -> Worker:
     turns = AgentTurnActivities(CampaignStore(settings.campaign_root), environ)
     return Worker(
         client,
         task_queue=task_queue or settings.agent_task_queue,
         activities=[turns.agent_turn, turns.check_agents],
-        max_concurrent_activities=turns_at_once,
+        max_concurrent_activities=settings.agent_turns_at_once,
+        # Server-side: the queue's dispatch rate, whichever agent worker polls.
+        max_task_queue_activities_per_second=settings.agent_turns_per_second,
     )
 
 
-async def run_agent_worker(turns_at_once: int = DEFAULT_TURNS_AT_ONCE) -> int:
-    """Serve agent turns until SIGINT or SIGTERM; 2 when it refuses to start."""
-    settings = Settings()
+async def run_agent_worker(
+    turns_at_once: int | None = None, turns_per_second: float | None = None
+) -> int:
+    """Serve agent turns until SIGINT or SIGTERM; 2 when it refuses to start. The flags, when
+    given, win over `POSTTRAIN_AGENT_TURNS_AT_ONCE` and `POSTTRAIN_AGENT_TURNS_PER_SECOND`."""
+    given = {"agent_turns_at_once": turns_at_once, "agent_turns_per_second": turns_per_second}
+    settings = Settings(**{name: value for name, value in given.items() if value is not None})
     problem = refusal(settings, os.environ)
     if problem is not None:
         print(f"posttrain-env agent-worker: {problem}", file=sys.stderr, flush=True)
         return 2
     client = await connect(settings)
-    worker = build_agent_worker(client, settings, os.environ, turns_at_once=turns_at_once)
+    worker = build_agent_worker(client, settings, os.environ)
     stop = stop_on_signals()
     log.info(
-        "agent worker on task queue %r at %s (campaigns in %s)",
+        "agent worker on task queue %r at %s (campaigns in %s; %d turns at once, %s)",
         settings.agent_task_queue,
         settings.temporal_address,
         settings.campaign_root,
+        settings.agent_turns_at_once,
+        "unpaced"
+        if settings.agent_turns_per_second is None
+        else f"{settings.agent_turns_per_second:g} turns started per second on the queue",
     )
     async with worker:
         await stop.wait()

@@ -22,7 +22,19 @@ def build_parser() -> argparse.ArgumentParser:
     agents = sub.add_parser(
         "agent-worker", help="run agent turns (campaigns) on their own task queue, no secrets"
     )
-    agents.add_argument("--turns-at-once", type=int, default=16)
+    agents.add_argument(
+        "--turns-at-once",
+        type=int,
+        default=None,
+        help="turns this worker runs at once (default 16; POSTTRAIN_AGENT_TURNS_AT_ONCE)",
+    )
+    agents.add_argument(
+        "--turns-per-second",
+        type=float,
+        default=None,
+        help="turns started per second on the agent task queue, by all its workers together "
+        "(default: unpaced; POSTTRAIN_AGENT_TURNS_PER_SECOND)",
+    )
     from posttrain_server.commands.campaign import add_campaign_commands
 
     add_campaign_commands(sub)
@@ -91,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "agent-worker":
             from posttrain_server.agent_worker import run_agent_worker
 
-            status = asyncio.run(run_agent_worker(args.turns_at_once))
+            status = asyncio.run(run_agent_worker(args.turns_at_once, args.turns_per_second))
         elif args.command == "campaign":
             from posttrain_server.commands.campaign import run_campaign_command
 
