@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import random
 import signal
@@ -157,6 +158,9 @@ class Level:
     campaign: bool = False
     # A campaign's concurrency (rollouts in flight at once); None: every rollout at once.
     window: int | None = None
+    # The agent task queue's dispatch rate (`posttrain-env agent-worker --turns-per-second`);
+    # None: turns start as soon as a slot is free.
+    turns_per_second: float | None = None
     submit_s: float = 0.0
     wall_s: float = 0.0
     # Seconds the jobs spent on the Hub, created to ended (scheduled, then running).
@@ -172,6 +176,14 @@ class Level:
     # Workflow-task latencies by kind of workflow (job, episode, rollout, campaign, shard):
     # which kind's tasks make the p99.
     latency_by_kind: dict[str, list[float]] = field(default_factory=dict)
+    # A campaign's agent turns: seconds from scheduled to started (where a paced agent queue,
+    # `turns_per_second`, holds the work the server is not offered yet).
+    turn_waits: list[float] = field(default_factory=list)
+    # When the level started (epoch seconds), and when each workflow task over the latency
+    # target was scheduled: which phase of the level (submitting, running, ending) the slow
+    # tasks come from.
+    started_at: float = 0.0
+    slow_tasks_at: list[float] = field(default_factory=list)
     # Workflow tasks of the sampled jobs that timed out or failed and were retried (a loaded
     # machine: each adds its timeout or failure and the retry's scheduled and started events,
     # which `job_events` leaves out and `job_events_recorded` keeps).
@@ -195,7 +207,11 @@ class Level:
     @property
     def label(self) -> str:
         label = f"{'c' if self.campaign else ''}{self.episodes}x{self.jobs_per_episode}"
-        return label if self.window is None else f"{label}w{self.window}"
+        if self.window is not None:
+            label = f"{label}w{self.window}"
+        if self.turns_per_second is not None:
+            label = f"{label}r{self.turns_per_second:g}"
+        return label
 
     @property
     def status_per_job_per_30s(self) -> float:
@@ -206,8 +222,21 @@ class Level:
             latencies = [s for by_kind in self.latency_by_kind.values() for s in by_kind]
         else:
             latencies = self.latency_by_kind.get(kind, [])
-        ordered = sorted(latencies)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+        return quantile(latencies, q)
+
+
+def slow_minutes(level: Level) -> str:
+    """`m3 12, m4 40`: how many of the slow tasks each minute of the level holds."""
+    minutes: dict[int, int] = {}
+    for at in level.slow_tasks_at:
+        minute = int((at - level.started_at) // 60)
+        minutes[minute] = minutes.get(minute, 0) + 1
+    return ", ".join(f"m{minute} {count}" for minute, count in sorted(minutes.items()))
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
 def event_payload_bytes(event: HistoryEvent) -> int:
@@ -291,6 +320,7 @@ async def read_histories(
                 level.job_events_recorded.append(recorded)
         for events in runs:
             scheduled: dict[int, float] = {}
+            turns: dict[int, float] = {}
             for event in events:
                 size = event_payload_bytes(event)
                 if size > level.largest_payload:
@@ -303,6 +333,16 @@ async def read_histories(
                     if attrs.scheduled_event_id in scheduled:
                         latency = at - scheduled[attrs.scheduled_event_id]
                         level.latency_by_kind.setdefault(kind, []).append(latency)
+                        if latency > TASK_P99_TARGET_S:
+                            level.slow_tasks_at.append(scheduled[attrs.scheduled_event_id])
+                elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                    activity_type = event.activity_task_scheduled_event_attributes.activity_type
+                    if activity_type.name == "agent_turn":
+                        turns[event.event_id] = at
+                elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                    turn = event.activity_task_started_event_attributes.scheduled_event_id
+                    if turn in turns:
+                        level.turn_waits.append(at - turns[turn])
     return lengths
 
 
@@ -450,9 +490,11 @@ async def run_level(
     server_args: list[str] | None = None,
     window: int | None = None,
     server: str = "test",
+    turns_per_second: float | None = None,
 ) -> Level:
     window = window if campaign and window is not None and window < episodes else None
-    level = Level(episodes, jobs, campaign, window)
+    turns_per_second = turns_per_second if campaign else None
+    level = Level(episodes, jobs, campaign, window, turns_per_second)
     in_flight = window or episodes  # rollouts (or episodes) whose jobs run at once
     tasks_dir = workdir / "tasks"
     (tasks_dir / TASK_ID).mkdir(parents=True)
@@ -478,6 +520,7 @@ async def run_level(
             server_args = ["--metrics-port", str(metrics_port), *server_args]
     env = await start_server(server, workdir, server_args)
     started = time.monotonic()
+    level.started_at = time.time()
     helpers: list[subprocess.Popen[bytes]] = []
     try:
         client, queue = env.client, f"watch-scale-{uuid.uuid4().hex[:8]}"
@@ -506,6 +549,7 @@ async def run_level(
             task_queue=agent_queue,
             activities=[turns.agent_turn, turns.check_agents],
             max_concurrent_activities=32,
+            max_task_queue_activities_per_second=turns_per_second,
         )
         async with worker, agents:
             if campaign:
@@ -742,6 +786,21 @@ def report(levels: list[Level], shards: int, server: str = "test") -> list[str]:
         f"Hub status calls per job per 30 s: {last.status_per_job_per_30s:.4f} (target <= 1)  "
         f"{verdict(last.status_per_job_per_30s <= 1)}",
     ]
+    lines += [
+        f"agent turns' wait to start ({lv.label}, scheduled to started, "
+        f"{len(lv.turn_waits)} turns): p50 {quantile(lv.turn_waits, 0.5) * 1000:.0f} ms, "
+        f"p99 {quantile(lv.turn_waits, 0.99) * 1000:.0f} ms"
+        + ("" if lv.turns_per_second is None else f" (paced at {lv.turns_per_second:g}/s)")
+        for lv in levels
+        if lv.turn_waits
+    ]
+    lines += [
+        f"workflow tasks over {TASK_P99_TARGET_S * 1000:.0f} ms ({lv.label}, "
+        f"{len(lv.slow_tasks_at)}), by minute of the level they were scheduled in "
+        f"(submitted by {lv.submit_s / 60:.1f}): " + slow_minutes(lv)
+        for lv in levels
+        if lv.slow_tasks_at
+    ]
     lines.append(
         "jobs on the Hub at once (most): "
         + ", ".join(f"{lv.label} {lv.peak_on_hub} of {lv.jobs}" for lv in levels)
@@ -815,6 +874,13 @@ def main() -> None:
         help="the campaign's concurrency: rollouts in flight at once (default: all of them)",
     )
     parser.add_argument(
+        "--agent-turns-per-second",
+        type=float,
+        default=None,
+        help="the campaign's agent turns started per second, as `posttrain-env agent-worker "
+        "--turns-per-second` paces them (default: no pace)",
+    )
+    parser.add_argument(
         "--server",
         choices=sorted(SERVERS),
         default="test",
@@ -831,6 +897,8 @@ def main() -> None:
     args = parser.parse_args()
     if not args.levels and not args.campaign:
         parser.error("no level to run: give --levels, --campaign, or both")
+    if args.agent_turns_per_second is not None and not 0 < args.agent_turns_per_second < math.inf:
+        parser.error("--agent-turns-per-second must be a number above 0")
     if args.serve_workflows:
         address, queue, cache = args.serve_workflows
         asyncio.run(serve_workflows(address, queue, int(cache)))
@@ -859,6 +927,7 @@ def main() -> None:
                         args.server_arg,
                         args.campaign_window,
                         args.server,
+                        args.agent_turns_per_second,
                     )
                 )
             # Each level's row as soon as it is measured: a later level may not finish.
