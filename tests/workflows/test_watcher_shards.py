@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 from temporalio import activity, workflow
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
@@ -283,71 +282,6 @@ async def test_a_shard_continues_as_new_under_its_budget_with_what_it_follows(
         assert await ended.query(StubJob.reports) == 1
         for workflow_id in ("job-a", "shard-2"):
             await client.get_workflow_handle(workflow_id).terminate("test over")
-
-
-ALL_END_AT: list[datetime] = []
-
-
-@activity.defn(name="observe_jobs")
-async def observe_all_end_at_once(observe: ObserveJobs) -> dict[str, BackendJob]:
-    """Every job runs until ALL_END_AT, then every one has succeeded."""
-    if observe.now < ALL_END_AT[-1]:
-        return {}
-    return await observe_ended(observe)
-
-
-async def test_a_looks_changes_are_sent_at_once_not_a_workflow_task_each(
-    time_skipping_env: WorkflowEnvironment,
-) -> None:
-    """40 jobs end in one look: every job is told once, and the shard sends the 40 signals from
-    one workflow task (one after the other, each signal cost it a workflow task: about 40)."""
-    client, queue = time_skipping_env.client, f"tq-{uuid.uuid4().hex[:8]}"
-    count = 40
-    ALL_END_AT.append(datetime.now(UTC) + timedelta(seconds=40))
-    worker = Worker(
-        client,
-        task_queue=queue,
-        workflows=[WatcherWorkflow, StubJob],
-        activities=[observe_all_end_at_once],
-        workflow_runner=workflow_runner(),
-    )
-    async with worker:
-        jobs = [
-            await client.start_workflow(StubJob.run, id=f"many-{n}", task_queue=queue)
-            for n in range(count)
-        ]
-        requests = [
-            WatchRequest(ref=f"m{n}", workflow_id=f"many-{n}", state="running")
-            for n in range(count)
-        ]
-        shard = await watch(client, queue, "shard-many", requests[0])
-        for request in requests[1:]:
-            await shard.signal(WatcherWorkflow.watch, request)
-        await time_skipping_env.sleep(timedelta(seconds=100))
-        assert [await job.query(StubJob.reports) for job in jobs] == [1] * count
-        assert await shard.query(WatcherWorkflow.watched) == []
-        events = [event async for event in shard.fetch_history_events()]
-        signals = [
-            i for i, event in enumerate(events)
-            if event.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
-        ]  # fmt: skip
-        assert len(signals) == count
-        # From the look that found the ends to the last signal's answer: a few tasks, not 40.
-        look = max(
-            i for i, event in enumerate(events[: signals[0]])
-            if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
-        )  # fmt: skip
-        answered = max(
-            i for i, event in enumerate(events)
-            if event.event_type == EventType.EVENT_TYPE_EXTERNAL_WORKFLOW_EXECUTION_SIGNALED
-        )  # fmt: skip
-        tasks = sum(
-            event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-            for event in events[look:answered]
-        )
-        assert tasks <= 3, tasks
-        for handle in (*jobs, shard):
-            await handle.terminate("test over")
 
 
 # -- an episode's jobs on their shards ---------------------------------------------------------

@@ -52,14 +52,6 @@ HISTORY_BUDGET_PATCH = "pt-watcher-history-budget-1"
 # so every shard of a queue looks at the same moments and one Hub listing serves them all
 # (activities/backends/hf/listing_reuse.py).
 ALIGNED_LOOKS_PATCH = "pt-watcher-aligned-looks-1"
-# A look's changes are sent all at once (one workflow task sends every signal), not one after the
-# other: each awaited signal cost the shard a workflow task of its own, about 5.6 of a job's 27
-# on the server (bench/watch_scale.py's `server work per job`). Asked only when a look found a
-# change.
-NOTIFY_AT_ONCE_PATCH = "pt-watcher-notify-at-once-1"
-# Changes sent at once, at most: Temporal caps the signals a workflow has in flight (2,000 by
-# default), and a job's change is up to two signals.
-NOTIFY_BATCH = 250
 
 
 def aligned_gap(now: datetime, interval_s: float) -> float:
@@ -185,31 +177,16 @@ class WatcherWorkflow:
         except ActivityError as err:
             reraise_cancel(err, WATCHER_OUTSIDE_CANCEL_PATCH)
             raise
-        changes = [
-            (request, job)
-            for ref, job in observed.items()
-            if (request := self._watched.get(ref)) is not None and job.state.value != request.state
-        ]
-        if not changes:
-            return
-        if not workflow.patched(NOTIFY_AT_ONCE_PATCH):
-            for ref, job in observed.items():  # as recorded before: one change after the other
-                request = self._watched.get(ref)
-                if request is not None and job.state.value != request.state:
-                    await self._deliver(request, job)
-            return
-        for start in range(0, len(changes), NOTIFY_BATCH):
-            batch = changes[start : start + NOTIFY_BATCH]
-            await asyncio.gather(*(self._deliver(request, job) for request, job in batch))
-
-    async def _deliver(self, request: WatchRequest, job: BackendJob) -> None:
-        """Tell the job's workflow (and episode) of its change; an end is followed no more."""
-        request.state = job.state.value
-        self._changed = True
-        await self._notify(request, job)
-        if job.state.terminal:
-            self._watched.pop(request.ref, None)
-            self._remember_end(request)
+        for ref, job in observed.items():
+            request = self._watched.get(ref)
+            if request is None or job.state.value == request.state:
+                continue
+            request.state = job.state.value
+            self._changed = True
+            await self._notify(request, job)
+            if job.state.terminal:
+                self._watched.pop(ref, None)
+                self._remember_end(request)
 
     def _remember_end(self, request: WatchRequest) -> None:
         self._ended[ended_key(request)] = None
