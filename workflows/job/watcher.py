@@ -180,7 +180,7 @@ class WatcherWorkflow:
         # One change after the other, each signal awaited (a workflow task of the shard's own):
         # that paces a look's burst of ends by the server's own queue. Sent all at once, a
         # 100x10 campaign's job ends made 1,047 workflow tasks over 1 s where this made 6, and
-        # its p99 went from 795 ms to 2,219 ms (bench/watch_scale.py, 2026-12-06).
+        # its p99 went from 795 ms to 2,219 ms (bench/watch_scale.py, one run each, 2026-12-06).
         for ref, job in observed.items():
             request = self._watched.get(ref)
             if request is None or job.state.value == request.state:
