@@ -1,7 +1,8 @@
 """Sharded job watching at scale: thousands of concurrently running jobs across episodes.
 
     uv run python bench/watch_scale.py [--levels 100x10,1000x10|none] [--run-minutes 10]
-        [--campaign 1000x10 [--campaign-window 200]] [--workflow-processes 2] [--server dev]
+        [--campaign 1000x10 [--campaign-window 200] [--agent-turns-per-second 6]]
+        [--workflow-processes 2] [--server dev]
 
 Each level is EPISODESxJOBS: that many episodes, each submitting that many jobs (`jobs_submit`
 on cpu-basic), all running at once. On the time-skipping test server, with an in-process worker
@@ -33,7 +34,9 @@ of that many rollouts, all in flight at once (`--campaign-window N`: N at a time
 scripted agent submits JOBS jobs, waits for the last to end and stops (its jobs all run alike;
 one whose end is not reported yet when the agent stops is cancelled, and counted apart). Its
 agent turns run in this process (`InProcessTurns`: the scripted agent's code, without the
-process each turn gets in production), so what is measured is the workflows. The same figures,
+process each turn gets in production), so what is measured is the workflows. `--agent-turns-per-second N` paces
+their queue as `posttrain-env agent-worker --turns-per-second N` does; the report then gives the
+turns' wait to start. The same figures,
 over a sample of the rollouts' jobs and episodes, every rollout and campaign run and every shard.
 
 `--server dev` runs the levels on Temporal's dev server instead (`temporal server start-dev`,
