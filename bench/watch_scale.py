@@ -34,9 +34,9 @@ of that many rollouts, all in flight at once (`--campaign-window N`: N at a time
 scripted agent submits JOBS jobs, waits for the last to end and stops (its jobs all run alike;
 one whose end is not reported yet when the agent stops is cancelled, and counted apart). Its
 agent turns run in this process (`InProcessTurns`: the scripted agent's code, without the
-process each turn gets in production), so what is measured is the workflows. `--agent-turns-per-second N` paces
-their queue as `posttrain-env agent-worker --turns-per-second N` does; the report then gives the
-turns' wait to start. The same figures,
+process each turn gets in production), so what is measured is the workflows.
+`--agent-turns-per-second N` paces their queue as `posttrain-env agent-worker --turns-per-second
+N` does; the report then gives the turns' wait to start. The same figures,
 over a sample of the rollouts' jobs and episodes, every rollout and campaign run and every shard.
 
 `--server dev` runs the levels on Temporal's dev server instead (`temporal server start-dev`,

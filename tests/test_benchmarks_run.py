@@ -222,28 +222,34 @@ def test_the_watch_scale_benchmark_runs_on_the_dev_server_in_real_time() -> None
     out = run(
         "bench/watch_scale.py",
         *("--levels", "2x3", "--campaign", "4x4", "--run-minutes", "1", "--server", "dev"),
+        *("--agent-turns-per-second", "20"),  # the campaign's agent queue paced
         timeout=840,
     )
     assert "watcher shards: 16; Temporal: the dev server" in out, out
     rows = [line.split() for line in out.splitlines()]
-    levels = {row[0]: row for row in rows if row and row[0] in ("2x3", "c4x4")}
-    assert levels["2x3"][1] == "6" and levels["c4x4"][1] == "16", out
+    levels = {row[0]: row for row in rows if row and row[0] in ("2x3", "c4x4r20")}
+    assert levels["2x3"][1] == "6" and levels["c4x4r20"][1] == "16", out
     assert all(int(row[3]) <= 30 for row in levels.values()), out
     for target in ("largest payload", "history events per job", "Hub status calls"):
         (line,) = [line for line in out.splitlines() if line.startswith(target)]
         assert line.endswith("OK"), line
     assert "leaked" not in out, out  # no time-skipping lock on a real server
     # Submitted in seconds, each on the Hub for minutes: every job was there at once.
-    assert "jobs on the Hub at once (most): 2x3 6 of 6, c4x4 16 of 16" in out, out
-    work = {label: server_work_of(out, label) for label in ("2x3", "c4x4")}
+    assert "jobs on the Hub at once (most): 2x3 6 of 6, c4x4r20 16 of 16" in out, out
+    work = {label: server_work_of(out, label) for label in ("2x3", "c4x4r20")}
     for label, per_job in work.items():
         # A job's own workflow alone takes several workflow tasks, and each job is written.
         assert per_job["workflow tasks"] >= 3 and per_job["persistence writes"] >= 3, (label, out)
     # A campaign's call costs an agent turn and the rollout's store activities besides the
     # episode's; its activities end within their first heartbeat period, so send no beat
     # (about three per job before; a loaded machine may let some run past it).
-    assert work["c4x4"]["activity tasks"] > work["2x3"]["activity tasks"], out
-    assert work["c4x4"]["heartbeats"] < 2, out
+    assert work["c4x4r20"]["activity tasks"] > work["2x3"]["activity tasks"], out
+    assert work["c4x4r20"]["heartbeats"] < 2, out
+    # The paced agent turns' wait is reported: 4 rollouts of at least 6 turns each (4 submits,
+    # a wait repeated while the job is queued or running, a stop).
+    (waits,) = [ln for ln in out.splitlines() if ln.startswith("agent turns' wait to start")]
+    turns = int(waits.split("(c4x4r20, scheduled to started, ", 1)[1].split(" turns)")[0])
+    assert turns >= 24 and waits.endswith("(paced at 20/s)"), waits
 
 
 def server_work_of(out: str, label: str) -> dict[str, float]:
