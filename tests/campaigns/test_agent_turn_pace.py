@@ -134,3 +134,11 @@ def test_the_agent_worker_refuses_a_bad_pace_or_slot_count_before_it_connects(
     assert done.returncode == 2, done
     assert said in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_turns_at_once_are_bounded_on_both_sides() -> None:
+    assert Settings(agent_turns_at_once=1).agent_turns_at_once == 1
+    assert Settings(agent_turns_at_once=1024).agent_turns_at_once == 1024
+    for bad in (0, 1025):
+        with pytest.raises(ValidationError, match="agent_turns_at_once"):
+            Settings(agent_turns_at_once=bad)
