@@ -12,8 +12,11 @@ import asyncio
 import secrets
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
+
+from posttrain_env.errors import GatewayCode
 
 if TYPE_CHECKING:  # imported where used: `posttrain-env --help` stays quick
     from temporalio.client import Client, WorkflowHandle
@@ -22,6 +25,8 @@ if TYPE_CHECKING:  # imported where used: `posttrain-env --help` stays quick
     from workflows.campaign.contract import CampaignStatus
 
 FOLLOW_EVERY_S = 2.0
+# A status query unanswered this long is asked again (the SDK's own deadline is 30 s).
+FOLLOW_ASK_TIMEOUT = timedelta(seconds=10)
 # Exit statuses of a campaign that ended so (0 otherwise).
 FAILED = {"invalid": 2, "cancelled": 1}
 
@@ -176,12 +181,20 @@ async def retry(client: Client, args: argparse.Namespace, settings: Settings, ou
 
 
 async def follow(
-    handle: WorkflowHandle[Any, Any], out: TextIO, every_s: float = FOLLOW_EVERY_S
+    handle: WorkflowHandle[Any, Any],
+    out: TextIO,
+    every_s: float = FOLLOW_EVERY_S,
+    ask_timeout: timedelta = FOLLOW_ASK_TIMEOUT,
 ) -> int:
     """Show the campaign's progress (live on a terminal, a line per change otherwise) until it
-    ends; the exit status. It only reads the `status` query: stopping it changes nothing."""
-    from temporalio.service import RPCError, RPCStatusCode
+    ends; the exit status. It only reads the `status` query: stopping it changes nothing.
 
+    A query that gets no answer within `ask_timeout` (a busy or stopped worker, a restarting
+    server: anything `temporal_failure` calls transient) is asked again; an answer that says
+    something is wrong (no such campaign) ends it with that error."""
+    from temporalio.service import RPCError
+
+    from posttrain_common.failures import temporal_failure
     from posttrain_server.commands.campaign_progress import display_for
     from workflows.campaign.workflow import CampaignWorkflow
 
@@ -189,10 +202,13 @@ async def follow(
     try:
         while True:
             try:
-                current: CampaignStatus = await handle.query(CampaignWorkflow.status)
+                current: CampaignStatus = await handle.query(
+                    CampaignWorkflow.status, rpc_timeout=ask_timeout
+                )
             except RPCError as err:
-                # A busy worker may not answer in the RPC's time: ask again, never guess.
-                if err.status is not RPCStatusCode.DEADLINE_EXCEEDED:
+                # The client's own deadline ends a query as CANCELLED "Timeout expired", the
+                # server's as DEADLINE_EXCEEDED: both mean no answer yet, never a wrong one.
+                if temporal_failure(err).code is not GatewayCode.unavailable:
                     raise
                 await asyncio.sleep(every_s)
                 continue

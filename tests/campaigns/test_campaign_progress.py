@@ -5,16 +5,21 @@ the `status` query (time-skipping server)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from posttrain_common.campaigns.records import Outcome
+from posttrain_common.keys import ServerKey
 from posttrain_server.commands.campaign import follow
 from posttrain_server.commands.campaign_progress import display_for, figures, outlook
+from posttrain_server.worker import build_worker
 from tests.campaigns.harness import running_campaigns
 from tests.campaigns.test_campaign_flow import CRASHES, GRADER_FAILS, SCENARIO, SOLVES, scripted
 from workflows.campaign.contract import CampaignPhase, CampaignStatus
@@ -137,3 +142,52 @@ async def test_follow_after_the_following_cli_was_killed_shows_the_querys_number
     assert f"unscored {queried.counts[Outcome.unscored]}," in progress[-1]
     assert any(line.startswith(f"campaign {campaign_id} (followed): completed") for line in lines)
     assert first_out.getvalue().startswith("[")
+
+
+async def test_follow_asks_again_while_no_worker_answers_and_ends_with_the_campaign(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """CI saw `status --follow` die of one unanswered query (the SDK's 30 s deadline, CANCELLED
+    "Timeout expired") on a loaded machine. Here no worker serves the campaign's queue at first:
+    every query goes unanswered, and follow keeps asking until a worker comes and the campaign
+    ends. A query answered with an error (no such campaign) still ends it."""
+    spec = {
+        "name": "unserved",
+        "tasks": ["t_a"],
+        "agents": [scripted("solver", SOLVES)],
+        "budget_usd": 10.0,
+    }
+    async with running_campaigns(time_skipping_env, tmp_path, SCENARIO) as c:
+        unserved = dataclasses.replace(c, task_queue=f"unserved-{uuid.uuid4().hex[:12]}")
+        campaign_id = await unserved.start(spec)
+        c.handles.extend(unserved.handles)  # terminated with the others if the test fails
+        out = io.StringIO()
+        following = asyncio.create_task(
+            follow(
+                unserved.handle(campaign_id), out, every_s=0.1, ask_timeout=timedelta(seconds=0.5)
+            )
+        )
+        await asyncio.sleep(3)  # at least four queries unanswered
+        assert not following.done(), following
+        assert out.getvalue() == ""
+        key = ServerKey.load_or_create(c.settings.server_key_path)
+        worker = build_worker(
+            c.client,
+            c.settings,
+            c.backend,
+            key=key,
+            task_queue=unserved.task_queue,
+            tasks_dir=tmp_path / "tasks",
+        )
+        async with worker:
+            final = await unserved.run_until_final(campaign_id)
+            code = await asyncio.wait_for(following, timeout=120)
+        with pytest.raises(RPCError) as missing:
+            await follow(c.handle("c-none"), io.StringIO(), ask_timeout=timedelta(seconds=5))
+
+    assert final.phase is CampaignPhase.completed and code == 0
+    lines = out.getvalue().splitlines()
+    progress = [line for line in lines if line.startswith("[")]
+    assert progress and "1/1 done, 0 in flight, 0 queued" in progress[-1], lines
+    assert any(line.startswith(f"campaign {campaign_id} (unserved): completed") for line in lines)
+    assert missing.value.status is RPCStatusCode.NOT_FOUND
