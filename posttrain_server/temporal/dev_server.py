@@ -41,6 +41,16 @@ def sqlite_flags() -> list[str]:
     return [flag for pragma in SQLITE_PRAGMAS for flag in ("--sqlite-pragma", pragma)]
 
 
+def start_excerpt(written: str, keep: int = 2000) -> str:
+    """What a failed start wrote, for its error: all of it, or its first and last `keep`
+    characters. A Go panic names its cause in its first lines and fills the rest with the
+    goroutines' stacks, so a tail alone loses the cause."""
+    if len(written) <= 2 * keep:
+        return written
+    left_out = len(written) - 2 * keep
+    return f"{written[:keep]}\n[... {left_out} characters left out ...]\n{written[-keep:]}"
+
+
 class EmbeddedTemporalError(RuntimeError):
     """The embedded server cannot start (port taken, binary missing, exited early)."""
 
@@ -148,6 +158,7 @@ class EmbeddedTemporal:
             cfg.state_dir / "temporal.db", cfg.port, None if cfg.headless else cfg.ui_port
         )
         with self.log_file.open("ab") as log:
+            self._log_start = log.tell()  # the log is kept across starts: this one's begins here
             self._proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once
                 command,
                 stdin=subprocess.DEVNULL,
@@ -163,8 +174,12 @@ class EmbeddedTemporal:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             if self._proc.poll() is not None:
-                tail = self.log_file.read_text(errors="replace")[-2000:]
-                raise EmbeddedTemporalError(f"the embedded Temporal server exited:\n{tail}")
+                with self.log_file.open("rb") as log:
+                    log.seek(self._log_start)
+                    written = log.read().decode(errors="replace")
+                raise EmbeddedTemporalError(
+                    f"the embedded Temporal server exited:\n{start_excerpt(written)}"
+                )
             try:
                 await Client.connect(self.config.address)
                 return

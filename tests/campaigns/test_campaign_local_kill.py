@@ -194,7 +194,13 @@ def test_local_campaign_survives_sigkilled_workers_with_one_folder_per_job(
     root = jobs_dir(stack)
     for ref, job in specs.items():
         result = jf.read_json(root / ref / jf.RESULT)
-        assert result is not None and result["state"] == "succeeded", (ref, result)
+        log = jf.tail_lines(root / ref / jf.LOG, 30)
+        assert result is not None and result["state"] == "succeeded", (
+            ref,
+            job["role"],
+            result,
+            log,
+        )
         assert not jf.is_alive(jf.read_json(root / ref / jf.SUPERVISOR)), ref
         assert not jf.is_alive(jf.read_json(root / ref / jf.SANDBOX)), ref
         assert live_pids_of_uid(int(job["uid"])) == [], ref

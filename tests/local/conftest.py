@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import subprocess
+import sys
 import textwrap
 from datetime import UTC, datetime
 from pathlib import Path
@@ -102,6 +104,40 @@ class Jobs:
 
     def folder(self, ref: str) -> Path:
         return self.backend.jobs_dir / ref
+
+
+# A process that submits one job on a local backend and dies as a killed worker would: right
+# after the submit, or (before_secrets) after starting the job's supervisor but before handing
+# it the secrets on stdin. Prints the job's ref.
+_SUBMIT_AND_DIE = """
+import asyncio, os, subprocess, sys
+from pathlib import Path
+from activities.backends.interface import JobRequest
+from activities.backends.local.backend import LocalBackend
+from activities.backends.local.store import job_ref
+state, python, bwrap, before_secrets = sys.argv[1], sys.argv[2], sys.argv[3] or None, sys.argv[4]
+backend = LocalBackend(Path(state), job_python=python, bwrap=bwrap)
+request = JobRequest.model_validate_json(sys.stdin.read())
+print(job_ref(request.key), flush=True)
+if before_secrets == "1":
+    subprocess.Popen.communicate = lambda *args, **kwargs: os._exit(0)
+asyncio.run(backend.submit(request))
+os._exit(0)
+"""
+
+
+def submit_and_die(state_dir: Path, request: JobRequest, *, before_secrets: bool = False) -> str:
+    """Submit `request` from a process that then dies (see _SUBMIT_AND_DIE); the job's ref."""
+    argv = [sys.executable, "-c", _SUBMIT_AND_DIE, str(state_dir), JOB_PYTHON, TEST_BWRAP or ""]
+    proc = subprocess.run(
+        [*argv, "1" if before_secrets else "0"],
+        input=request.model_dump_json(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return proc.stdout.strip()
 
 
 def logged(jobs: Jobs, ref: str, text: str) -> bool:

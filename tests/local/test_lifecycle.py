@@ -6,8 +6,6 @@ import asyncio
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -30,6 +28,7 @@ from tests.local.conftest import (
     job_uid,
     leftovers,
     now,
+    submit_and_die,
     write_model,
 )
 from tests.processes import live_pids_of_uid
@@ -94,27 +93,7 @@ def test_a_restarted_backend_sees_a_running_job_and_a_retried_submit_starts_no_s
         """,
         key="ep-x/job/1",
     )
-    driver = (
-        "import asyncio, sys\n"
-        "from pathlib import Path\n"
-        "from activities.backends.interface import JobRequest\n"
-        "from activities.backends.local.backend import LocalBackend\n"
-        "python, bwrap = sys.argv[2], sys.argv[3] or None\n"
-        "backend = LocalBackend(Path(sys.argv[1]), job_python=python, bwrap=bwrap)\n"
-        "request = JobRequest.model_validate_json(sys.stdin.read())\n"
-        "job = asyncio.run(backend.submit(request))\n"
-        "print(job.ref, flush=True)\n"
-        "import os; os._exit(0)\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", driver, str(state_dir), JOB_PYTHON, TEST_BWRAP or ""],
-        input=request.model_dump_json(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    ref = proc.stdout.strip()
+    ref = submit_and_die(state_dir, request)
     assert ref == job_ref("ep-x/job/1")
     restarted = LocalBackend(state_dir, job_python=JOB_PYTHON, limits=SMALL, bwrap=TEST_BWRAP)
     wait_until(lambda: started(jobs, ref), 20, "the job to start")

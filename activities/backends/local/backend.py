@@ -33,7 +33,7 @@ from activities.backends.interface import DatasetBytes, JobRequest
 from activities.backends.local import jobfiles as jf
 from activities.backends.local.containment import FALLBACK_NICENESS, Containment, find_containment
 from activities.backends.local.hub import HubError, LocalHub
-from activities.backends.local.plan import Machine, plan_job
+from activities.backends.local.plan import Machine, plan_job, secret_env
 from activities.backends.local.resources import (
     Capacity,
     JobResources,
@@ -229,7 +229,9 @@ class LocalBackend:
         ref = job_ref(request.key)
         existing = self.store.view(ref)
         if existing is not None:
-            return existing  # the same key again: the job it started, never a second one
+            # The same key again: the job it started, never a second one; started now if the
+            # first submit died before its supervisor got the secrets.
+            return self.store.start_unclaimed(ref, secret_env(request)) or existing
         if request.role is JobRole.agent and request.secrets:
             raise ValueError("agent jobs get no secrets (DESIGN §6)")
         base_model, datasets, artifact = self._inputs(request)

@@ -53,26 +53,58 @@ READ_CHUNK = 1 << 16
 READ_PER_LOOK = 4 << 20
 
 
+# The first process's exit status when another supervisor already has the job (its starter
+# treats that as started); any other failure to start is 1.
+ALREADY_SUPERVISED = 3
+_STARTED, _ALREADY = b"1", b"3"
+
+
+def read_secret_env(raw: bytes) -> dict[str, dict[str, str]] | None:
+    """The phases' secret environment as the backend sends it (always a JSON object, `{}` when
+    there are none), or None when it did not arrive whole: the starter stopped (a worker
+    killed) before writing it. A job started without its nonce and seed would run only to fail
+    as its evaluator's fault."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    return value
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m activities.backends.local.job_runner <job folder>", file=sys.stderr)
         return 2
     folder = Path(argv[1])
-    secret_env = json.loads(sys.stdin.read() or "{}")
+    secret_env = read_secret_env(sys.stdin.buffer.read())
+    if secret_env is None:
+        # Nothing is recorded: the folder stays unclaimed, and a retried submit starts it.
+        print("the job's secrets did not arrive whole; it was not started", file=sys.stderr)
+        return 1
     ready_r, ready_w = os.pipe()
     if os.fork() > 0:  # the first process only waits until the supervisor is recorded
         os.close(ready_w)
-        ok = os.read(ready_r, 1) == b"1"
-        os._exit(0 if ok else 1)
+        answer = os.read(ready_r, 1)
+        os._exit(0 if answer == _STARTED else ALREADY_SUPERVISED if answer == _ALREADY else 1)
     os.close(ready_r)
     ok = b"0"
+    supervisor = None
     try:
-        jf.write_json(folder / jf.SUPERVISOR, jf.identity(os.getpid()))
-        supervisor = Supervisor(folder, secret_env)  # records the start: the job now runs
-        ok = b"1"
+        # The claim is an exclusive create: of two starters of one job (a retried submit beside
+        # a slow first one), or a supervisor and the backend recording that none ever came
+        # (store.py, `_reconcile`), exactly one wins.
+        if jf.create_json(folder / jf.SUPERVISOR, jf.identity(os.getpid())):
+            supervisor = Supervisor(folder, secret_env)  # records the start: the job now runs
+            ok = _STARTED
+        else:
+            ok = _ALREADY
     finally:
         os.write(ready_w, ok)
         os.close(ready_w)
+    if supervisor is None:
+        return 0
     devnull = os.open(os.devnull, os.O_RDWR)
     errors = os.open(folder / "supervisor.err", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(devnull, 0)

@@ -82,6 +82,13 @@ class JobPlan:
     data_owner: int | None  # the owner of /data (root: an evaluator's scratch), else root's
 
 
+def secret_env(request: JobRequest) -> dict[str, dict[str, str]]:
+    """What the job's supervisor is sent on stdin, by phase: the job's environment (its nonce)
+    in both, and an evaluation's secrets (the grader's seed) in its run phase only."""
+    run = dict(request.env) if request.role is JobRole.agent else {**request.env, **request.secrets}
+    return {"install": dict(request.env), "run": run}
+
+
 def plan_job(
     request: JobRequest,
     folder: Path,
@@ -136,7 +143,6 @@ def plan_job(
         run_env = {"PATH": _PATH, "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
         command = [machine.job_python, "/job/launcher.py", "--phase", "run"]
         failure = "the job exited with status {code}; see its log"
-        secrets = {"install": dict(request.env), "run": dict(request.env)}
     else:
         files["job/script.py"] = (script.encode(), 0o644)
         python = f"{VENV}/bin/python" if deps else machine.job_python
@@ -155,7 +161,6 @@ def plan_job(
             command = [machine.job_python, "-I", "-S", "-c", _DROP_TO_UID, str(uid), str(uid)]
             command += [python, "/job/script.py"]
         failure = "the evaluator exited with status {code}; see its log"
-        secrets = {"install": dict(request.env), "run": {**request.env, **request.secrets}}
     run = Sandbox(
         bwrap=machine.bwrap,
         privileged=machine.privileged,
@@ -174,7 +179,7 @@ def plan_job(
     return JobPlan(
         files=files,
         phases=phases,
-        secret_env=secrets,
+        secret_env=secret_env(request),
         collect=is_agent,
         data_owner=None if is_agent or not machine.privileged else uid,
     )

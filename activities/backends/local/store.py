@@ -20,6 +20,7 @@ from typing import Any
 from activities.backends.local import jobfiles as jf
 from activities.backends.local import scratch
 from activities.backends.local.cgroups import JobGroups, Placement
+from activities.backends.local.job_runner import ALREADY_SUPERVISED
 from activities.backends.local.plan import JobPlan
 from posttrain_common.contracts.jobs import BackendJob
 from posttrain_env.errors import ErrorType, ToolError
@@ -28,6 +29,8 @@ from posttrain_env.models import JobState
 REF = re.compile(r"local-[0-9a-f]{24}")
 # A job folder without a supervisor this long after its creation never started.
 START_GRACE_S = 30.0
+# What `_reconcile` records as a job's supervisor when none came within START_GRACE_S.
+NEVER_SUPERVISED = {"never_started": True}
 CANCEL_WAIT_S = 10.0
 # The folder that holds the `activities` package: as many levels up as this module is deep.
 PROJECT_ROOT = Path(__file__).resolve().parents[len(__name__.split(".")) - 1]
@@ -91,8 +94,10 @@ class JobStore:
     # -- create ----------------------------------------------------------------------------------
 
     def create(self, ref: str, plan: JobPlan, spec: dict[str, Any]) -> BackendJob:
-        """Write the job's folder and start its supervisor; a concurrent create of the same ref
-        loses to the first and returns its job."""
+        """Write the job's folder and start its supervisor; a create of a ref that exists
+        returns its job. When that job's supervisor never came (the first create's process was
+        killed between writing the folder and handing the supervisor its secrets), this create
+        starts it: supervisors claim a job exclusively, so it runs once whoever starts it."""
         staging = Path(tempfile.mkdtemp(prefix=".new-", dir=self.jobs_dir))
         # The job's writable folders are made by its supervisor, on its own filesystem.
         (staging / "job").mkdir(mode=0o755)
@@ -104,7 +109,7 @@ class JobStore:
             os.rename(staging, self.jobs_dir / ref)  # atomic: a job folder is whole or absent
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
-            view = self.view(ref)
+            view = self.start_unclaimed(ref, plan.secret_env)
             if view is None:
                 raise
             return view
@@ -135,10 +140,20 @@ class JobStore:
         )
         # Secrets travel on stdin: never on a command line (world-readable) or on disk.
         _, err = proc.communicate(json.dumps(secret_env).encode(), timeout=60)
-        if proc.returncode != 0:
+        if proc.returncode not in (0, ALREADY_SUPERVISED):
             now = time.time()
             message = "the job's supervisor did not start: " + err.decode(errors="replace")
             jf.create_json(folder / jf.RESULT, _result("failed", now, now, message[:2000]))
+
+    def start_unclaimed(self, ref: str, secret_env: dict[str, dict[str, str]]) -> BackendJob | None:
+        """The job `ref` (None if there is none), after starting its supervisor if none ever
+        claimed it: its creator died between writing the folder and handing the supervisor
+        its secrets. A job whose supervisor came, or that ended, is left as it is."""
+        folder = self.jobs_dir / ref
+        unclaimed = not (folder / jf.SUPERVISOR).exists() and not (folder / jf.RESULT).exists()
+        if unclaimed and jf.read_json(folder / jf.JOB) is not None:
+            self._start_supervisor(folder, secret_env)
+        return self.view(ref)
 
     # -- read ------------------------------------------------------------------------------------
 
@@ -179,8 +194,14 @@ class JobStore:
         supervisor = jf.read_json(folder / jf.SUPERVISOR)
         if jf.is_alive(supervisor):
             return None
-        if supervisor is None and time.time() - spec["created_at"] < START_GRACE_S:
-            return None  # still starting
+        if supervisor is None and not (folder / jf.SUPERVISOR).exists():
+            if time.time() - spec["created_at"] < START_GRACE_S:
+                return None  # still starting
+            # None came: claim the job as a supervisor would, so that none can start it now
+            # (a late retried create); a supervisor that claimed it first is running it.
+            if not jf.create_json(folder / jf.SUPERVISOR, NEVER_SUPERVISED):
+                return None
+            supervisor = NEVER_SUPERVISED
         result = jf.read_json(folder / jf.RESULT)  # it may have finished since we looked
         if result is not None:
             return result
@@ -189,6 +210,9 @@ class JobStore:
         started = float((jf.read_json(folder / jf.STATUS) or {}).get("started_at", now))
         if (folder / jf.CANCEL).exists():
             ended = _result("cancelled", started, now, "cancelled")
+        elif supervisor == NEVER_SUPERVISED:
+            never = f"the job never started: its supervisor did not come within {START_GRACE_S:g} s"
+            ended = _result("failed", started, now, never)
         else:
             ended = _result("failed", started, now, "the job's supervisor stopped")
         if jf.create_json(folder / jf.RESULT, ended):
