@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHandle, WorkflowHistory
+from temporalio.client import Client, Interceptor, WorkflowHandle, WorkflowHistory
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
@@ -199,8 +199,12 @@ async def running_campaigns(
     tasks: dict[str, dict[str, Any]] | None = None,
     agent_environ: dict[str, str] | None = None,
     deadline: timedelta | None = None,
+    interceptors: Sequence[Interceptor] = (),
     **settings: Any,
 ) -> AsyncIterator[Campaigns]:
+    """Workers for campaigns on `env` (fake backend), and a harness to drive them.
+    `interceptors`: client interceptors for the workflow worker's client; those that are also
+    `temporalio.worker.Interceptor`s intercept its workflows (e.g. to drop a signal)."""
     tasks_dir = tmp_path / "tasks"
     for task_id, options in (tasks or {"t_a": {}, "t_b": {}}).items():
         write_task(tasks_dir, task_id, **options)
@@ -214,8 +218,11 @@ async def running_campaigns(
     task_queue = f"tq-{uuid.uuid4().hex[:12]}"
     agent_queue = f"aq-{uuid.uuid4().hex[:12]}"
     key = ServerKey.load_or_create(config.server_key_path)
+    client = env.client
+    if interceptors:  # a client's interceptors that are worker interceptors reach its workers
+        client = Client(**{**env.client.config(), "interceptors": list(interceptors)})
     worker = build_worker(
-        env.client, config, backend, key=key, task_queue=task_queue, tasks_dir=tasks_dir
+        client, config, backend, key=key, task_queue=task_queue, tasks_dir=tasks_dir
     )
     agents = build_agent_worker(
         env.client, config, agent_environ or agent_env(), task_queue=agent_queue

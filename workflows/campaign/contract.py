@@ -108,7 +108,7 @@ class CampaignInput(BaseModel):
     # None: continue as new when Temporal suggests it; else past this many history events
     # (the campaign's own and, the same number, each rollout's). Lower it to exercise the path.
     continue_as_new_events: int | None = None
-    answer_poll_s: float = 60.0
+    answer_poll_s: float = 600.0  # each rollout's (RolloutInput.answer_poll_s)
     carry: CampaignCarry | None = None
     # A finished campaign started again by `campaign retry`: its state is rebuilt from its
     # folder instead of planned, and `retry` is queued first (both dropped on continue-as-new).

@@ -33,8 +33,11 @@ class RolloutInput(BaseModel):
     agent_task_queue: str = AGENT_TASK_QUEUE
     # None: continue as new when Temporal suggests it; else past this many history events.
     continue_as_new_events: int | None = None
-    # How often a call still unanswered is looked at, should the episode's signal not come.
-    answer_poll_s: float = 60.0
+    # How often a call still unanswered is looked at, should the episode's signal not come:
+    # a safety net (the signal is durable), rare because each look costs the server a timer,
+    # an activity with a query and two workflow tasks (at 60 s, half of a rollout's tasks at
+    # 1000x10). In the input, so a rollout keeps the value it started with.
+    answer_poll_s: float = 600.0
     carry: RolloutCarry | None = None
 
     @property
