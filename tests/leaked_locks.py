@@ -51,6 +51,12 @@ SKIP_DEADLINE = timedelta(minutes=5)
 Run = tuple[str, str]  # (workflow id, run id)
 
 
+def nothing_locked(err: RPCError) -> bool:
+    """The test server's answer to an unlock with no lock held: its "unbalanced lock and
+    unlock" exception, which gRPC-Java sends as UNKNOWN "Application error processing RPC"."""
+    return err.status is RPCStatusCode.UNKNOWN and "Application error processing RPC" in str(err)
+
+
 async def skip_time(
     client: Client, duration: timedelta, deadline: timedelta = SKIP_DEADLINE
 ) -> None:
@@ -86,11 +92,19 @@ class LeakedLocks:
             if child[0] not in await self._children_ended_by(parent):
                 # A deadline of minutes: a release cut short on a loaded machine may still
                 # have been applied, and could then be neither counted nor tried again.
-                await self._client.test_service.unlock_time_skipping(
-                    UnlockTimeSkippingRequest(), timeout=SKIP_DEADLINE
-                )
-                leaked += 1
-                self.released += 1  # counted as it is applied: a later call may fail
+                try:
+                    await self._client.test_service.unlock_time_skipping(
+                        UnlockTimeSkippingRequest(), timeout=SKIP_DEADLINE
+                    )
+                except RPCError as err:
+                    if not nothing_locked(err):
+                        raise
+                    # No lock is held at all, so time skips: nothing is left to release (a
+                    # release whose answer was lost had been applied after all). CI's default
+                    # set once failed on this answer.
+                else:
+                    leaked += 1
+                    self.released += 1  # counted as it is applied: a later call may fail
             # Judged once decided: a call that fails before leaves it for the next one.
             self._judged.add(child)
         return leaked
