@@ -170,9 +170,13 @@ async def test_a_release_when_no_lock_is_held_is_judged_and_does_not_fail(
                 assert nothing_locked(err), err
                 break
         assert unlocked >= 1
-        assert await locks.release() == 0
-        assert await locks.release() == 0  # judged: not tried again
-        assert locks.released == 0
-        for _ in range(unlocked - 1):  # the locks the SDK held before the leak, back
+        # Refused when no lock is held: counted as nothing released, never raised. The server
+        # takes short locks of its own (a workflow task scheduled), so the unlock may also have
+        # gone through in between; CI saw that once (1 instead of 0).
+        first = await locks.release()
+        assert first in (0, 1)
+        assert await locks.release() == 0  # judged either way: not tried again
+        assert locks.released == first
+        for _ in range(unlocked - 1 + first):  # the locks held before the leak, back
             await env.client.test_service.lock_time_skipping(LockTimeSkippingRequest())
         assert await _real_seconds_to_skip(env, timedelta(hours=1)) < 60
