@@ -140,6 +140,7 @@ class EmbeddedTemporal:
         self._proc: subprocess.Popen[bytes] | None = None
         self._pid_file = config.state_dir / "temporal.pid"
         self.log_file = config.state_dir / "temporal.log"
+        self._log_start = 0  # where the current start's lines begin in the kept log
 
     async def start(self) -> None:
         """Start the server and wait until it answers. Raises EmbeddedTemporalError."""
@@ -158,7 +159,7 @@ class EmbeddedTemporal:
             cfg.state_dir / "temporal.db", cfg.port, None if cfg.headless else cfg.ui_port
         )
         with self.log_file.open("ab") as log:
-            self._log_start = log.tell()  # the log is kept across starts: this one's begins here
+            self._log_start = log.tell()  # the log is kept across starts
             self._proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once
                 command,
                 stdin=subprocess.DEVNULL,
