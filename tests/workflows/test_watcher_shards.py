@@ -312,3 +312,105 @@ async def test_an_episodes_jobs_are_followed_by_their_own_shards(
         assert done.data["state"] == "succeeded"
         first_view = await ep.call("jobs_status", job_id=first)
         assert first_view.data["state"] == "succeeded"
+
+
+# -- when a shard looks ------------------------------------------------------------------------
+
+
+LOOKS: list[tuple[datetime, frozenset[str]]] = []
+
+
+@activity.defn(name="observe_jobs")
+async def observe_nothing_changed(observe: ObserveJobs) -> dict[str, BackendJob]:
+    """Records each look (its workflow time, the jobs asked about); nothing has changed."""
+    LOOKS.append((observe.now, frozenset(observe.all_refs())))
+    return {}
+
+
+def on_a_boundary(at: datetime, interval_s: float) -> bool:
+    offset = at.timestamp() % interval_s
+    return min(offset, interval_s - offset) < 0.05
+
+
+async def test_with_aligned_looks_a_new_job_waits_for_the_boundary_and_look_now_does_not(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """Aligned looks (Hugging Face): a registration does not make the shard look at its jobs at
+    once (each did before, so a shard of N jobs sent N states per submitted job); the job is
+    first looked at on the next boundary. A pending `jobs_wait`'s look_now still looks at once."""
+    client, queue = time_skipping_env.client, f"tq-{uuid.uuid4().hex[:8]}"
+    LOOKS.clear()
+    async with Worker(
+        client,
+        task_queue=queue,
+        workflows=[WatcherWorkflow],
+        activities=[observe_nothing_changed],
+        workflow_runner=workflow_runner(),
+    ):
+        first = WatchRequest(ref="ra", workflow_id="job-a", state="running")
+        shard = await watch(client, queue, "shard-3", first)  # aligned: min_interval_s None
+        await time_skipping_env.sleep(timedelta(seconds=1))
+        assert len(LOOKS) == 1  # a shard that starts looks at once
+        for ref in ("rb", "rc"):
+            await shard.signal(
+                WatcherWorkflow.watch,
+                WatchRequest(ref=ref, workflow_id=f"job-{ref}", state="queued"),
+            )
+        await time_skipping_env.sleep(timedelta(seconds=65))
+        with_new = [(at, refs) for at, refs in LOOKS if "rb" in refs]
+        assert with_new, LOOKS
+        at, refs = with_new[0]
+        assert refs == {"ra", "rb", "rc"}
+        assert on_a_boundary(at, 30), f"the new jobs were first looked at {at}, off the boundary"
+        assert all(on_a_boundary(at, 30) for at, _ in LOOKS[1:]), LOOKS
+        looks = len(LOOKS)
+        await shard.signal(WatcherWorkflow.look_now)
+        await time_skipping_env.sleep(timedelta(seconds=2))
+        assert len(LOOKS) == looks + 1
+        assert not on_a_boundary(LOOKS[-1][0], 30), LOOKS[-1]  # at once, not at the boundary
+        await shard.terminate("test over")
+
+
+async def test_a_jobs_wait_asks_only_the_waited_jobs_shard_to_look(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """Before, a `jobs_wait` asked the shard of every live job of the episode (up to 10 awaited
+    signals, and as many looks at whole shards, per call)."""
+    from activities.backends.fake.backend import FakeJobScript, FakeScenario
+
+    slow = FakeJobScript(queue_s=1, run_s=3000)
+    async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[slow])) as h:
+        ep = await h.episode()
+        stem = watcher_workflow_id(h.client.namespace, h.task_queue)
+        shard_of: dict[str, str] = {}
+        for n in range(1, 7):  # until the jobs sit on two shards at least
+            job_id = await ep.submit_job(timeout_minutes=60)
+            shard_of[job_id] = watcher_shard_id(
+                stem, h.settings.watch_shards, f"{ep.handle.id}/job/{n}"
+            )
+            if len(set(shard_of.values())) >= 2:
+                break
+        assert len(set(shard_of.values())) >= 2, shard_of
+        await ep.skip(timedelta(seconds=20))  # every job is running
+        waited = next(iter(shard_of))
+
+        async def look_nows() -> Counter[str]:
+            asked: Counter[str] = Counter()
+            for shard in set(shard_of.values()):
+                history = await h.client.get_workflow_handle(shard).fetch_history()
+                asked[shard] = sum(
+                    1
+                    for event in history.events
+                    if event.HasField("workflow_execution_signaled_event_attributes")
+                    and event.workflow_execution_signaled_event_attributes.signal_name == "look_now"
+                )
+            return asked
+
+        before = await look_nows()
+        answer = await ep.call_over(timedelta(seconds=30), "jobs_wait", job_id=waited, timeout_s=5)
+        assert answer.data["state"] == "running", answer.data
+        after = await look_nows()
+        asked = {shard: after[shard] - before[shard] for shard in after}
+        assert asked == {
+            shard: int(shard == shard_of[waited]) for shard in set(shard_of.values())
+        }, (asked, shard_of)

@@ -36,6 +36,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows.policies import READ_RETRY, READ_TIMEOUT
 
 
+# A `jobs_wait` asks only the shard that follows the waited job to look now (see
+# `ask_watcher_to_look`). Asked at each `jobs_wait` on a live job.
+WAIT_LOOKS_AT_ONE_SHARD_PATCH = "pt-wait-looks-at-one-shard-1"
 # An episode that recorded no job Python (started before it was) is checked as this server's.
 SERVER_PYTHON = "3.11"
 
@@ -184,9 +187,15 @@ class EpisodeJobs:
         setup = self._setup
         return watcher_shard_id(setup.watcher_workflow_id, setup.watch_shards, job_workflow_id)
 
-    async def ask_watcher_to_look(self) -> None:
-        """Ask the shards that follow our live jobs to look now (a `jobs_wait` is pending)."""
-        shards = sorted({self.watcher_of(r.workflow_id) for r in self._s.jobs.values() if r.live})
+    async def ask_watcher_to_look(self, waited: JobRecord) -> None:
+        """Ask the shard that follows the waited job to look now (a `jobs_wait` is pending on
+        it). Before WAIT_LOOKS_AT_ONE_SHARD_PATCH every shard of every live job was asked: up to
+        10 awaited signals, and 10 looks at a whole shard each, per `jobs_wait`."""
+        if workflow.patched(WAIT_LOOKS_AT_ONE_SHARD_PATCH):
+            shards = [self.watcher_of(waited.workflow_id)]
+        else:
+            live = self._s.jobs.values()
+            shards = sorted({self.watcher_of(r.workflow_id) for r in live if r.live})
         if self._setup.watch_shards <= 1:
             shards = [self._setup.watcher_workflow_id]  # as before sharding, jobs or not
         for shard in shards:

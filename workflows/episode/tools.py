@@ -178,7 +178,7 @@ class EpisodeTools:
         record = agent_job(self._s, args.job_id)
         version = record.version
         if not record.final:
-            await self._jobs.ask_watcher_to_look()
+            await self._jobs.ask_watcher_to_look(record)
             await wait_until(
                 lambda: record.version != version or self._s.end is not None,
                 timedelta(seconds=args.timeout_s),

@@ -53,6 +53,13 @@ HISTORY_BUDGET_PATCH = "pt-watcher-history-budget-1"
 # (activities/backends/hf/listing_reuse.py).
 ALIGNED_LOOKS_PATCH = "pt-watcher-aligned-looks-1"
 
+# With aligned looks, a new job does not make its shard look at once: it was just created, and
+# its next change is seen at the next boundary (at most `interval_s` away). Before, each
+# registration made a look at every job of the shard, so a shard of N jobs sent N states per
+# submitted job: at a 1000x10 campaign, most of the shards' looks (and history). Asked only when
+# such a registration comes.
+REGISTRATION_WAITS_PATCH = "pt-watcher-registration-waits-1"
+
 
 def aligned_gap(now: datetime, interval_s: float) -> float:
     """Seconds to the next boundary of `interval_s` in epoch time (never less than a second)."""
@@ -140,6 +147,8 @@ class WatcherWorkflow:
                     workflow.info().workflow_id,
                     MAX_JOBS_PER_SHARD,
                 )
+        if self._inp.min_interval_s is None and workflow.patched(REGISTRATION_WAITS_PATCH):
+            return  # aligned looks: the job's next change is seen at the next boundary
         self._look_now = True
 
     @workflow.signal(name=SIGNAL_LOOK_NOW)
