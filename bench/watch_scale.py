@@ -109,7 +109,7 @@ from posttrain_common.keys import ServerKey  # noqa: E402
 from posttrain_common.settings import Settings  # noqa: E402
 from posttrain_env.agents.runner import TurnReply, TurnRequest, take_turn  # noqa: E402
 from posttrain_server.shutdown import exit_now  # noqa: E402
-from posttrain_server.temporal.dev_server import sqlite_flags  # noqa: E402
+from posttrain_server.temporal.dev_server import dynamic_config_flags, sqlite_flags  # noqa: E402
 from posttrain_server.temporal.setup import add_search_attributes  # noqa: E402
 from posttrain_server.worker import build_worker, workflow_only_worker  # noqa: E402
 from tests.leaked_locks import LeakedLocks  # noqa: E402
@@ -707,7 +707,7 @@ async def start_server(server: str, workdir: Path, server_args: list[str]) -> Wo
             dev_server_existing_path=_binary("temporal"),
             dev_server_database_filename=str(workdir / "temporal.db"),
             dev_server_log_level="error",
-            dev_server_extra_args=[*sqlite_flags(), *server_args],
+            dev_server_extra_args=[*sqlite_flags(), *dynamic_config_flags(), *server_args],
             search_attributes=SEARCH_ATTRIBUTES,
         )
     env = await WorkflowEnvironment.start_time_skipping(

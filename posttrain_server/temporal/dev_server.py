@@ -36,9 +36,30 @@ READY_TIMEOUT_S = 30.0
 SQLITE_PRAGMAS = ("journal_mode=wal",)
 
 
+# The server's caches, sized for what one machine is meant to serve: 10,000 running jobs with
+# their episodes and rollouts, about 12,000 open workflows. The dev server keeps 8,096
+# workflows' mutable state and 512 KiB of history events by default; past them, workflow tasks
+# reload both from SQLite. Measured at a 1000x10 campaign (bench/watch_scale.py): the
+# workflow-task latency's bursts began as the open workflows passed 8,096. A cached workflow's
+# state is a few KiB, so the full caches cost the server a few hundred MiB at most.
+DYNAMIC_CONFIG: dict[str, int] = {
+    "history.hostLevelCacheMaxSize": 16_384,  # workflows
+    "history.eventsCacheMaxSizeBytes": 64 * 1024 * 1024,
+}
+
+
 def sqlite_flags() -> list[str]:
     """`--sqlite-pragma` flags for every file-backed `temporal server start-dev` we run."""
     return [flag for pragma in SQLITE_PRAGMAS for flag in ("--sqlite-pragma", pragma)]
+
+
+def dynamic_config_flags() -> list[str]:
+    """`--dynamic-config-value` flags of DYNAMIC_CONFIG, for every dev server we run."""
+    return [
+        flag
+        for key, value in DYNAMIC_CONFIG.items()
+        for flag in ("--dynamic-config-value", f"{key}={value}")
+    ]
 
 
 def start_excerpt(written: str, keep: int = 2000) -> str:
@@ -127,6 +148,7 @@ def start_dev_command(
     command = [
         *(temporal_binary(), "server", "start-dev", "--db-filename", str(db_file)),
         *sqlite_flags(),
+        *dynamic_config_flags(),
         *("--ip", "127.0.0.1", "--port", str(port), "--log-level", "warn"),
         *("--http-port", str(http_port), "--metrics-port", str(metrics_port)),
         *dev_server_flags(),
