@@ -8,6 +8,7 @@ import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -214,12 +215,14 @@ class StubJob:
         return self.ends
 
 
-async def stub_worker_started(env: WorkflowEnvironment, queue: str) -> Worker:
+async def stub_worker_started(
+    env: WorkflowEnvironment, queue: str, observe: Any = observe_ended
+) -> Worker:
     return Worker(
         env.client,
         task_queue=queue,
         workflows=[WatcherWorkflow, StubJob],
-        activities=[observe_ended],
+        activities=[observe],
         workflow_runner=workflow_runner(),
     )
 
@@ -340,13 +343,7 @@ async def test_with_aligned_looks_a_new_job_waits_for_the_boundary_and_look_now_
     first looked at on the next boundary. A pending `jobs_wait`'s look_now still looks at once."""
     client, queue = time_skipping_env.client, f"tq-{uuid.uuid4().hex[:8]}"
     LOOKS.clear()
-    async with Worker(
-        client,
-        task_queue=queue,
-        workflows=[WatcherWorkflow],
-        activities=[observe_nothing_changed],
-        workflow_runner=workflow_runner(),
-    ):
+    async with await stub_worker_started(time_skipping_env, queue, observe_nothing_changed):
         first = WatchRequest(ref="ra", workflow_id="job-a", state="running")
         shard = await watch(client, queue, "shard-3", first)  # aligned: min_interval_s None
         await time_skipping_env.sleep(timedelta(seconds=1))
