@@ -47,6 +47,12 @@ skipped. The test server holds every workflow in memory and slows as they accumu
 There the report also gives the server's work per job, from the dev server's own request counts
 (its Prometheus metrics, read once every workflow has ended): workflow tasks, activity tasks,
 signals, queries, activity heartbeats and persistence writes (the bench's own reads left out).
+
+To tell where the slow workflow tasks' time goes, the report ends with: the slow tasks' time
+scheduled to started (waiting for a worker) against started to completed, and which worker took
+them; each process's full garbage collections of 50 ms or more (`main`: the activities and the
+bench; `wf-N`: the workflow-only processes); each process's CPU (and the dev server's) by
+minute; and, for each minute with 10 or more slow tasks, that minute's CPU and collections.
 """
 
 from __future__ import annotations
@@ -90,6 +96,13 @@ sys.dont_write_bytecode = False
 
 from activities.campaigns.agent_turns import AgentTurnActivities  # noqa: E402
 from activities.campaigns.store import CampaignStore  # noqa: E402
+from bench._pauses import (  # noqa: E402
+    CpuByMinute,
+    Pauses,
+    log_full_collections,
+    pid_running,
+    read_pauses,
+)
 from bench._server_work import given_metrics_port, read_server_work  # noqa: E402
 from bench._topology import free_port  # noqa: E402
 from bench.hub_api_load import (  # noqa: E402
@@ -187,6 +200,13 @@ class Level:
     # tasks come from.
     started_at: float = 0.0
     slow_tasks_at: list[float] = field(default_factory=list)
+    # Each slow task's seconds from scheduled to started (waiting for a worker to take it) and
+    # from started to completed (the worker's run and its reply), and the worker that took it.
+    slow_tasks_split: list[tuple[float, float, str]] = field(default_factory=list)
+    # Each process's full garbage collections (main: the activities and the bench; wf-N: the
+    # workflow-only processes), and each process's (and the dev server's) CPU by minute.
+    pauses: dict[str, Pauses] = field(default_factory=dict)
+    cpu_minutes: list[dict[str, float]] = field(default_factory=list)
     # Workflow tasks of the sampled jobs that timed out or failed and were retried (a loaded
     # machine: each adds its timeout or failure and the retry's scheduled and started events,
     # which `job_events` leaves out and `job_events_recorded` keeps).
@@ -323,6 +343,7 @@ async def read_histories(
                 level.job_events_recorded.append(recorded)
         for events in runs:
             scheduled: dict[int, float] = {}
+            started_at: dict[int, tuple[float, str]] = {}
             turns: dict[int, float] = {}
             for event in events:
                 size = event_payload_bytes(event)
@@ -331,6 +352,9 @@ async def read_histories(
                 at = event.event_time.ToMicroseconds() / 1e6
                 if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
                     scheduled[event.event_id] = at
+                elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+                    attrs_started = event.workflow_task_started_event_attributes
+                    started_at[attrs_started.scheduled_event_id] = (at, attrs_started.identity)
                 elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
                     attrs = event.workflow_task_completed_event_attributes
                     if attrs.scheduled_event_id in scheduled:
@@ -338,6 +362,12 @@ async def read_histories(
                         level.latency_by_kind.setdefault(kind, []).append(latency)
                         if latency > TASK_P99_TARGET_S:
                             level.slow_tasks_at.append(scheduled[attrs.scheduled_event_id])
+                            began, identity = started_at.get(
+                                attrs.scheduled_event_id, (scheduled[attrs.scheduled_event_id], "")
+                            )
+                            level.slow_tasks_split.append(
+                                (began - scheduled[attrs.scheduled_event_id], at - began, identity)
+                            )
                 elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
                     activity_type = event.activity_task_scheduled_event_attributes.activity_type
                     if activity_type.name == "agent_turn":
@@ -377,14 +407,16 @@ async def start_episode(
 
 
 def start_workflow_processes(
-    n: int, address: str, queue: str, cache: int
+    n: int, address: str, queue: str, cache: int, workdir: Path
 ) -> list[subprocess.Popen[bytes]]:
+    """N workflow-only processes; process `k` logs its full collections to `gc-wf-k.log`."""
     command = [sys.executable, __file__, "--serve-workflows", address, queue, str(cache)]
-    return [subprocess.Popen(command) for _ in range(n)]
+    return [subprocess.Popen([*command, str(workdir / f"gc-wf-{k}.log")]) for k in range(1, n + 1)]
 
 
-async def serve_workflows(address: str, queue: str, cache: int) -> None:
+async def serve_workflows(address: str, queue: str, cache: int, gc_log: Path) -> None:
     """A workflow-only worker process (`--workflow-processes`): until it is terminated."""
+    log_full_collections(gc_log)
     client = await Client.connect(address, data_converter=pydantic_data_converter)
     async with workflow_only_worker(client, queue, cache):
         await asyncio.Event().wait()
@@ -525,6 +557,8 @@ async def run_level(
     started = time.monotonic()
     level.started_at = time.time()
     helpers: list[subprocess.Popen[bytes]] = []
+    stop_main_log = log_full_collections(workdir / "gc-main.log")
+    sampling: asyncio.Task[None] | None = None
     try:
         client, queue = env.client, f"watch-scale-{uuid.uuid4().hex[:8]}"
         # Every open workflow stays cached (the SDK's default of 1,000 would replay evicted ones).
@@ -538,7 +572,7 @@ async def run_level(
         if workflow_processes:
             address = client.service_client.config.target_host
             helpers = start_workflow_processes(
-                workflow_processes, address, queue, settings.max_cached_workflows
+                workflow_processes, address, queue, settings.max_cached_workflows, workdir
             )
         worker = build_worker(
             client, settings, backend, task_queue=queue, tasks_dir=tasks_dir,
@@ -554,6 +588,11 @@ async def run_level(
             max_concurrent_activities=32,
             max_task_queue_activities_per_second=turns_per_second,
         )
+        pids = {"main": os.getpid()} | {f"wf-{k}": h.pid for k, h in enumerate(helpers, 1)}
+        server_pid = pid_running(str(workdir / "temporal.db")) if real_time else None
+        if server_pid is not None:
+            pids["server"] = server_pid
+        sampling = asyncio.create_task(sample_cpu(CpuByMinute(pids), level, started))
         async with worker, agents:
             if campaign:
                 campaign_id = f"watch-scale-{uuid.uuid4().hex[:8]}"
@@ -681,10 +720,14 @@ async def run_level(
                 level.shard_runs += len(await histories_of(client, shard))
             await read_histories(client, shard_ids, level, "shard")
     finally:
+        if sampling is not None:
+            sampling.cancel()
+        stop_main_log()
         for helper in helpers:
             helper.terminate()
             helper.wait()
         await env.shutdown()
+        level.pauses = await asyncio.to_thread(read_pauses, workdir)
     status = [c for c in hub.calls if c.method in STATUS_CALLS and not _by_key(c.args)]
     level.status_calls = len(status)
     lives: list[tuple[float, float]] = []
@@ -721,6 +764,20 @@ async def start_server(server: str, workdir: Path, server_args: list[str]) -> Wo
         await env.shutdown()
         raise
     return env
+
+
+async def sample_cpu(cpu: CpuByMinute, level: Level, started: float) -> None:
+    """Each process's CPU, every minute of the level, into `level` and the progress lines."""
+    cpu.sample()
+    while True:
+        await asyncio.sleep(60)
+        shares = cpu.sample()
+        level.cpu_minutes.append(shares)
+        progress(
+            started,
+            level.label,
+            "CPU % of a core: " + ", ".join(f"{n} {s:.0f}" for n, s in shares.items()),
+        )
 
 
 def most_at_once(lives: list[tuple[float, float]]) -> int:
@@ -819,6 +876,7 @@ def report(levels: list[Level], shards: int, server: str = "test") -> list[str]:
         for lv in levels
         if lv.server_work
     ]
+    lines += diagnosis(last)
     if last.cancelled_job_events:
         lines.append(
             f"jobs cancelled by their episode's end: {len(last.cancelled_job_events)} of the "
@@ -834,6 +892,56 @@ def report(levels: list[Level], shards: int, server: str = "test") -> list[str]:
         lines.append(
             f"growth x{scale:g} in jobs: payload x{payload:.2f}, events/job x{events:.2f}, "
             f"task p99 x{p99:.2f}, status/job/30s x{calls:.2f}"
+        )
+    return lines
+
+
+def diagnosis(level: Level) -> list[str]:
+    """Where the slow tasks' time went: waiting for a worker or in its run, which worker, and
+    what each process (and the dev server) did in the minutes they came in."""
+    lines: list[str] = []
+    split = level.slow_tasks_split
+    if split:
+        waits = [wait for wait, _, _ in split]
+        runs = [run for _, run, _ in split]
+        by_worker: dict[str, int] = {}
+        for _, _, identity in split:
+            by_worker[identity] = by_worker.get(identity, 0) + 1
+        lines.append(
+            f"workflow tasks over {TASK_P99_TARGET_S * 1000:.0f} ms ({level.label}): scheduled "
+            f"to started p50 {quantile(waits, 0.5) * 1000:.0f} ms (mean "
+            f"{statistics.mean(waits) * 1000:.0f}), started to completed p50 "
+            f"{quantile(runs, 0.5) * 1000:.0f} ms (mean {statistics.mean(runs) * 1000:.0f}); "
+            "by worker: " + ", ".join(f"{who or '?'} {n}" for who, n in sorted(by_worker.items()))
+        )
+    lines += [
+        f"full garbage collections ({level.label}, {name}): {pauses.summary()}"
+        for name, pauses in level.pauses.items()
+    ]
+    if level.cpu_minutes:
+        mean = {
+            name: statistics.mean(m.get(name, 0.0) for m in level.cpu_minutes)
+            for name in level.cpu_minutes[0]
+        }
+        lines.append(
+            f"CPU % of a core, mean over the level ({level.label}): "
+            + ", ".join(f"{name} {share:.0f}" for name, share in mean.items())
+        )
+    slow: dict[int, int] = {}
+    for at in level.slow_tasks_at:
+        minute = int((at - level.started_at) // 60)
+        slow[minute] = slow.get(minute, 0) + 1
+    collected = {name: p.by_minute(level.started_at) for name, p in level.pauses.items()}
+    for minute, count in sorted(slow.items()):
+        if count < 10:
+            continue
+        # `cpu_minutes[k]` covers minute k of the level (sampled at its end).
+        shares = level.cpu_minutes[minute] if minute < len(level.cpu_minutes) else {}
+        lines.append(
+            f"  m{minute}: {count} slow tasks; CPU % "
+            + ", ".join(f"{name} {share:.0f}" for name, share in shares.items())
+            + "; full collections "
+            + ", ".join(f"{name} {by.get(minute, 0.0):.1f} s" for name, by in collected.items())
         )
     return lines
 
@@ -896,15 +1004,15 @@ def main() -> None:
         help="an argument for the server (the test server is a GraalVM native image: e.g. "
         "-XX:+VerboseGC)",
     )
-    parser.add_argument("--serve-workflows", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-workflows", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.levels and not args.campaign:
         parser.error("no level to run: give --levels, --campaign, or both")
     if args.agent_turns_per_second is not None and not 0 < args.agent_turns_per_second < math.inf:
         parser.error("--agent-turns-per-second must be a number above 0")
     if args.serve_workflows:
-        address, queue, cache = args.serve_workflows
-        asyncio.run(serve_workflows(address, queue, int(cache)))
+        address, queue, cache, gc_log = args.serve_workflows
+        asyncio.run(serve_workflows(address, queue, int(cache), Path(gc_log)))
         return
     logging.basicConfig(level=logging.ERROR)
     levels: list[Level] = []
