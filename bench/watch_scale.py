@@ -2,7 +2,7 @@
 
     uv run python bench/watch_scale.py [--levels 100x10,1000x10|none] [--run-minutes 10]
         [--campaign 1000x10 [--campaign-window 200] [--agent-turns-per-second 6]]
-        [--workflow-processes 2] [--server dev]
+        [--workflow-processes 2] [--server dev] [--full-collection-every-s 600]
 
 Each level is EPISODESxJOBS: that many episodes, each submitting that many jobs (`jobs_submit`
 on cpu-basic), all running at once. On the time-skipping test server, with an in-process worker
@@ -53,6 +53,9 @@ scheduled to started (waiting for a worker) against started to completed, and wh
 them; each process's full garbage collections of 50 ms or more (`main`: the activities and the
 bench; `wf-N`: the workflow-only processes); each process's CPU (and the dev server's) by
 minute; and, for each minute with 10 or more slow tasks, that minute's CPU and collections.
+The bench's worker processes collect their oldest generation as a worker does
+(`POSTTRAIN_WORKER_FULL_COLLECTION_EVERY_S`); `--full-collection-every-s 0` gives them Python's
+own schedule, as before that setting.
 """
 
 from __future__ import annotations
@@ -121,6 +124,7 @@ from posttrain_common.contracts.episode_calls import ToolCall  # noqa: E402
 from posttrain_common.keys import ServerKey  # noqa: E402
 from posttrain_common.settings import Settings  # noqa: E402
 from posttrain_env.agents.runner import TurnReply, TurnRequest, take_turn  # noqa: E402
+from posttrain_server.full_collections import full_collections_every  # noqa: E402
 from posttrain_server.shutdown import exit_now  # noqa: E402
 from posttrain_server.temporal.dev_server import dynamic_config_flags, sqlite_flags  # noqa: E402
 from posttrain_server.temporal.setup import add_search_attributes  # noqa: E402
@@ -407,18 +411,23 @@ async def start_episode(
 
 
 def start_workflow_processes(
-    n: int, address: str, queue: str, cache: int, workdir: Path
+    n: int, address: str, queue: str, cache: int, workdir: Path, full_collection_every_s: float
 ) -> list[subprocess.Popen[bytes]]:
     """N workflow-only processes; process `k` logs its full collections to `gc-wf-k.log`."""
     command = [sys.executable, __file__, "--serve-workflows", address, queue, str(cache)]
+    command.append(str(full_collection_every_s))
     return [subprocess.Popen([*command, str(workdir / f"gc-wf-{k}.log")]) for k in range(1, n + 1)]
 
 
-async def serve_workflows(address: str, queue: str, cache: int, gc_log: Path) -> None:
-    """A workflow-only worker process (`--workflow-processes`): until it is terminated."""
+async def serve_workflows(
+    address: str, queue: str, cache: int, full_collection_every_s: float, gc_log: Path
+) -> None:
+    """A workflow-only worker process (`--workflow-processes`): until it is terminated. Its
+    full garbage collections come on the schedule a worker's do."""
     log_full_collections(gc_log)
     client = await Client.connect(address, data_converter=pydantic_data_converter)
-    async with workflow_only_worker(client, queue, cache):
+    every_s = full_collection_every_s
+    async with full_collections_every(every_s), workflow_only_worker(client, queue, cache):
         await asyncio.Event().wait()
 
 
@@ -526,6 +535,7 @@ async def run_level(
     window: int | None = None,
     server: str = "test",
     turns_per_second: float | None = None,
+    full_collection_every_s: float | None = None,
 ) -> Level:
     window = window if campaign and window is not None and window < episodes else None
     turns_per_second = turns_per_second if campaign else None
@@ -569,10 +579,19 @@ async def run_level(
             max_cached_workflows=2 * episodes * (jobs + 3) + 100,
             campaigns_dir=workdir / "campaigns",
         )
+        if full_collection_every_s is not None:
+            settings = settings.model_copy(
+                update={"worker_full_collection_every_s": full_collection_every_s}
+            )
         if workflow_processes:
             address = client.service_client.config.target_host
             helpers = start_workflow_processes(
-                workflow_processes, address, queue, settings.max_cached_workflows, workdir
+                workflow_processes,
+                address,
+                queue,
+                settings.max_cached_workflows,
+                workdir,
+                settings.worker_full_collection_every_s,
             )
         worker = build_worker(
             client, settings, backend, task_queue=queue, tasks_dir=tasks_dir,
@@ -593,7 +612,8 @@ async def run_level(
         if server_pid is not None:
             pids["server"] = server_pid
         sampling = asyncio.create_task(sample_cpu(CpuByMinute(pids), level, started))
-        async with worker, agents:
+        every_s = settings.worker_full_collection_every_s
+        async with full_collections_every(every_s), worker, agents:
             if campaign:
                 campaign_id = f"watch-scale-{uuid.uuid4().hex[:8]}"
                 spec = parse_spec(
@@ -1004,15 +1024,25 @@ def main() -> None:
         help="an argument for the server (the test server is a GraalVM native image: e.g. "
         "-XX:+VerboseGC)",
     )
-    parser.add_argument("--serve-workflows", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--full-collection-every-s",
+        type=float,
+        default=None,
+        help="the workers' full garbage collections, every N s (POSTTRAIN_WORKER_FULL_COLLECTION_"
+        "EVERY_S; default: the setting's default; 0: Python's own schedule)",
+    )
+    parser.add_argument("--serve-workflows", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.levels and not args.campaign:
         parser.error("no level to run: give --levels, --campaign, or both")
     if args.agent_turns_per_second is not None and not 0 < args.agent_turns_per_second < math.inf:
         parser.error("--agent-turns-per-second must be a number above 0")
+    every_s = args.full_collection_every_s
+    if every_s is not None and not 0 <= every_s <= 86_400:
+        parser.error("--full-collection-every-s must be between 0 and 86400")
     if args.serve_workflows:
-        address, queue, cache, gc_log = args.serve_workflows
-        asyncio.run(serve_workflows(address, queue, int(cache), Path(gc_log)))
+        address, queue, cache, every_s, gc_log = args.serve_workflows
+        asyncio.run(serve_workflows(address, queue, int(cache), float(every_s), Path(gc_log)))
         return
     logging.basicConfig(level=logging.ERROR)
     levels: list[Level] = []
@@ -1039,6 +1069,7 @@ def main() -> None:
                         args.campaign_window,
                         args.server,
                         args.agent_turns_per_second,
+                        args.full_collection_every_s,
                     )
                 )
             # Each level's row as soon as it is measured: a later level may not finish.

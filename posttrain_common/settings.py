@@ -152,6 +152,11 @@ class Settings(BaseSettings):
     # replayed from its history at its next task: a worker that runs more open workflows than
     # this (about three per live episode, and one per running job) spends its CPU replaying.
     max_cached_workflows: int = Field(default=1000, ge=0, le=1_000_000)
+    # A worker process collects its oldest generation of garbage every this many seconds and
+    # only then (posttrain_server/full_collections.py: with thousands of workflows cached,
+    # Python's own schedule stopped each workflow process for seconds about once a minute).
+    # 0: Python's own schedule.
+    worker_full_collection_every_s: float = Field(default=600, ge=0, le=86_400)
     # Where episodes' audit records are written (default: <state_dir>/audit).
     audit_dir: Path | None = None
     # Where task specs live (default: the `tasks` package shipped with the server).

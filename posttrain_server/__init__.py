@@ -3,6 +3,7 @@
 cli.py              `posttrain-env`: every subcommand below
 server.py           `uv run server`: the gateway, a worker, the embedded Temporal
 worker.py           the Temporal worker: every workflow and activity
+full_collections.py a worker's full garbage collections on a schedule of its own
 agent_worker.py     `posttrain-env agent-worker`: the only process that runs agent code
 wiring.py           the backend from settings (through the registry); the calls activities make
                     to other workflows

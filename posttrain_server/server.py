@@ -100,10 +100,13 @@ async def serve(host: str, port: int, *, with_worker: bool) -> None:
         await check_deployment(client, settings.task_queue, key)
         log.info("server key %s (fingerprint %s)", key.source, key.fingerprint)
         if backend is not None:
+            from posttrain_server.full_collections import full_collections_every
             from posttrain_server.worker import build_worker
             from posttrain_server.worker_metrics import serving_worker_metrics
 
             worker = build_worker(client, settings, backend, key=key.key)
+            every_s = settings.worker_full_collection_every_s
+            await stack.enter_async_context(full_collections_every(every_s))
             # Its series are served with the gateway's, on /metrics.
             await stack.enter_async_context(serving_worker_metrics(settings, client, backend.name))
             await stack.enter_async_context(worker)

@@ -31,6 +31,7 @@ from activities.records.retention import RetentionActivities
 from posttrain_common.keys import ServerKey, ServerKeyError
 from posttrain_common.settings import Settings
 from posttrain_server.deployment_key import check_deployment, resolve_server_key
+from posttrain_server.full_collections import full_collections_every
 from posttrain_server.reconcile import TemporalStrandedWorkflows
 from posttrain_server.shutdown import ShutdownDeadline, stop_on_signals
 from posttrain_server.temporal.client import connect, sdk_metrics_address
@@ -257,7 +258,7 @@ async def run_worker() -> None:
     try:
         async with serving_worker_metrics(settings, client, backend.name, port=port) as url:
             log_metrics_endpoints(settings, url)
-            async with worker:
+            async with full_collections_every(settings.worker_full_collection_every_s), worker:
                 await stop.wait()
     except MetricsEndpointError as exc:
         print(f"posttrain-env worker: {exc}", file=sys.stderr, flush=True)

@@ -213,6 +213,10 @@ def test_the_watch_scale_benchmark_runs_and_meets_its_targets_at_a_small_level(
     for kind in ("job", "episode", "rollout", "campaign", "shard"):
         assert f"{kind} " in by_kind, by_kind
     assert "growth x1.5 in jobs" in out, out
+    # Each workflow process's full collections are reported (the bench's own process's too).
+    processes_named = ["main"] + [f"wf-{k}" for k in range(1, int(processes) + 1)]
+    for name in processes_named:
+        assert f"full garbage collections ({campaign}, {name}): " in out, out
 
 
 @DEPLOYMENT
@@ -234,6 +238,11 @@ def test_the_watch_scale_benchmark_runs_on_the_dev_server_in_real_time() -> None
         (line,) = [line for line in out.splitlines() if line.startswith(target)]
         assert line.endswith("OK"), line
     assert "leaked" not in out, out  # no time-skipping lock on a real server
+    # Where the time goes: each process's full collections and, minute by minute, its CPU and
+    # the dev server's.
+    assert "full garbage collections (c4x4r20, main): " in out, out
+    (cpu,) = [line for line in out.splitlines() if line.startswith("CPU % of a core, mean")]
+    assert "(c4x4r20): main " in cpu and ", server " in cpu, cpu
     # Submitted in seconds, each on the Hub for minutes: every job was there at once.
     assert "jobs on the Hub at once (most): 2x3 6 of 6, c4x4r20 16 of 16" in out, out
     work = {label: server_work_of(out, label) for label in ("2x3", "c4x4r20")}

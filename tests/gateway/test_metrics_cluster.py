@@ -44,5 +44,7 @@ async def test_the_cluster_serves_temporal_and_worker_metrics_where_it_says(
 
             await eventually(worker_reads_visibility, 60, "the worker's visibility gauges")
         assert f"worker metrics: {worker.url}" in worker.log_since_start()
+        # The worker runs its full garbage collections on its own schedule (the default).
+        assert "full garbage collections every 600 s" in worker.log_since_start()
     finally:
         await cluster.stop()
