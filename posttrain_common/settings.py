@@ -154,7 +154,7 @@ class Settings(BaseSettings):
     max_cached_workflows: int = Field(default=1000, ge=0, le=1_000_000)
     # A worker process collects its oldest generation of garbage every this many seconds and
     # only then (posttrain_server/full_collections.py: with thousands of workflows cached,
-    # Python's own schedule stopped each workflow process for seconds about once a minute).
+    # Python's own schedule stopped each workflow process for seconds every few minutes).
     # 0: Python's own schedule.
     worker_full_collection_every_s: float = Field(default=600, ge=0, le=86_400)
     # Where episodes' audit records are written (default: <state_dir>/audit).

@@ -8,8 +8,9 @@ stopped for a full collection every one to three minutes, 0.8 s with about 2,000
 cached and 2-2.5 s with about 3,000, and every workflow task it held waited through the stop.
 
 Here the oldest generation is collected every `every_s` instead (and never by Python's
-count): the same stop, but once in `every_s`, so a task in a thousand meets one rather than a
-task in fifty. The younger generations are collected as before, so short-lived cycles are
+count): the same stop, but once in `every_s`. At 10 minutes, that campaign's workflow tasks
+over 1 s went from 1,485 to 209 (of about 61,000 sampled), and its p99 from 1,310 to 778 ms
+(one run each). The younger generations are collected as before, so short-lived cycles are
 freed as soon as ever; what waits for the next full collection is only cyclic garbage that
 was old when it died (a workflow closed or evicted after living for minutes).
 """
