@@ -107,11 +107,10 @@ def pid_running(command_part: str) -> int | None:
 
 @dataclass
 class CpuByMinute:
-    """Each named process's share of one core, minute by minute (100 = one core busy)."""
+    """Each named process's share of one core since the last sample (100 = one core busy)."""
 
     pids: dict[str, int]
     last: dict[str, float] = field(default_factory=dict)
-    minutes: list[dict[str, float]] = field(default_factory=list)
 
     def sample(self) -> dict[str, float]:
         """One minute's shares since the last sample (call every 60 s)."""
@@ -123,13 +122,4 @@ class CpuByMinute:
             if name in self.last:
                 shares[name] = (now - self.last[name]) / 60 * 100
             self.last[name] = now
-        if shares:
-            self.minutes.append(shares)
         return shares
-
-    def mean(self) -> dict[str, float]:
-        names = {name for minute in self.minutes for name in minute}
-        return {
-            name: sum(m.get(name, 0.0) for m in self.minutes) / len(self.minutes)
-            for name in sorted(names)
-        }

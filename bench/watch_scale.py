@@ -252,13 +252,19 @@ class Level:
         return quantile(latencies, q)
 
 
-def slow_minutes(level: Level) -> str:
-    """`m3 12, m4 40`: how many of the slow tasks each minute of the level holds."""
+def slow_by_minute(level: Level) -> dict[int, int]:
+    """How many of the slow tasks each minute of the level holds."""
     minutes: dict[int, int] = {}
     for at in level.slow_tasks_at:
         minute = int((at - level.started_at) // 60)
         minutes[minute] = minutes.get(minute, 0) + 1
-    return ", ".join(f"m{minute} {count}" for minute, count in sorted(minutes.items()))
+    return minutes
+
+
+def slow_minutes(level: Level) -> str:
+    """`m3 12, m4 40`: how many of the slow tasks each minute of the level holds."""
+    minutes = sorted(slow_by_minute(level).items())
+    return ", ".join(f"m{minute} {count}" for minute, count in minutes)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -947,12 +953,8 @@ def diagnosis(level: Level) -> list[str]:
             f"CPU % of a core, mean over the level ({level.label}): "
             + ", ".join(f"{name} {share:.0f}" for name, share in mean.items())
         )
-    slow: dict[int, int] = {}
-    for at in level.slow_tasks_at:
-        minute = int((at - level.started_at) // 60)
-        slow[minute] = slow.get(minute, 0) + 1
     collected = {name: p.by_minute(level.started_at) for name, p in level.pauses.items()}
-    for minute, count in sorted(slow.items()):
+    for minute, count in sorted(slow_by_minute(level).items()):
         if count < 10:
             continue
         # `cpu_minutes[k]` covers minute k of the level (sampled at its end).
