@@ -161,6 +161,11 @@ class Settings(BaseSettings):
     audit_dir: Path | None = None
     # Where task specs live (default: the `tasks` package shipped with the server).
     tasks_dir: Path | None = None
+    # A task whose contamination check has no test items here (`posttrain-env tasks fetch
+    # <task>` writes them) does not start: `reset` answers `not_ready` naming that command. True
+    # lets such an episode run and be rewarded unchecked (`episode_end.contamination.skipped`:
+    # `unchecked`, in the audit record and campaign reports too): an operator's explicit choice.
+    accept_unchecked_rewards: bool = False
     # The fake backend's scenario, a JSON file of `activities.backends.fake.backend.FakeScenario`
     # (what
     # each job does; out-of-process tests). None: every job queues, runs and succeeds.

@@ -265,7 +265,9 @@ class ContaminationSummary(BaseModel):
     policy: ContaminationPolicy | Literal["none"] = "none"
     matched_items: int = 0
     # Why nothing was checked: `hidden_split_generated` (the task's hidden split is generated
-    # inside the grader, so there are no test items to find) or `check_failed`.
+    # inside the grader, so there are no test items to find), `check_failed`, or `unchecked`
+    # (the task's test items are not on the deployment, whose operator accepts unchecked
+    # rewards: POSTTRAIN_ACCEPT_UNCHECKED_REWARDS).
     skipped: str | None = None
     # When checked: how many mounted datasets were not read to their end (cut at a byte cap,
     # not read at all, or unreadable). A count only, never which: 0 means all were read.

@@ -132,6 +132,7 @@ def build_worker(
             continue_as_new_events=settings.continue_as_new_events,
             continue_as_new_bytes=settings.continue_as_new_bytes,
             deployment=settings.deployment,
+            accept_unchecked_rewards=settings.accept_unchecked_rewards,
         ),
     )
     audit = AuditActivities(TemporalEpisodeTrail(client), backend, key, audit_dir, storage)
@@ -139,7 +140,12 @@ def build_worker(
         storage, TemporalEpisodeLiveness(client), audit_dir, settings.retention_policy
     )
     # Grader-side: on this worker, which runs no agent code.
-    contamination = ContaminationActivities(TemporalEpisodeTrail(client), backend, tasks_dir)
+    contamination = ContaminationActivities(
+        TemporalEpisodeTrail(client),
+        backend,
+        tasks_dir,
+        accept_unchecked=settings.accept_unchecked_rewards,
+    )
     campaigns = CampaignActivities(
         backend,
         CampaignStore(settings.campaign_root),

@@ -143,6 +143,48 @@ def test_items_path(
     return path
 
 
+# What an operator runs to write the files a task needs that the repository does not ship
+# (posttrain_server/commands/tasks_fetch.py): named by every "not ready" message.
+FETCH_COMMAND = "posttrain-env tasks fetch {task_id}"
+
+
+def fetch_command(task_id: str) -> str:
+    return FETCH_COMMAND.format(task_id=task_id)
+
+
+def missing_test_items(spec: TaskSpec, tasks_dir: Path = TASKS_DIR) -> str | None:
+    """Why the task's contamination check has no test items on this deployment (its declared
+    file is missing, or the declaration leads outside the task's folder), or None: it has them,
+    or it looks for none (no table, or a hidden split generated in the grader)."""
+    contamination = spec.contamination
+    if contamination is None or contamination.test_items is None:
+        return None
+    try:
+        test_items_path(spec.id, spec.family, contamination, tasks_dir)
+    except TaskSpecError as exc:
+        return str(exc)
+    return None
+
+
+def missing_evaluation_files(spec: TaskSpec, tasks_dir: Path = TASKS_DIR) -> str | None:
+    """Why the files the task's evaluator embeds (`[evaluation] files`) are not all here, or
+    None. Only their presence is checked (cheap enough for every reset); `embedded_files` reads
+    them."""
+    given = spec.evaluation.get("files", [])
+    if not isinstance(given, list):
+        return f"task {spec.id!r}: [evaluation] files must be a list of paths"
+    folder = tasks_dir / (spec.family or spec.id)
+    for name in given:
+        if not isinstance(name, str) or _evaluator_problem(name) is not None:
+            return f"task {spec.id!r}: [evaluation] files must be relative paths in its folder"
+        if not (folder / name).is_file():
+            return (
+                f"task {spec.id!r}: its evaluator's file {_shown(folder / name, tasks_dir)} "
+                "does not exist"
+            )
+    return None
+
+
 def generated_models() -> list[str]:
     """The names of the base models generated on this machine (`tasks/models/<name>.py`)."""
     return sorted(

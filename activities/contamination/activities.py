@@ -47,6 +47,7 @@ from posttrain_common.contracts.contamination import (
     ContaminationSource,
     check_failed,
     skipped_generated,
+    unchecked,
 )
 from posttrain_env.errors import ToolError
 from posttrain_env.limits import (
@@ -85,6 +86,7 @@ class ContaminationActivities(ContaminationApi):
         read_seconds: float = CONTAMINATION_READ_S,
         outputs_bytes: int = CONTAMINATION_OUTPUTS_BYTES,
         outputs_total_bytes: int = CONTAMINATION_OUTPUTS_TOTAL_BYTES,
+        accept_unchecked: bool = False,
     ) -> None:
         self._trail = trail
         self._backend = backend
@@ -94,12 +96,19 @@ class ContaminationActivities(ContaminationApi):
         self._read_seconds = read_seconds
         self._outputs_bytes = outputs_bytes
         self._outputs_total_bytes = outputs_total_bytes
+        self._accept_unchecked = accept_unchecked
 
     @activity.defn
     async def check_contamination(self, check: CheckContamination) -> ContaminationReport:
         spec = check.spec
         if spec.test_items is None:
             return skipped_generated()
+        if self._accept_unchecked:
+            # Reset let the episode start without its items (the operator's setting): if they
+            # are still missing, say so apart from a check that failed.
+            missing = await asyncio.to_thread(self._missing_items, check)
+            if missing is not None:
+                return unchecked(spec, f"{missing} (accepted unchecked by the operator)")
         try:
             items = await asyncio.to_thread(self._test_items, check)
         except ItemsFileError as err:
@@ -139,6 +148,13 @@ class ContaminationActivities(ContaminationApi):
             unread_datasets=sum(1 for source in sources if source.unread),
         )
         return ContaminationReport(summary=summary, evidence=evidence)
+
+    def _missing_items(self, check: CheckContamination) -> str | None:
+        try:
+            path = test_items_path(check.task_id, check.family, check.spec, self._tasks_dir)
+        except TaskSpecError as err:
+            return str(err)
+        return None if path.is_file() else f"{path.name} is missing"
 
     def _test_items(self, check: CheckContamination) -> list[ItemText]:
         try:

@@ -22,7 +22,16 @@ from posttrain_common.failures import agent_errors
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES
 from posttrain_env.models import TaskSpec
-from tasks.registry import TaskSpecError, load_task
+from tasks.registry import (
+    TaskSpecError,
+    fetch_command,
+    load_task,
+    missing_evaluation_files,
+    missing_test_items,
+)
+
+# The setting that lets a task without its contamination items run (posttrain_common/settings.py).
+ACCEPT_UNCHECKED_SETTING = "POSTTRAIN_ACCEPT_UNCHECKED_REWARDS"
 
 
 class EpisodeConfig(BaseModel):
@@ -38,6 +47,9 @@ class EpisodeConfig(BaseModel):
     continue_as_new_events: int | None = None
     continue_as_new_bytes: int = CONTINUE_AS_NEW_HISTORY_BYTES
     deployment: str | None = None  # this deployment's name, for operators' filters
+    # The operator accepts rewards the contamination check could not check (its test items
+    # are not here): such episodes start, and end with `contamination.skipped: "unchecked"`.
+    accept_unchecked_rewards: bool = False
 
 
 async def pinned_base_model(
@@ -62,6 +74,27 @@ async def pinned_base_model(
     )
 
 
+def refuse_unready(task: TaskSpec, config: EpisodeConfig) -> None:
+    """Raise ToolError(not_ready), naming the command that makes the task ready, for a task
+    this deployment cannot grade (files its evaluator embeds are missing) or cannot check for
+    contamination (its test items are missing) unless the operator accepts unchecked rewards:
+    no reward is unchecked by accident (DESIGN §12)."""
+    missing = missing_evaluation_files(task, config.tasks_dir)
+    unchecked = missing_test_items(task, config.tasks_dir)
+    if missing is None and (unchecked is None or config.accept_unchecked_rewards):
+        return
+    why = missing or unchecked
+    opt_in = ""
+    if not missing:
+        opt_in = f" (or, to reward its episodes unchecked, sets {ACCEPT_UNCHECKED_SETTING}=true)"
+    raise ToolError(
+        ErrorType.not_ready,
+        f"task {task.id!r} is not ready on this deployment: {why}. Its operator runs "
+        f"`{fetch_command(task.id)}`{opt_in}",
+        field="task_id",
+    )
+
+
 class EpisodeActivities(EpisodesApi):
     def __init__(self, backend: JobsBackend, account: ServerAccount, config: EpisodeConfig) -> None:
         self._backend = backend
@@ -76,6 +109,7 @@ class EpisodeActivities(EpisodesApi):
             task = load_task(request.task_id, self._config.tasks_dir)
         except TaskSpecError as err:
             raise ToolError(ErrorType.invalid_argument, str(err), field="task_id") from None
+        refuse_unready(task, self._config)
         prices = {p.name: p for p in await self._backend.hardware()}
         base_model = await pinned_base_model(self._backend, task, request.base_model_revision)
         config = self._config

@@ -132,6 +132,11 @@ class RolloutRecord(BaseModel):
         return self.contamination is not None and self.contamination.flagged
 
     @property
+    def contamination_unchecked(self) -> bool:
+        """The task's test items were missing and the operator accepted unchecked rewards."""
+        return self.contamination is not None and self.contamination.skipped == "unchecked"
+
+    @property
     def key(self) -> tuple[str, int]:
         return (self.rollout_id, self.attempt)
 

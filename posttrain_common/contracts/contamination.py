@@ -99,6 +99,22 @@ def check_failed(spec: ContaminationSpec, why: str) -> ContaminationReport:
     )
 
 
+def unchecked(spec: ContaminationSpec, why: str) -> ContaminationReport:
+    """The task's test items are not on this deployment and its operator accepts unchecked
+    rewards (POSTTRAIN_ACCEPT_UNCHECKED_REWARDS): nothing was looked for, the reward stands,
+    and every report says so."""
+    return ContaminationReport(
+        summary=ContaminationSummary(checked=False, skipped="unchecked"),
+        evidence=ContaminationEvidence(
+            test_items=spec.test_items or "",
+            items=0,
+            ngram=spec.ngram,
+            threshold=spec.threshold,
+            error=cut_text(why),
+        ),
+    )
+
+
 def reward_under_policy(reward: float, summary: ContaminationSummary) -> float:
     """The reward once the task's policy has spoken: 0 for a flagged episode under
     `zero_reward`; otherwise as the grader scored it."""

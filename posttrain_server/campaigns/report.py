@@ -61,6 +61,9 @@ class Cell(BaseModel):
     # Rollouts (deciding attempts) the contamination check flagged; their rewards count as
     # the task's policy made them (`report`: as scored; `zero_reward`: 0).
     contamination_flagged: int = 0
+    # Rollouts (deciding attempts) rewarded without a contamination check: the task's test
+    # items were missing and the operator accepted unchecked rewards.
+    contamination_unchecked: int = 0
     # Rollouts (deciding attempts) whose episode had jobs replayed from recordings (the replay
     # backend): their rewards were not measured.
     replayed: int = 0
@@ -91,6 +94,7 @@ class AttemptRow(BaseModel):
     total_usd: float
     wall_time_s: float
     contamination_flagged: bool | None = None  # None: the attempt's episode was not checked
+    contamination_unchecked: bool = False  # rewarded unchecked (its task's items missing)
     replayed: bool = False  # some job of the attempt's episode was replayed, not run
 
 
@@ -108,6 +112,11 @@ class Report(BaseModel):
     def contamination_flagged(self) -> int:
         """Rollouts (each once, by its deciding attempt) the contamination check flagged."""
         return sum(cell.contamination_flagged for cell in self.cells)
+
+    @property
+    def contamination_unchecked(self) -> int:
+        """Rollouts (each once, by its deciding attempt) rewarded unchecked."""
+        return sum(cell.contamination_unchecked for cell in self.cells)
 
     @property
     def replayed(self) -> int:
@@ -169,6 +178,7 @@ def build_report(
             total_usd=round(r.service_spend.settled.usd + r.llm.usd, 6),
             wall_time_s=r.wall_time_s,
             contamination_flagged=r.contamination.flagged if r.contamination else None,
+            contamination_unchecked=r.contamination_unchecked,
             replayed=bool(r.replayed),
         )
         for r in sorted(records, key=lambda r: r.key)
@@ -221,6 +231,7 @@ def _cell(
         usd_per_rollout=per_rollout,
         reward_per_usd=mean / per_rollout if mean is not None and per_rollout > 0 else None,
         contamination_flagged=sum(1 for r in deciding if r.contamination_flagged),
+        contamination_unchecked=sum(1 for r in deciding if r.contamination_unchecked),
         replayed=sum(1 for r in deciding if r.replayed),
     )
 

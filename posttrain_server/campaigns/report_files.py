@@ -40,6 +40,7 @@ CELL_COLUMNS = [
     "total_usd",
     "usd_per_rollout",
     "contamination_flagged",
+    "contamination_unchecked",
     "replayed",
 ]
 
@@ -64,6 +65,7 @@ def cell_row(cell: Cell) -> dict[str, object]:
         "total_usd": cell.total_usd,
         "usd_per_rollout": cell.usd_per_rollout,
         "contamination_flagged": cell.contamination_flagged,
+        "contamination_unchecked": cell.contamination_unchecked,
         "replayed": cell.replayed,
     }
 
@@ -123,10 +125,11 @@ def table_markdown(report: Report) -> str:
 def summary_markdown(report: Report) -> str:
     env = sum(c.env_usd for c in report.cells)
     llm = sum(c.llm_usd for c in report.cells)
+    notes = _flagged_line(report) + _unchecked_line(report) + _replayed_line(report)
     return f"""# Campaign {report.campaign_id}
 
 {report.rollouts} rollouts ({report.attempts} attempts), ${env + llm:.4f} spent
-(environment ${env:.4f}, LLM ${llm:.4f}).{_flagged_line(report)}{_replayed_line(report)}
+(environment ${env:.4f}, LLM ${llm:.4f}).{notes}
 
 {table_markdown(report)}
 
@@ -164,6 +167,17 @@ def _flagged_line(report: Report) -> str:
         " (the task's test items found in what the agent controlled; their rewards are as the "
         "task's policy made them; `attempts.csv` marks them, each episode's audit record holds "
         "the evidence).",
+    )
+
+
+def _unchecked_line(report: Report) -> str:
+    """A sentence when rollouts were rewarded unchecked (none: nothing is said)."""
+    return _rollouts_sentence(
+        report.contamination_unchecked,
+        "rewarded without a contamination check**",
+        ": their task's test items were not on the deployment, whose operator accepted "
+        "unchecked rewards (POSTTRAIN_ACCEPT_UNCHECKED_REWARDS; `attempts.csv` marks them, "
+        "`cells.csv` counts them per cell).",
     )
 
 

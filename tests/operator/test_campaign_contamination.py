@@ -111,3 +111,27 @@ def test_a_report_with_nothing_flagged_says_nothing_of_it(tmp_path: Path) -> Non
     assert report.contamination_flagged == 0
     write_report(report, tmp_path / "report")
     assert "contamination" not in (tmp_path / "report" / SUMMARY_MD).read_text()
+
+
+UNCHECKED = ContaminationSummary(checked=False, skipped="unchecked")
+
+
+def test_the_report_counts_and_marks_rollouts_rewarded_unchecked(tmp_path: Path) -> None:
+    """A rollout whose task's test items were missing, on a deployment that accepts unchecked
+    rewards (POSTTRAIN_ACCEPT_UNCHECKED_REWARDS): counted per cell, marked per attempt, said in
+    the summary."""
+    records = [record(0, UNCHECKED), record(1, CLEAN), record(2, UNCHECKED), record(3, None)]
+    report = build_report("c-1", records, resamples=200)
+    (cell,) = report.cells
+    assert cell.contamination_unchecked == 2 and report.contamination_unchecked == 2
+    marks = {row.epoch: row.contamination_unchecked for row in report.attempt_rows}
+    assert marks == {0: True, 1: False, 2: True, 3: False}
+
+    out = tmp_path / "report"
+    write_report(report, out)
+    with (out / CELLS_CSV).open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["contamination_unchecked"] == "2"
+    summary = (out / SUMMARY_MD).read_text()
+    assert "**2 rollouts rewarded without a contamination check**" in summary
+    assert "POSTTRAIN_ACCEPT_UNCHECKED_REWARDS" in summary

@@ -12,7 +12,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.backends.fake.backend import FakeDataset, FakeJobScript, FakeScenario
@@ -245,19 +248,62 @@ async def test_a_task_whose_hidden_split_is_generated_skips_the_check(
     assert "write_audit" in activities and "check_contamination" not in activities
 
 
-async def test_a_task_without_test_items_file_reports_a_failed_check_and_keeps_the_reward(
+async def test_a_task_without_its_test_items_does_not_start_and_says_what_to_run(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
+    """No reward is unchecked by accident: reset refuses the task (`not_ready`), naming the
+    command that writes its items and the setting that would accept unchecked rewards."""
     async with running_worker(time_skipping_env, tmp_path, SCENARIO) as h:
+        write_contamination_task(
+            tmp_path / "tasks", "t_broken", 'test_items = "gone.jsonl"\npolicy = "zero_reward"\n'
+        )
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await h.episode("t_broken")
+    cause = refused.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "not_ready"
+    assert "gone.jsonl" in cause.message
+    assert "`posttrain-env tasks fetch t_broken`" in cause.message
+    assert "POSTTRAIN_ACCEPT_UNCHECKED_REWARDS=true" in cause.message
+
+
+async def test_with_unchecked_rewards_accepted_the_episode_runs_and_every_report_says_unchecked(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    async with running_worker(
+        time_skipping_env, tmp_path, SCENARIO, accept_unchecked_rewards=True
+    ) as h:
         write_contamination_task(
             tmp_path / "tasks", "t_broken", 'test_items = "gone.jsonl"\npolicy = "zero_reward"\n'
         )
         final, _status, record = await play(h, "t_broken", EMBEDDING_SCRIPT)
 
     end = final.metadata["episode_end"]
+    assert end["contamination"] == {
+        "checked": False,
+        "flagged": False,
+        "policy": "none",
+        "matched_items": 0,
+        "skipped": "unchecked",
+    }
+    assert final.reward == 0.8  # it stands: nothing was looked for
+    assert record["contamination"]["summary"]["skipped"] == "unchecked"
+    assert "gone.jsonl" in record["contamination"]["evidence"]["error"]
+
+
+async def test_a_malformed_test_items_file_reports_a_failed_check_and_keeps_the_reward(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    async with running_worker(time_skipping_env, tmp_path, SCENARIO) as h:
+        write_contamination_task(
+            tmp_path / "tasks", "t_broken", 'test_items = "bad.jsonl"\npolicy = "zero_reward"\n'
+        )
+        (tmp_path / "tasks" / "t_broken" / "bad.jsonl").write_text("not json\n")
+        final, _status, record = await play(h, "t_broken", EMBEDDING_SCRIPT)
+
+    end = final.metadata["episode_end"]
     assert end["contamination"]["checked"] is False
     assert end["contamination"]["skipped"] == "check_failed" and final.reward == 0.8
-    assert "gone.jsonl" in record["contamination"]["evidence"]["error"]
+    assert "bad.jsonl" in record["contamination"]["evidence"]["error"]
 
 
 async def test_a_dataset_the_check_cannot_read_is_counted_for_the_agent_never_named(
