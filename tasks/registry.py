@@ -139,7 +139,14 @@ def test_items_path(
     if problem:
         raise TaskSpecError(f"task {task_id!r}: field 'contamination.test_items': {problem}")
     if not path.is_file():
-        raise TaskSpecError(f"task {task_id!r}: its test items {spec.test_items!r} do not exist")
+        made = (
+            f" (`{fetch_command(task_id)}` writes them)"
+            if (task_dir / "fetch.py").is_file()
+            else ""
+        )
+        raise TaskSpecError(
+            f"task {task_id!r}: its test items {spec.test_items!r} do not exist{made}"
+        )
     return path
 
 
@@ -180,7 +187,7 @@ def missing_evaluation_files(spec: TaskSpec, tasks_dir: Path = TASKS_DIR) -> str
         if not (folder / name).is_file():
             return (
                 f"task {spec.id!r}: its evaluator's file {_shown(folder / name, tasks_dir)} "
-                "does not exist"
+                f"does not exist ({_how_made(spec, folder)})"
             )
     return None
 
@@ -318,10 +325,18 @@ def embedded_files(spec: TaskSpec, tasks_dir: Path = TASKS_DIR) -> dict[str, str
         if not path.is_file():
             raise TaskSpecError(
                 f"task {spec.id!r}: its evaluator's file {_shown(path, tasks_dir)} does not "
-                "exist (the task's task.toml says how its files are made)"
+                f"exist ({_how_made(spec, folder)})"
             )
         encoded[name] = base64.b85encode(lzma.compress(path.read_bytes())).decode("ascii")
     return encoded
+
+
+def _how_made(spec: TaskSpec, folder: Path) -> str:
+    """What makes a task's missing files: the fetch command when its family has a fetch
+    module (tasks/fetching.py), else its task.toml's word."""
+    if (folder / "fetch.py").is_file():
+        return f"`{fetch_command(spec.id)}` writes it"
+    return "the task's task.toml says how its files are made"
 
 
 def _with_embedded_files(spec: TaskSpec, text: str, tasks_dir: Path, shown: str) -> str:

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,15 +18,28 @@ from tasks.registry import TASKS_DIR, list_tasks, load_task
 COMMAND = Path(sys.executable).parent / "posttrain-env"
 
 
-def posttrain_env(*args: str) -> subprocess.CompletedProcess[str]:
+# What `posttrain-env tasks fetch` writes (never in the repository; maybe in a checkout).
+FETCHED = ("bfcl", "bfcl_test_items.jsonl", "gsm8k_test.jsonl", "__pycache__")
+
+
+def unfetched_tasks(root: Path) -> Path:
+    """A copy of the shipped tasks as a fresh deployment has them: nothing fetched."""
+    shutil.copytree(TASKS_DIR, root / "tasks", ignore=shutil.ignore_patterns(*FETCHED))
+    return root / "tasks"
+
+
+def posttrain_env(*args: str, tasks_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
     """The installed `posttrain-env` command, a process of its own."""
+    env = {**os.environ, "POSTTRAIN_TASKS_DIR": str(tasks_dir)} if tasks_dir else None
     return subprocess.run(
-        [str(COMMAND), *args], capture_output=True, text=True, timeout=120, check=False
+        [str(COMMAND), *args], capture_output=True, text=True, timeout=120, check=False, env=env
     )
 
 
-def test_tasks_list_json_lists_every_task_under_its_family_with_its_limits() -> None:
-    done = posttrain_env("tasks", "list", "--json")
+def test_tasks_list_json_lists_every_task_under_its_family_with_its_limits(
+    tmp_path: Path,
+) -> None:
+    done = posttrain_env("tasks", "list", "--json", tasks_dir=unfetched_tasks(tmp_path))
     assert done.returncode == 0, done.stderr
     listing = json.loads(done.stdout)
     assert listing["broken"] == []
@@ -48,15 +62,23 @@ def test_tasks_list_json_lists_every_task_under_its_family_with_its_limits() -> 
     assert family == "t1_tool_call" and members["t1_tool_call_tiny"][0] == "t1_tool_call"
     assert tool_call["base_model"]["revision"] == "7ae557604adf67be50417f59c2c2f167def9a775"
     assert tool_call["hidden_split"] == "public"
-    assert all(member["evaluable"] for _, member in members.values())
-    # The shipped tiny members have their test items; the real ones' are made from the Hub.
+    # The real tool-calling member's BFCL files and both real members' test items are written
+    # by `tasks fetch`: until then the listing says so, and which command writes them.
+    evaluable = {task_id for task_id, (_, member) in members.items() if member["evaluable"]}
+    assert evaluable == set(members) - {"t1_tool_call"}
+    assert (
+        "`posttrain-env tasks fetch t1_tool_call` writes it" in (tool_call["not_evaluable_because"])
+    )
     checks = {task_id: member["contamination_check"] for task_id, (_, member) in members.items()}
     assert checks["t1_tool_call_tiny"] == checks["math_word_problems_tiny"] == "ready"
     assert checks["t1_tool_call"] == checks["math_word_problems"] == "not_ready"
+    for real in ("t1_tool_call", "math_word_problems"):
+        why = members[real][1]["contamination_not_ready_because"]
+        assert f"`posttrain-env tasks fetch {real}` writes them" in why
 
 
-def test_tasks_list_prints_each_family_then_its_members() -> None:
-    done = posttrain_env("tasks", "list")
+def test_tasks_list_prints_each_family_then_its_members(tmp_path: Path) -> None:
+    done = posttrain_env("tasks", "list", tasks_dir=unfetched_tasks(tmp_path))
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     family_at = lines.index("t1_tool_call")
@@ -95,13 +117,14 @@ def test_a_member_whose_evaluator_cannot_be_assembled_is_listed_as_not_evaluable
     for task_id in ("t1_tool_call", "t1_tool_call_tiny"):
         shutil.copytree(TASKS_DIR / task_id, tasks_dir / task_id)
     (tasks_dir / "t1_tool_call" / "tiny_hidden.jsonl").unlink()
+    shutil.rmtree(tasks_dir / "t1_tool_call" / "bfcl", ignore_errors=True)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         status = run_tasks(argparse.Namespace(json=True), tasks_dir)
     assert status == 0
     (family,) = json.loads(out.getvalue())["families"]
     members = {member["id"]: member for member in family["members"]}
-    assert members["t1_tool_call"]["evaluable"] is True
+    assert members["t1_tool_call"]["evaluable"] is False  # its BFCL files are not fetched
     tiny = members["t1_tool_call_tiny"]
     assert tiny["evaluable"] is False
     assert "tiny_hidden.jsonl does not exist" in tiny["not_evaluable_because"]
@@ -141,6 +164,7 @@ def test_a_member_whose_test_items_are_not_here_is_listed_as_not_ready_until_the
     real = members["math_word_problems"]
     assert real["contamination_check"] == "not_ready"
     assert "'gsm8k_test.jsonl' do not exist" in real["contamination_not_ready_because"]
+    assert "`reset` refuses the task" in text
     assert members["math_word_problems_tiny"]["contamination_check"] == "ready"
     assert members["t0_artifact"]["contamination_check"] == "generated"  # items per episode
     assert "contamination check not ready: task 'math_word_problems'" in text

@@ -5,11 +5,13 @@
                                          flavor, grading timeout, hidden split, whether its
                                          evaluator can be assembled here, and whether its
                                          contamination check has its test items here
+    posttrain-env tasks fetch <task>     write what a real member needs that the repository
+                                         does not ship (posttrain_server/commands/tasks_fetch.py)
 
 A family is the task that holds the evaluator, with every task that names it in `family`. A
 member whose spec does not load is listed with its error (exit status 1); one whose evaluator
 cannot be assembled (data the repository does not ship, e.g. t1_tool_call's BFCL files) is listed
-with `evaluable: false` and why (exit status 0: the task is usable once its files are made).
+with `evaluable: false` and why (exit status 0: the task is usable once `tasks fetch` made them).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from posttrain_common.settings import Settings
 from posttrain_env.models import TaskSpec
+from posttrain_server.commands.tasks_fetch import add_fetch_command, run_fetch
 from tasks.registry import (
     TASKS_DIR,
     TaskSpecError,
@@ -40,10 +44,16 @@ def add_tasks_commands(subparsers: argparse._SubParsersAction) -> None:  # pyrig
         "list", help="every family and its members (flavors, budget, time limit, base model)"
     )
     listing.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    add_fetch_command(commands)
 
 
-def run_tasks(args: argparse.Namespace, tasks_dir: Path = TASKS_DIR) -> int:
-    """Run a parsed `tasks` command; the exit status (1 if a task's spec does not load)."""
+def run_tasks(args: argparse.Namespace, tasks_dir: Path | None = None) -> int:
+    """Run a parsed `tasks` command; the exit status (`list`: 1 if a task's spec does not
+    load; `fetch`: posttrain_server/commands/tasks_fetch.py)."""
+    # The deployment's tasks (POSTTRAIN_TASKS_DIR), as its workers read them.
+    tasks_dir = tasks_dir or Settings().tasks_dir or TASKS_DIR
+    if getattr(args, "tasks_command", "list") == "fetch":
+        return run_fetch(args, tasks_dir)
     families, broken = catalogue(tasks_dir)
     if args.json:
         print(json.dumps({"families": families, "broken": broken}, indent=2))
@@ -96,8 +106,8 @@ def contamination_readiness(spec: TaskSpec, tasks_dir: Path = TASKS_DIR) -> dict
     """Whether the grader-side contamination check can run for this task on this deployment:
     `contamination_check` is "none" (the task has none), "generated" (its items are made per
     episode), "ready" (its test items file is here) or "not_ready", with why: until the file
-    is made, every episode's check reports `check_failed` and the reward stands unchecked, which
-    an operator should know before running the task, not from its first episode's end."""
+    is made (`posttrain-env tasks fetch <task>`), `reset` refuses the task unless the operator
+    accepts unchecked rewards, which an operator should know before running it."""
     contamination = spec.contamination
     if contamination is None:
         return {"contamination_check": "none"}
@@ -131,8 +141,8 @@ def render(families: list[dict[str, Any]], broken: list[dict[str, str]]) -> str:
             if member["contamination_check"] == "not_ready":
                 lines.append(
                     f"  {'':28} contamination check not ready: "
-                    f"{member['contamination_not_ready_because']} (see the task's task.toml; "
-                    "until then the check reports check_failed and the reward stands)"
+                    f"{member['contamination_not_ready_because']}; until then `reset` refuses "
+                    "the task, unless POSTTRAIN_ACCEPT_UNCHECKED_REWARDS=true (rewards unchecked)"
                 )
     for entry in broken:
         lines.append(f"{entry['id']}: does not load: {entry['error']}")

@@ -31,8 +31,9 @@ FAMILY = TASKS_DIR / "t1_tool_call"
 EVALUATOR = load_module(FAMILY / "evaluator.py", "tool_call_evaluator")
 REFERENCE = load_module(FAMILY / "reference_solution.py", "tool_call_reference")
 TINY_ITEMS = load_module(FAMILY / "tiny_items.py", "tool_call_tiny_items")
-BFCL = load_module(FAMILY / "bfcl_items.py", "tool_call_bfcl_items")
+FETCH = load_module(FAMILY / "fetch.py", "tool_call_fetch_items")
 TINY = load_task("t1_tool_call_tiny")
+FULL = load_task("t1_tool_call")
 
 
 def tiny_split(name: str) -> list[dict]:
@@ -217,8 +218,12 @@ def test_the_counts_tell_parsing_naming_and_correctness_apart() -> None:
         '{"files": ["a.jsonl"], "dev_file": "b.jsonl", "hidden_file": "a.jsonl"}',
         '{"files": ["a.jsonl"], "dev_file": "a.jsonl", "hidden_file": "a.jsonl", "engine": "x"}',
         '{"source": "web"}',
-        '{"source": "bfcl", "data_dir": "/d", "dev_seed": "s", "dev_items": 0}',
-        '{"source": "bfcl", "dev_seed": "s", "dev_items": 10}',
+        '{"source": "bfcl", "files": ["d/a", "d/possible_answer/a"], "dev_file": "d/a", '
+        '"hidden_file": "d/a", "dev_seed": "s", "dev_items": 0}',
+        '{"source": "bfcl", "files": ["d/a", "d/possible_answer/a"], "dev_file": "d/a", '
+        '"hidden_file": "d/a", "dev_items": 10}',
+        '{"source": "bfcl", "files": ["d/a"], "dev_file": "d/a", "hidden_file": "d/a", '
+        '"dev_seed": "s", "dev_items": 10}',
     ],
 )
 def test_malformed_parameters_are_the_graders_fault(raw: str) -> None:
@@ -376,71 +381,74 @@ def test_a_bfcl_item_becomes_the_familys_item_with_json_schema_types() -> None:
     }
     reply = json.dumps({"name": "geometry.circle_area", "arguments": {"radius": 4}})
     assert EVALUATOR.score_replies([item], [reply])["correct"] == 1
-    assert BFCL.request_text(item) == "Find the area of a circle of radius 4 in m."
+    assert FETCH.request_text(item) == "Find the area of a circle of radius 4 in m."
     two_calls = {**BFCL_ANSWER, "ground_truth": [{"a": {}}, {"b": {}}]}
     assert EVALUATOR.bfcl_item(BFCL_QUESTION, two_calls) is None
 
 
-def bfcl_dataset(folder: Path, hidden: int = 5, live: int = 150) -> Path:
-    """A folder laid out as BFCL's dataset: the two categories and their answers."""
+def bfcl_files(hidden: int = 5, live: int = 150) -> dict[str, str]:
+    """The real member's four files, in BFCL's format, by their names in the family's folder."""
+    files = {}
     for name, prefix, count in (
-        (EVALUATOR.BFCL_HIDDEN, "simple", hidden),
-        (EVALUATOR.BFCL_DEV, "live_simple", live),
+        (FULL.evaluation["hidden_file"], "simple_python", hidden),
+        (FULL.evaluation["dev_file"], "live_simple", live),
     ):
         questions = [{**BFCL_QUESTION, "id": f"{prefix}_{n}"} for n in range(count)]
         answers = [{**BFCL_ANSWER, "id": f"{prefix}_{n}"} for n in range(count)]
         # A two-call item is left out.
         questions.append({**BFCL_QUESTION, "id": f"{prefix}_{count}"})
         answers.append({"id": f"{prefix}_{count}", "ground_truth": [{"a": {}}, {"b": {}}]})
-        (folder / EVALUATOR.BFCL_ANSWERS).mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text("".join(json.dumps(q) + "\n" for q in questions))
-        (folder / EVALUATOR.BFCL_ANSWERS / name).write_text(
-            "".join(json.dumps(a) + "\n" for a in answers)
-        )
-    return folder
+        files[name] = "".join(json.dumps(q) + "\n" for q in questions)
+        files[EVALUATOR.answers_file(name)] = "".join(json.dumps(a) + "\n" for a in answers)
+    return files
 
 
-FULL = load_task("t1_tool_call")
+def embed(evaluator: Any, files: dict[str, str]) -> None:
+    """`files` as tasks.registry.evaluator_script embeds them into the grader's one file."""
+    evaluator.EMBEDDED_FILES.clear()
+    for name, text in files.items():
+        encoded = base64.b85encode(lzma.compress(text.encode())).decode("ascii")
+        evaluator.EMBEDDED_FILES[name] = encoded
 
 
-def test_the_bfcl_member_reads_its_splits_from_the_mounted_dataset(tmp_path: Path) -> None:
-    params = EVALUATOR.task_params(json.dumps({**FULL.evaluation, "data_dir": str(tmp_path)}))
-    bfcl_dataset(tmp_path)
-    hidden = EVALUATOR.split_items(params, hidden=True)
-    assert [item["id"] for item in hidden] == [f"simple_{n}" for n in range(5)]
-    dev = EVALUATOR.split_items(params, hidden=False)
+def test_the_bfcl_member_reads_its_splits_from_the_files_embedded_in_its_grader() -> None:
+    evaluator = load_module(FAMILY / "evaluator.py", "tool_call_evaluator_splits")
+    embed(evaluator, bfcl_files())
+    params = evaluator.task_params(json.dumps(FULL.evaluation))
+    hidden = evaluator.split_items(params, hidden=True)
+    assert [item["id"] for item in hidden] == [f"simple_python_{n}" for n in range(5)]
+    dev = evaluator.split_items(params, hidden=False)
     assert len(dev) == 100 and len({item["id"] for item in dev}) == 100
     assert all(item["id"].startswith("live_simple_") for item in dev)
-    assert EVALUATOR.split_items(params, hidden=False) == dev  # the seed's slice, every time
-    other = EVALUATOR.task_params(json.dumps({**params, "dev_seed": "another"}))
-    assert EVALUATOR.split_items(other, hidden=False) != dev
-    assert (
-        FULL.evaluation_datasets[0].repo_id == "gorilla-llm/Berkeley-Function-Calling-Leaderboard"
-    )
-    assert FULL.evaluation["data_dir"] == "/datasets/" + FULL.evaluation_datasets[0].repo_id
+    assert evaluator.split_items(params, hidden=False) == dev  # the seed's slice, every time
+    other = evaluator.task_params(json.dumps({**params, "dev_seed": "another"}))
+    assert evaluator.split_items(other, hidden=False) != dev
+    assert FULL.evaluation_datasets == []  # nothing mounted: the data is in the grader's file
 
 
-def test_the_bfcl_test_items_are_the_hidden_splits_requests(tmp_path: Path) -> None:
-    text = BFCL.test_items(bfcl_dataset(tmp_path))
-    rows = [json.loads(line) for line in text.splitlines()]
-    assert [row["id"] for row in rows] == [f"simple_{n}" for n in range(5)]
+def test_the_bfcl_test_items_are_the_hidden_splits_requests() -> None:
+    files = {name: text.encode() for name, text in bfcl_files().items()}
+    rows = [json.loads(line) for line in FETCH.test_items(files).splitlines()]
+    assert [row["id"] for row in rows] == [f"simple_python_{n}" for n in range(5)]
     assert {row["text"] for row in rows} == {"Find the area of a circle of radius 4 in m."}
     assert FULL.contamination is not None
-    assert FULL.contamination.test_items == BFCL.TEST_ITEMS_FILE
+    assert FULL.contamination.test_items == FETCH.TEST_ITEMS_FILE
 
 
 @pytest.mark.parametrize("broken", ["missing", "unpaired", "not json"])
-def test_a_missing_or_malformed_bfcl_mount_is_the_graders_fault(
-    tmp_path: Path, broken: str
-) -> None:
-    params = EVALUATOR.task_params(json.dumps({**FULL.evaluation, "data_dir": str(tmp_path)}))
-    if broken != "missing":
-        bfcl_dataset(tmp_path)
-        answers = tmp_path / EVALUATOR.BFCL_ANSWERS / EVALUATOR.BFCL_HIDDEN
-        lines = answers.read_text().splitlines()
-        answers.write_text("\n".join(lines[1:] if broken == "unpaired" else ["{", *lines]))
-    with pytest.raises(GraderFault, match="BFCL"):
-        EVALUATOR.split_items(params, hidden=True)
+def test_missing_or_malformed_bfcl_files_are_the_graders_fault(broken: str) -> None:
+    evaluator = load_module(FAMILY / "evaluator.py", f"tool_call_evaluator_{broken}")
+    files = bfcl_files()
+    answers = evaluator.answers_file(FULL.evaluation["hidden_file"])
+    if broken == "missing":
+        del files[answers]
+    else:
+        lines = files[answers].splitlines()
+        files[answers] = "\n".join(lines[1:] if broken == "unpaired" else ["{", *lines])
+    embed(evaluator, files)
+    params = evaluator.task_params(json.dumps(FULL.evaluation))
+    with pytest.raises(GraderFault, match=r"BFCL|not embedded"):
+        evaluator.split_items(params, hidden=True)
 
 
 # -- the evaluator as a job runs it, on artifacts it refuses before any model code --------------

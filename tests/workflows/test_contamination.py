@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from activities.backends.fake.backend import FakeDataset, FakeJobScript, FakeSce
 from activities.contamination.scan import words
 from posttrain_common.contracts.jobs import JobRole
 from posttrain_server.commands.episodes import validate_record
+from tasks.registry import TASKS_DIR
 from tests.workflows.harness import TEST_TASK, Answer, Harness, running_worker
 from workflows.ids import episode_workflow_id
 
@@ -337,3 +339,27 @@ async def test_a_dataset_the_check_cannot_read_is_counted_for_the_agent_never_na
     sources = record["contamination"]["evidence"]["sources"]
     (unread,) = [s for s in sources if s["error"]]
     assert unread["where"] == f"dataset:test-org/leaky@{LEAKY_REVISION}"
+
+
+async def test_a_real_member_starts_only_once_its_test_items_are_fetched(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """math_word_problems as a fresh deployment has it (no gsm8k_test.jsonl): reset answers
+    `not_ready` naming `posttrain-env tasks fetch math_word_problems`; with the file written
+    (what the fetch leaves: tests/hf/test_tasks_fetch.py), the same reset starts the episode."""
+    async with running_worker(time_skipping_env, tmp_path, SCENARIO) as h:
+        for task_id in ("math_word_problems", "math_word_problems_tiny"):
+            shutil.copytree(
+                TASKS_DIR / task_id,
+                tmp_path / "tasks" / task_id,
+                ignore=shutil.ignore_patterns("gsm8k_test.jsonl", "__pycache__"),
+            )
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await h.episode("math_word_problems")
+        cause = refused.value.cause
+        assert isinstance(cause, ApplicationError) and cause.type == "not_ready"
+        assert "`posttrain-env tasks fetch math_word_problems`" in cause.message
+        items = tmp_path / "tasks" / "math_word_problems" / "gsm8k_test.jsonl"
+        items.write_text('{"id": "gsm8k-test-0000", "text": "A problem.", "answer": "1"}\n')
+        ep = await h.episode("math_word_problems")
+        assert ep.reset.setup.task.id == "math_word_problems"
