@@ -91,7 +91,7 @@ def test_every_shipped_task_has_what_a_task_needs(task_id: str, tmp_path: Path) 
         shutil.copytree(TASKS_DIR / spec.id, tasks_dir / spec.id, dirs_exist_ok=True)
         files = spec.evaluation["files"]
         assert isinstance(files, list)
-        for name in files:
+        for name in map(str, files):
             (tasks_dir / family / name).parent.mkdir(parents=True, exist_ok=True)
             (tasks_dir / family / name).write_text("{}\n")
     script = evaluator_script(spec, tasks_dir)
