@@ -13,6 +13,8 @@ Public API:
         ToolError(invalid_script) or ToolError(invalid_dependency) exactly as the broker's
         jobs_submit checks do.
     launcher_source() -> str       the template itself (for tests and the benchmark)
+    read_embedded(text) -> (dict, str)   the configuration and script a built launcher holds
+                                   (ValueError when `text` is not a launcher this module built)
 
 The job then runs `python3 <launcher> [--phase install|run|all]` (or `uv run <launcher>`: the
 launcher's own PEP 723 header declares no dependencies) with the per-job nonce in the
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from job_launcher.requirements import merged_dependencies, validate_text
+from job_launcher.requirements import EXCLUDE_NEWER_PATTERN, merged_dependencies, validate_text
 from job_launcher.syntax import check_syntax
 
 NONCE_ENV = "POSTTRAIN_NONCE"
@@ -45,6 +47,12 @@ _CONFIG_LINE = '_EMBEDDED_CONFIG = ""\n'
 _SCRIPT_LINE = '_EMBEDDED_SCRIPT = ""\n'
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 _SECRET_LIKE = re.compile(r"TOKEN|SECRET|PASSWORD|KEY|NONCE|CREDENTIAL", re.IGNORECASE)
+# What the launcher sets itself in the script's environment; `pass_env` may not name them.
+_LAUNCHER_SET_ENV = frozenset(
+    {"HOME", "USER", "LOGNAME", "PATH", "VIRTUAL_ENV", "TMPDIR", "PYTHONUNBUFFERED", "LANG"}
+    | {"LC_ALL", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"}
+    | {"HF_HUB_DISABLE_TELEMETRY"}
+)
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,12 @@ class LauncherConfig:
     extra_env   extra environment for the script (not secrets: names that look like tokens,
                 keys or secrets are refused).
     user        USER/LOGNAME for the script (getpass.getuser() fails for an unnamed uid).
+    pass_env    names of variables the launcher passes from its own environment to the
+                script: an evaluation's nonce, task parameters and grader seed (the values
+                arrive at run time, like the nonce; they are never embedded). () for agent
+                jobs, whose script gets none of them.
+    exclude_newer  the evaluator's pinned `[tool.uv] exclude-newer` (uv's --exclude-newer);
+                None for agent jobs, whose header settings are ignored.
     """
 
     python: str | None = None
@@ -82,8 +96,19 @@ class LauncherConfig:
     uv: str | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
     user: str = "job"
+    pass_env: tuple[str, ...] = ()
+    exclude_newer: str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.pass_env, str):
+            raise ValueError("pass_env is a tuple of names, not one string")
+        for key in self.pass_env:
+            if not _ENV_NAME.fullmatch(key) or key in _LAUNCHER_SET_ENV:
+                raise ValueError(f"pass_env may not name {key!r}")
+        if self.exclude_newer is not None and not re.fullmatch(
+            EXCLUDE_NEWER_PATTERN, self.exclude_newer
+        ):
+            raise ValueError(f"exclude_newer {self.exclude_newer!r} is not an RFC 3339 time")
         for name in (self.uid, self.gid):
             if name is not None and not 0 < name < 2**32 - 1:
                 raise ValueError(f"job uid/gid must be a non-root id, got {name}")
@@ -113,6 +138,8 @@ class LauncherConfig:
             "uv": self.uv,
             "env": dict(self.extra_env),
             "user": self.user,
+            "pass_env": list(self.pass_env),
+            "exclude_newer": self.exclude_newer,
         }
 
 
@@ -143,3 +170,17 @@ def build_launcher(
         .replace(_CONFIG_LINE, f'_EMBEDDED_CONFIG = "{config_b64}"\n', 1)
         .replace(_SCRIPT_LINE, f'_EMBEDDED_SCRIPT = "{script_b64}"\n', 1)
     )
+
+
+_EMBEDDED = re.compile(r'^_EMBEDDED_(CONFIG|SCRIPT) = "([A-Za-z0-9+/=]*)"$', re.MULTILINE)
+
+
+def read_embedded(text: str) -> tuple[dict[str, object], str]:
+    """The configuration (as LauncherConfig.as_json wrote it) and the script embedded in a
+    launcher built by build_launcher. Raises ValueError for any other text."""
+    found = {kind: value for kind, value in _EMBEDDED.findall(text)}
+    rest = _EMBEDDED.sub(lambda m: f'_EMBEDDED_{m.group(1)} = ""', text)
+    if set(found) != {"CONFIG", "SCRIPT"} or rest != launcher_source():
+        raise ValueError("not a launcher built from job_launcher/launcher.py")
+    config = json.loads(base64.b64decode(found["CONFIG"], validate=True))
+    return config, base64.b64decode(found["SCRIPT"], validate=True).decode("utf-8")

@@ -19,8 +19,10 @@ install  Re-checks the package list with a strict pattern, creates a fresh venv 
          Prints one trusted `installed` line with the exact versions, read from the venv's
          dist-info files (the venv's Python is never run before the sandbox is on).
 run      The root supervisor forks a child that installs the seccomp filter, closes inherited fds,
-         drops to the job's uid (or verifies it already runs unprivileged) and execs the agent's
-         script with the venv's Python, an allow-listed environment and cwd = data dir. The
+         drops to the job's uid (or verifies it already runs unprivileged) and execs the script
+         (an agent's, or a task's evaluator) with the venv's Python, an allow-listed environment
+         (plus, for an evaluation, the variables `pass_env` names: its nonce, task parameters
+         and a grader's seed) and cwd = data dir. The
          supervisor waits, kills every process left under the job's uid and only then prints the
          final trusted line; its exit code is the script's.
 all      install, then run, in one process (Hugging Face Jobs).
@@ -76,6 +78,12 @@ STRICT_REQUIREMENT_PATTERN = (
     r"(?:,(?:===|==|!=|<=|>=|~=|<|>)[A-Za-z0-9.*+!_-]+)*)?"  # more specifiers
     r"(?:; [A-Za-z0-9_.<>=!~ ()\"',*+-]+)?"  # environment marker
 )
+# Identical to job_launcher.requirements.EXCLUDE_NEWER_PATTERN (a test asserts it).
+EXCLUDE_NEWER_PATTERN = (
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
+    r"(?:T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}:[0-9]{2}))?"
+)
+ENV_NAME_PATTERN = r"[A-Z_][A-Z0-9_]*"
 
 # What the agent's script gets as its environment: these, plus the pass-through names below
 # when the launcher itself has them. Nothing else of the launcher's environment (HF_TOKEN, the
@@ -175,6 +183,23 @@ def load_config(config_b64: str = "", script_b64: str = "") -> tuple[dict, bytes
     return config, script
 
 
+def passed_env(config: dict, nonce: str) -> dict[str, str]:
+    """What the configuration's `pass_env` names hold in this process's environment (the
+    nonce, read and scrubbed already, by its value): an evaluation's own inputs, for its
+    script. Agent jobs pass nothing."""
+    names = config.get("pass_env") or []
+    if not isinstance(names, list) or not all(
+        isinstance(n, str) and re.fullmatch(ENV_NAME_PATTERN, n) for n in names
+    ):
+        raise StageError("config", "pass_env is not a list of variable names")
+    passed = {}
+    for name in names:
+        value = nonce if name == NONCE_ENV else os.environ.get(name)
+        if value is not None:
+            passed[name] = value
+    return passed
+
+
 def check_packages(packages: object) -> list[str]:
     if not isinstance(packages, list):
         raise StageError("packages", "the package list is not a list")
@@ -268,6 +293,16 @@ def install(config: dict, packages: list[str], venv: str) -> tuple[dict[str, str
     uv = find_uv(config) if choice in ("auto", "uv") else None
     if choice == "uv" and not uv:
         raise StageError("venv", "uv was required but not found")
+    exclude_newer = config.get("exclude_newer")
+    pinned: list[str] = []
+    if exclude_newer is not None:
+        if not isinstance(exclude_newer, str) or not re.fullmatch(
+            EXCLUDE_NEWER_PATTERN, exclude_newer
+        ):
+            raise StageError("config", f"exclude_newer {exclude_newer!r} is not an RFC 3339 time")
+        if not uv:
+            raise StageError("venv", "exclude-newer needs uv, which was not found")
+        pinned = ["--exclude-newer", exclude_newer]
     if uv:
         run_installer([uv, "venv", "--no-config", "--quiet", "--python", python, venv], "venv", env)
         if packages:
@@ -281,6 +316,7 @@ def install(config: dict, packages: list[str], venv: str) -> tuple[dict[str, str
                     os.path.join(venv, "bin", "python"),
                     "--only-binary",
                     ":all:",
+                    *pinned,
                     *source_args(config),
                     "--",
                     *packages,
@@ -742,7 +778,9 @@ def drop_privileges(uid: int | None, gid: int | None) -> None:
 class JobContext:
     """What the supervisor prepares for the child (paths, ids, environment)."""
 
-    def __init__(self, config: dict, script: bytes, venv: str) -> None:
+    def __init__(
+        self, config: dict, script: bytes, venv: str, passed: dict[str, str] | None = None
+    ) -> None:
         self.privileged = os.geteuid() == 0
         self.data_dir = str(config.get("data_dir") or "/data")
         self.outputs = os.path.join(self.data_dir, "outputs")
@@ -761,6 +799,7 @@ class JobContext:
         self.script_path = os.path.join(self.workdir, "script.py")
         self.home = os.path.join(self.workdir, "home")
         self.extra_env = {str(k): str(v) for k, v in (config.get("env") or {}).items()}
+        self.passed = dict(passed or {})
         try:
             self._prepare(script)
         except BaseException:
@@ -803,6 +842,7 @@ class JobContext:
     def environment(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASS_THROUGH_ENV if k in os.environ}
         env.update(self.extra_env)
+        env.update(self.passed)
         env.update(FIXED_ENV)
         env.update(
             {
@@ -1088,7 +1128,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.phase == "install":
                     return 0
             check_output_fds()
-            ctx = JobContext(config, script, venv)
+            ctx = JobContext(config, script, venv, passed_env(config, nonce))
         except StageError as exc:
             emit(nonce, {"stage": exc.stage, "error": exc.message})
             return NEVER_RAN_EXIT

@@ -19,6 +19,10 @@ Public API:
         script has no block). Every other header setting (`requires-python`, `[tool.uv]` indexes,
         `exclude-newer`, …) is ignored. Raises ToolError(invalid_script) for a malformed block.
 
+    script_exclude_newer(script) -> str | None
+        The header's `[tool.uv] exclude-newer`, for the project's own evaluators (their install
+        honours it, as `uv run` would); never read from an agent's script.
+
     validate_text(script) -> None
         UTF-8 encodable, at most MAX_SCRIPT_BYTES, not blank, no control characters but tab,
         newline, carriage return and form feed. Raises ToolError(invalid_script).
@@ -72,6 +76,9 @@ STRICT_REQUIREMENT_PATTERN = (
     r"(?:; [A-Za-z0-9_.<>=!~ ()\"',*+-]+)?"  # environment marker
 )
 _STRICT = re.compile(STRICT_REQUIREMENT_PATTERN)
+# An `exclude-newer` uv accepts: a date, or a UTC or offset time. The launcher keeps an
+# identical copy (a test asserts it) and re-checks before passing it to uv.
+EXCLUDE_NEWER_PATTERN = r"[0-9]{4}-[0-9]{2}-[0-9]{2}(?:T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}:[0-9]{2}))?"
 
 # The reference regular expression of PEP 723 (https://peps.python.org/pep-0723/).
 _PEP723_BLOCK = re.compile(
@@ -133,11 +140,11 @@ def validate_requirements(requirements: Sequence[str]) -> list[str]:
     return [_normalize(r) for r in requirements]
 
 
-def script_dependencies(script: str) -> list[str]:
-    """The `dependencies` list of the script's PEP 723 `script` block ([] when there is none)."""
+def _script_header(script: str) -> dict[str, object]:
+    """The TOML table of the script's PEP 723 `script` block ({} when there is none)."""
     blocks = [m for m in _PEP723_BLOCK.finditer(script) if m.group("type") == "script"]
     if not blocks:
-        return []
+        return {}
     if len(blocks) > 1:
         raise ToolError(
             ErrorType.invalid_script,
@@ -148,19 +155,41 @@ def script_dependencies(script: str) -> list[str]:
         for line in blocks[0].group("content").splitlines(keepends=True)
     )
     try:
-        header = tomllib.loads(content)
+        return tomllib.loads(content)
     except tomllib.TOMLDecodeError as exc:
         raise ToolError(
             ErrorType.invalid_script,
             f"the script's '# /// script' block is not valid TOML ({exc}); fix or remove it",
         ) from None
-    deps = header.get("dependencies", [])
+
+
+def script_dependencies(script: str) -> list[str]:
+    """The `dependencies` list of the script's PEP 723 `script` block ([] when there is none)."""
+    deps = _script_header(script).get("dependencies", [])
     if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
         raise ToolError(
             ErrorType.invalid_script,
             "the script's PEP 723 'dependencies' must be a list of requirement strings",
         )
     return list(deps)
+
+
+def script_exclude_newer(script: str) -> str | None:
+    """The `[tool.uv] exclude-newer` of the script's PEP 723 block (None when it has none), for
+    the project's own evaluators only: an agent's header settings are ignored (DESIGN §6 item
+    3). Raises ToolError(invalid_script) unless it is an RFC 3339 time or date
+    (EXCLUDE_NEWER_PATTERN, which the launcher re-checks)."""
+    tool = _script_header(script).get("tool", {})
+    uv = tool.get("uv", {}) if isinstance(tool, dict) else {}
+    value = uv.get("exclude-newer") if isinstance(uv, dict) else None
+    if value is None:
+        return None
+    if not isinstance(value, str) or not re.fullmatch(EXCLUDE_NEWER_PATTERN, value):
+        raise ToolError(
+            ErrorType.invalid_script,
+            f"the script's exclude-newer {value!r} is not an RFC 3339 date or time",
+        )
+    return value
 
 
 def validate_text(script: str) -> None:

@@ -60,6 +60,8 @@ from activities.backends.replay.recording import (
 )
 from activities.backends.replay.store import ReplayStore
 from activities.jobs.activities import HIDDEN_SEED_SECRET
+from activities.jobs.launcher_report import read_launcher_lines
+from job_launcher.builder import read_embedded
 from job_launcher.trusted_lines import NONCE_ENV, SCORE_TAG, format_trusted_line
 from posttrain_common.contracts.jobs import BackendJob, JobRole, RepoRef
 from tests.hf.conftest import FAST_HTTP, http_backend
@@ -215,6 +217,11 @@ class Harness(ABC):
     def close(self) -> None:  # noqa: B027 (most harnesses leave nothing running)
         """Stop whatever the harness left running."""
 
+    async def launched(self, ref: str, request: JobRequest) -> dict[str, Any] | None:
+        """What shows that the job ran under the job launcher (DESIGN §6 item 4), as this
+        backend lets it be seen; None where it runs no process (declared `cannot["launcher"]`)."""
+        return None
+
 
 # -- fake ------------------------------------------------------------------------------------------
 
@@ -228,6 +235,8 @@ class FakeHarness(Harness):
         "its scenarios list datasets, not models",
         "real_evaluation": "the fake runs no process: an evaluation's score line is scripted "
         "(FakeJobScript.score), not computed from a mounted artifact",
+        "launcher": "the fake runs no process, so no launcher either: a job's lines are "
+        "scripted (FakeJobScript.logs)",
     }
     transient_faults = ("submit", "observe", "cancel", "logs")
     end_within_s = 3600.0
@@ -391,6 +400,11 @@ class LocalHarness(Harness):
             except ProcessLookupError:
                 pass
 
+    async def launched(self, ref: str, request: JobRequest) -> dict[str, Any] | None:
+        # The launcher's own lines, with the job's nonce (the script cannot print them).
+        report = read_launcher_lines(await self.logs(ref, 2000), request.env[NONCE_ENV])
+        return {"exit_code": report.exit_code, "failed_stage": report.failed_stage}
+
 
 # -- hf --------------------------------------------------------------------------------------------
 
@@ -521,6 +535,16 @@ class HfHarness(Harness):
     async def stick_cancellations(self, ref: str) -> None:
         self._job(ref).plan.cancel_after_s = None
 
+    async def launched(self, ref: str, request: JobRequest) -> dict[str, Any] | None:
+        # The one file the job was started with, as the Hub holds it in the job's /data folder.
+        spec = self._job(ref).spec
+        data = next(v for v in spec["volumes"] if v.get("mountPath") == "/data")
+        command = " ".join(spec.get("command") or [])
+        name = command.rsplit("/", 1)[-1]
+        uploaded = self.http.files[f"{data['source']}/{data['path']}/{name}"].decode()
+        config, script = read_embedded(uploaded)
+        return {"script": script, "pass_env": config["pass_env"], "command": command}
+
     async def release_cancellations(self, ref: str) -> None:
         self._job(ref).plan.cancel_after_s = 0.0
 
@@ -549,6 +573,8 @@ class ReplayHarness(Harness):
         "reads a mounted artifact",
         "read_outputs": "a replayed job wrote no files, and its recording keeps the artifact's "
         "size only: not_recorded (a job that fell through reads its underlying backend's)",
+        "launcher": "a replayed job never ran: its lines are the recorded run's (that run's "
+        "backend ran it under the launcher)",
     }
     transient_faults = ()
     end_within_s = 3600.0

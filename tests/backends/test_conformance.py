@@ -246,6 +246,34 @@ async def test_an_evaluation_reads_the_agents_artifact_at_model_and_prints_its_s
     assert scores == {JobRole.dev: 1.0, JobRole.grader: 1.0}, h.cannot.get("real_evaluation")
 
 
+async def test_every_role_runs_under_the_job_launcher(h: Harness) -> None:
+    """Agent jobs, dev evaluations and graders alike (DESIGN §6 item 4): the launcher's
+    supervisor ran the script (local: its own nonce-bearing exit line), or the one file the job
+    was started with is the launcher with the script embedded, passing an evaluation its inputs
+    by name (hf)."""
+    agent = h.request("writes_artifact")
+    agent_ref = (await h.backend.submit(agent)).ref
+    await h.wait_end(agent_ref)
+    for role in (JobRole.agent, JobRole.dev, JobRole.grader):
+        request = agent if role is JobRole.agent else h.request("evaluates", role=role)
+        if role is not JobRole.agent:
+            request = request.model_copy(update={"artifact_ref": agent_ref})
+            ref = (await h.backend.submit(request)).ref
+            await h.wait_end(ref)
+        else:
+            ref = agent_ref
+        seen = await h.launched(ref, request)
+        if "launcher" in h.cannot:
+            assert seen is None, h.cannot["launcher"]
+        elif h.name == "local":
+            assert seen == {"exit_code": 0, "failed_stage": None}, (role, await h.logs(ref))
+        else:
+            assert seen is not None and seen["script"] == request.script, role
+            assert seen["command"].endswith("/launcher.py"), seen["command"]
+            passed = [] if role is JobRole.agent else sorted({*request.env, *request.secrets})
+            assert seen["pass_env"] == passed, role
+
+
 async def test_an_agent_jobs_outputs_read_back_as_written_up_to_a_cap(h: Harness) -> None:
     """What the contamination check reads of a job (`read_outputs`): its files under
     /data/outputs/, cut at the cap it is given; a job the backend does not know is a ToolError

@@ -11,6 +11,7 @@ from huggingface_hub import Volume
 from activities.backends.hf.backend import HfBackend
 from activities.backends.hf.labels import HfRef
 from activities.jobs.activities import HIDDEN_SEED_SECRET
+from job_launcher.builder import read_embedded
 from job_launcher.trusted_lines import NONCE_ENV
 from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.errors import ErrorType, ToolError
@@ -117,10 +118,17 @@ async def test_only_grader_jobs_carry_a_secret_and_only_the_seed(
     assert agent_call.args["secrets"] is None and dev_call.args["secrets"] is None
     assert grader_call.args["secrets"] == {HIDDEN_SEED_SECRET: "seed-0123456789abcdef"}
     assert grader_call.args["labels"]["posttrain-role"] == "grader"
-    # Evaluators get their nonce in the environment; the uploaded file is the evaluator itself.
+    # Evaluators get their nonce in the environment (the seed as a secret) and run under the
+    # launcher like agent jobs: the uploaded file is the launcher with the evaluator embedded,
+    # told to pass those names (never their values) on to it.
     assert dev_call.args["env"] == {NONCE_ENV: "nonce-2"}
-    assert Path(dev_call.args["script"]).name == "evaluator.py"
-    assert dev_call.script_text == request(JobRole.dev).script
+    for call, names in ((dev_call, [NONCE_ENV]), (grader_call, [NONCE_ENV, HIDDEN_SEED_SECRET])):
+        assert Path(call.args["script"]).name == "launcher.py"
+        assert call.script_text is not None
+        config, script = read_embedded(call.script_text)
+        assert script == request(JobRole.dev).script
+        assert config["pass_env"] == sorted(names) and config["packages"] == []
+        assert "seed-0123456789abcdef" not in call.script_text and "nonce-" not in call.script_text
 
 
 async def test_model_is_the_evaluated_jobs_outputs_read_only(

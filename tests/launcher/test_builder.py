@@ -12,7 +12,13 @@ import sys
 import pytest
 
 from job_launcher import launcher
-from job_launcher.builder import NONCE_ENV, LauncherConfig, build_launcher, launcher_source
+from job_launcher.builder import (
+    NONCE_ENV,
+    LauncherConfig,
+    build_launcher,
+    launcher_source,
+    read_embedded,
+)
 from job_launcher.requirements import script_dependencies
 from job_launcher.trusted_lines import LAUNCHER_TAG, format_trusted_line
 from posttrain_env.errors import ErrorType, ToolError
@@ -37,7 +43,32 @@ def embedded(text: str) -> tuple[dict, str]:
     config = re.search(r'^_EMBEDDED_CONFIG = "([A-Za-z0-9+/=]*)"$', text, re.M)
     script = re.search(r'^_EMBEDDED_SCRIPT = "([A-Za-z0-9+/=]*)"$', text, re.M)
     assert config and script
-    return json.loads(base64.b64decode(config[1])), base64.b64decode(script[1]).decode()
+    found = json.loads(base64.b64decode(config[1])), base64.b64decode(script[1]).decode()
+    assert read_embedded(text) == found  # the builder's own reader agrees
+    return found
+
+
+def test_read_embedded_refuses_what_the_builder_did_not_build() -> None:
+    text = build_launcher("print(1)\n", [], LauncherConfig(), python=SERVER)
+    for other in (
+        "print(1)\n",
+        text.replace("import argparse", "import argparse, os"),  # a changed template
+        launcher_source(),  # nothing embedded
+    ):
+        with pytest.raises(ValueError):
+            read_embedded(other)
+
+
+def test_an_evaluations_inputs_are_passed_by_name_and_its_pin_embedded() -> None:
+    cfg = LauncherConfig(
+        pass_env=("POSTTRAIN_NONCE", "POSTTRAIN_HIDDEN_SPLIT_SEED"),
+        exclude_newer="2026-11-30T00:00:00Z",
+    )
+    config, _ = embedded(build_launcher("print(1)\n", [], cfg, python=SERVER))
+    assert config["pass_env"] == ["POSTTRAIN_NONCE", "POSTTRAIN_HIDDEN_SPLIT_SEED"]
+    assert config["exclude_newer"] == "2026-11-30T00:00:00Z"
+    agent, _ = embedded(build_launcher("print(1)\n", [], LauncherConfig(), python=SERVER))
+    assert agent["pass_env"] == [] and agent["exclude_newer"] is None
 
 
 def test_script_is_embedded_base64_and_never_becomes_the_launchers_header() -> None:
@@ -130,6 +161,11 @@ def test_the_text_rules_still_hold_whatever_the_jobs_python() -> None:
         {"uid": 0},
         {"installer": "conda"},
         {"find_links": "/opt/wheels"},
+        {"pass_env": "POSTTRAIN_NONCE"},
+        {"pass_env": ("PATH",)},
+        {"pass_env": ("HF_HUB_OFFLINE",)},
+        {"pass_env": ("lower",)},
+        {"exclude_newer": "2025-06-01 --index-url=https://evil.example"},
     ],
 )
 def test_launcher_config_refuses_unsafe_settings(kwargs: dict) -> None:

@@ -413,3 +413,31 @@ def test_torch_training_with_dataloader_workers_runs_under_the_filter(run_job) -
     header = json.loads(blob[8 : 8 + length])
     assert set(header) == {"weight", "bias"} and header["weight"]["shape"] == [1, 8]
     shutil.rmtree(result.root / "venv", ignore_errors=True)
+
+
+def test_an_evaluations_pin_reaches_uv_and_pip_cannot_honour_it(run_job) -> None:
+    pinned = {"exclude_newer": "2026-11-30T00:00:00Z"}
+    result = run_job(PROBE_SCRIPT, ["pt-probe==1.0"], installer="uv", **pinned)
+    assert_ran(result)
+    # It reaches uv: a date of the right shape that is no date makes uv itself refuse.
+    wrong = run_job(NEVER_RUNS, ["pt-probe==1.0"], installer="uv", exclude_newer="2026-13-45")
+    assert wrong.final["stage"] == "install" and "2026-13-45" in wrong.final["error"], wrong.final
+    refused = run_job(NEVER_RUNS, ["pt-probe==1.0"], installer="pip", **pinned)
+    needs_uv = "exclude-newer needs uv, which was not found"
+    assert refused.final == {"stage": "venv", "error": needs_uv}
+
+
+def test_the_script_gets_exactly_the_variables_pass_env_names(run_job) -> None:
+    script = (
+        "import json, os\n"
+        "print('REPORT ' + json.dumps({k: v for k, v in os.environ.items()"
+        " if k.startswith('PT_') or k == 'POSTTRAIN_NONCE'}))\n"
+    )
+    env = {"PT_PASSED": "yes", "PT_NOT_NAMED": "no"}
+    agent = run_job(script, env=env, nonce="agent-nonce")
+    assert_ran(agent)
+    assert agent.report() == {}  # an agent job's script gets neither its nonce nor anything else
+    passed = ("POSTTRAIN_NONCE", "PT_PASSED", "PT_ABSENT")
+    evaluation = run_job(script, env=env, nonce="eval-nonce", pass_env=passed)
+    assert_ran(evaluation)
+    assert evaluation.report() == {"POSTTRAIN_NONCE": "eval-nonce", "PT_PASSED": "yes"}

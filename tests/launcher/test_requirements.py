@@ -8,9 +8,11 @@ import pytest
 
 from job_launcher import launcher
 from job_launcher.requirements import (
+    EXCLUDE_NEWER_PATTERN,
     STRICT_REQUIREMENT_PATTERN,
     merged_dependencies,
     script_dependencies,
+    script_exclude_newer,
     validate_requirements,
     validate_script,
 )
@@ -85,6 +87,7 @@ def test_non_string_requirement_is_refused() -> None:
 
 def test_launcher_re_checks_with_the_same_strict_pattern() -> None:
     assert launcher.STRICT_REQUIREMENT_PATTERN == STRICT_REQUIREMENT_PATTERN
+    assert launcher.EXCLUDE_NEWER_PATTERN == EXCLUDE_NEWER_PATTERN
     assert launcher.MAX_PACKAGES == MAX_DEPENDENCIES
 
 
@@ -172,3 +175,31 @@ def test_merged_dependencies_are_capped() -> None:
         merged_dependencies(script, exactly)
     assert info.value.type is ErrorType.invalid_dependency
     assert str(MAX_DEPENDENCIES) in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ('# [tool.uv]\n# exclude-newer = "2026-11-30T00:00:00Z"\n', "2026-11-30T00:00:00Z"),
+        ('# [tool.uv]\n# exclude-newer = "2025-06-01"\n', "2025-06-01"),
+        (
+            '# [tool.uv]\n# exclude-newer = "2025-06-01T10:00:00.5+02:00"\n',
+            "2025-06-01T10:00:00.5+02:00",
+        ),
+        ("# dependencies = []\n", None),
+    ],
+)
+def test_an_evaluators_exclude_newer_is_read_from_its_header(header: str, expected) -> None:
+    script = f"# /// script\n{header}# ///\nprint(1)\n"
+    assert script_exclude_newer(script) == expected
+    assert script_exclude_newer("print(1)\n") is None
+
+
+@pytest.mark.parametrize(
+    "value", ['"yesterday"', '"2025-06-01 --index-url x"', "20250601", '"2025-06-01T10:00"']
+)
+def test_an_exclude_newer_that_is_not_an_rfc_3339_time_is_refused(value: str) -> None:
+    script = f"# /// script\n# [tool.uv]\n# exclude-newer = {value}\n# ///\nprint(1)\n"
+    with pytest.raises(ToolError) as info:
+        script_exclude_newer(script)
+    assert info.value.type is ErrorType.invalid_script

@@ -54,27 +54,17 @@ report(outcome=outcome, interfaces=interfaces)
 )
 
 
-def test_an_agent_job_cannot_reach_a_server_on_the_hosts_loopback(jobs: Jobs, host_server) -> None:
+@pytest.mark.parametrize("role", ["agent", "dev", "grader"])
+def test_no_job_can_reach_a_server_on_the_hosts_loopback(jobs: Jobs, host_server, role) -> None:
+    # Evaluations run under the launcher too (DESIGN §6 item 4): the filter and the network
+    # namespace stand for every role.
     port, accepted = host_server
-    job = jobs.run(NETWORK_PROBE.format(port=port))
+    artifact = {} if role == "agent" else {"artifact_ref": jobs.run("print('ok')").ref}
+    job = jobs.run(NETWORK_PROBE.format(port=port), role=role, **artifact)
     assert job.state.value == "succeeded", jobs.logs(job.ref)
     report = jobs.report(job.ref)
     assert report["interfaces"] == ["lo"]
     assert report["outcome"] == 1  # EPERM: the launcher's filter refuses AF_INET sockets
-    assert accepted == []
-
-
-def test_the_network_namespace_alone_keeps_an_evaluator_from_the_hosts_loopback(
-    jobs: Jobs, host_server
-) -> None:
-    # An evaluator runs without the launcher's seccomp filter: only the namespace stands here.
-    port, accepted = host_server
-    agent = jobs.run("print('ok')")
-    job = jobs.run(NETWORK_PROBE.format(port=port), role="dev", artifact_ref=agent.ref)
-    assert job.state.value == "succeeded", jobs.logs(job.ref)
-    report = jobs.report(job.ref)
-    assert report["interfaces"] == ["lo"]
-    assert report["outcome"] == 111  # ECONNREFUSED: its own loopback has no such server
     assert accepted == []
 
 
@@ -236,3 +226,28 @@ def test_one_allocation_past_the_jobs_memory_limit_is_killed_and_the_job_fails_s
         "killed 1 of its processes: the job exited with status 137; see its log"
     )
     assert "allocated" not in jobs.logs(job.ref)
+
+
+def test_an_evaluation_is_handed_its_nonce_and_seed_by_the_launcher_and_an_agent_job_neither(
+    jobs: Jobs,
+) -> None:
+    script = (
+        REPORT
+        + """
+import os
+report(uid=os.getuid(), env={k: v for k, v in os.environ.items() if k.startswith("POSTTRAIN")},
+       offline=os.environ.get("HF_HUB_OFFLINE"), fds=sorted(os.listdir("/proc/self/fd")))
+"""
+    )
+    seed = {"POSTTRAIN_HIDDEN_SPLIT_SEED": "seed-for-this-test"}
+    agent = jobs.run(script)  # its nonce is in its launcher's environment, never in the script's
+    grader = jobs.run(script, role="grader", artifact_ref=agent.ref, secrets=seed)
+    reports = {"agent": jobs.report(agent.ref), "grader": jobs.report(grader.ref)}
+    assert reports["agent"]["env"] == {}
+    assert reports["grader"]["env"] == {
+        "POSTTRAIN_NONCE": jobs.nonces[grader.ref],
+        "POSTTRAIN_HIDDEN_SPLIT_SEED": "seed-for-this-test",
+    }
+    for report in reports.values():  # both under the launcher: uid dropped, fds closed, offline
+        assert report["uid"] != 0 and report["offline"] == "1"
+        assert report["fds"] == ["0", "1", "2", "3"]  # 3: the listing's own

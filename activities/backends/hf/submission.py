@@ -1,16 +1,18 @@
 """What a job is started with: its one uploaded file, its volumes, and the checks that keep every
 secret out of it (DESIGN §6).
 
-An agent job runs the launcher (the agent's script embedded in it); a dev or grader evaluation
-runs the task's evaluator. `run_uv_job` uploads that file to the namespace's `jobs-artifacts`
-bucket and mounts the job's folder read-write at `/data`. Everything else is mounted read-only:
-the base model at `/base_model` and each dataset at `/datasets/<repo_id>`, both at pinned
-commits, and, for an evaluation, the evaluated job's `outputs/` folder at `/model`.
+Every job runs the launcher: an agent job with the agent's script embedded in it, a dev or
+grader evaluation with the task's evaluator. `run_uv_job` uploads that file to the namespace's
+`jobs-artifacts` bucket and mounts the job's folder read-write at `/data`. Everything else is
+mounted read-only: the base model at `/base_model` and each dataset at `/datasets/<repo_id>`,
+both at pinned commits, and, for an evaluation, the evaluated job's `outputs/` folder at
+`/model`.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from huggingface_hub import Volume, constants
 
@@ -18,6 +20,7 @@ from activities.backends.hf.inputs import repo_id_problem
 from activities.backends.interface import JobRequest
 from activities.jobs.activities import HIDDEN_SEED_SECRET
 from job_launcher.builder import LauncherConfig, build_launcher
+from job_launcher.requirements import script_exclude_newer
 from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.errors import ErrorType, ToolError
 
@@ -26,7 +29,6 @@ DATASETS_MOUNT = "/datasets"
 ARTIFACT_MOUNT = "/model"
 OUTPUTS = "outputs"  # the launcher's `<data_dir>/outputs`: the only folder a job writes
 LAUNCHER_FILE = "launcher.py"
-EVALUATOR_FILE = "evaluator.py"
 # Names a job's environment may never carry, whatever their value.
 _TOKEN_NAME = re.compile(r"TOKEN|HF_|HUGGING_?FACE|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -59,14 +61,24 @@ def check_request(request: JobRequest, token: str) -> None:
 
 
 def job_file(request: JobRequest, launcher: LauncherConfig, python: str) -> tuple[str, str]:
-    """(file name, text) of the one file the job runs on Python `python` (the image's). Raises
-    ToolError(invalid_script or invalid_dependency) for an agent script the launcher refuses."""
+    """(file name, text) of the one file the job runs on Python `python` (the image's): the
+    launcher, with the agent's script or, for an evaluation, the task's evaluator embedded
+    (DESIGN §6 item 4: every job runs under it). The evaluator's PEP 723 dependencies are
+    installed from wheels and its `exclude-newer` honoured, as `uv run` would; the launcher
+    hands it the nonce, the task's parameters and a grader's seed from the job's environment
+    and secrets. Raises ToolError(invalid_script or invalid_dependency) for an agent script
+    the launcher refuses."""
     if request.role is JobRole.agent:
         text = build_launcher(request.script, request.dependencies, launcher, python=python)
         return LAUNCHER_FILE, text
     if not request.script:
         raise _refuse("the evaluation has no evaluator script")
-    return EVALUATOR_FILE, request.script
+    config = replace(
+        launcher,
+        pass_env=tuple(sorted({*request.env, *request.secrets})),
+        exclude_newer=script_exclude_newer(request.script),
+    )
+    return LAUNCHER_FILE, build_launcher(request.script, [], config, python=python)
 
 
 def input_volumes(request: JobRequest) -> list[Volume]:

@@ -1,11 +1,13 @@
 """What one local job runs: its files, phases (bubblewrap command lines) and environments.
 
-Agent jobs run the launcher exactly as on Hugging Face, split in two phases: `--phase install`
-with network (wheels into /env/venv, through the shared uv cache), then `--phase run` with no
-network, where the launcher's root supervisor drops to the job's uid (or, without root, verifies
-the uid bwrap set). Evaluations run the task's trusted evaluator with the job Python directly —
-after an install phase only when its PEP 723 header declares dependencies — with the nonce and,
-for graders, the hidden-split seed in its environment, the agent job's artifact at /model.
+Every job runs the launcher exactly as on Hugging Face (DESIGN §6 item 4), split in two phases:
+`--phase install` with network (wheels into /env/venv, through the shared uv cache), then
+`--phase run` with no network, where the launcher's root supervisor installs the seccomp filter,
+closes fds and drops to the job's uid (or, without root, verifies the uid bwrap set). An agent
+job's script is the agent's; an evaluation's is the task's trusted evaluator (its PEP 723
+dependencies installed, its `exclude-newer` honoured), which the launcher gives the nonce, the
+task's parameters and, for graders, the hidden-split seed in its environment, with the agent
+job's artifact at /model.
 
 Nothing secret is planned here: secrets go to the supervisor on stdin (`secret_env`).
 """
@@ -22,7 +24,7 @@ from activities.backends.interface import JobRequest
 from activities.backends.local.sandbox import Mount, Sandbox, outside_usr
 from activities.backends.local.scratch import FS, SHM
 from job_launcher.builder import LauncherConfig, build_launcher
-from job_launcher.requirements import merged_dependencies
+from job_launcher.requirements import script_exclude_newer
 from posttrain_common.contracts.jobs import JobRole
 
 UV_IN_SANDBOX = "/opt/posttrain/uv"
@@ -49,12 +51,6 @@ INSTALLER_PASS_THROUGH = (
     "http_proxy",
     "https_proxy",
     "no_proxy",
-)
-# Root inside an evaluation's sandbox only needs to switch to the evaluator's uid.
-_DROP_TO_UID = (
-    "import os, sys; uid, gid = int(sys.argv[1]), int(sys.argv[2]); os.setgroups([]); "
-    "os.setresgid(gid, gid, gid); os.setresuid(uid, uid, uid); "
-    "assert 0 not in os.getresuid() + os.getresgid(); os.execv(sys.argv[3], sys.argv[3:])"
 )
 
 
@@ -114,10 +110,38 @@ def plan_job(
     python_prefix = outside_usr(machine.job_python)
     run_host = [python_prefix] if python_prefix else []
     is_agent = request.role is JobRole.agent
-    script = request.script
+    config = launcher_config(request, machine, uid)
     packages = request.dependencies if is_agent else []
-    deps = merged_dependencies(script, packages)  # validates, as the launcher's builder does
-    config = LauncherConfig(
+    launcher = build_launcher(request.script, packages, config, python=machine.job_python_version)
+    # Root: the launcher hides itself from the job's uid. It holds nothing but the script (the
+    # agent's own, or the task's evaluator) and settings, so a job sharing our uid (no root)
+    # may read it.
+    files = {"job/launcher.py": (launcher.encode(), 0o600 if machine.privileged else 0o644)}
+    failure = (
+        "the job exited with status {code}; see its log"
+        if is_agent
+        else "the evaluator exited with status {code}; see its log"
+    )
+    phases = [
+        _install_phase(machine, uid, folder, run_host),
+        _run_phase(machine, uid, [*scratch, *inputs], run_host, failure),
+    ]
+    return JobPlan(
+        files=files,
+        phases=phases,
+        secret_env=secret_env(request),
+        collect=is_agent,
+        data_owner=None if is_agent or not machine.privileged else uid,
+    )
+
+
+def launcher_config(request: JobRequest, machine: Machine, uid: int) -> LauncherConfig:
+    """The launcher's settings for one job. Every role runs the launcher (DESIGN §6 item 4):
+    an evaluation's script is the task's evaluator, which gets its own inputs from the
+    launcher's environment (`pass_env`: the nonce, the task's parameters and a grader's seed,
+    sent on stdin) and has its header's `exclude-newer` honoured, as `uv run` would."""
+    evaluation = request.role is not JobRole.agent
+    return LauncherConfig(
         python=machine.job_python,
         data_dir="/data",
         venv_dir=VENV,
@@ -127,62 +151,30 @@ def plan_job(
         no_index=machine.no_index,
         installer="uv",
         uv=UV_IN_SANDBOX,
+        pass_env=tuple(sorted({*request.env, *request.secrets})) if evaluation else (),
+        exclude_newer=script_exclude_newer(request.script) if evaluation else None,
     )
-    files: dict[str, tuple[bytes, int]] = {}
-    phases: list[dict[str, Any]] = []
-    if is_agent or deps:
-        launcher = build_launcher(
-            script, packages, config, python=machine.job_python_version
-        ).encode()
-        # Root: the launcher hides itself from the job's uid. It holds nothing but the agent's
-        # own script and settings, so a job sharing our uid (no root) may read it.
-        files["job/launcher.py"] = (launcher, 0o600 if machine.privileged else 0o644)
-        phases.append(_install_phase(machine, uid, folder, run_host))
-    keep_caps: Sequence[str] | None = None
-    if is_agent:
-        run_env = {"PATH": _PATH, "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
-        command = [machine.job_python, "/job/launcher.py", "--phase", "run"]
-        failure = "the job exited with status {code}; see its log"
-    else:
-        files["job/script.py"] = (script.encode(), 0o644)
-        python = f"{VENV}/bin/python" if deps else machine.job_python
-        run_env = {
-            "PATH": _PATH,
-            "HOME": "/tmp",
-            "TMPDIR": "/tmp",
-            "LANG": "C.UTF-8",
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "HF_HUB_OFFLINE": "1",
-        }
-        command = [python, "/job/script.py"]
-        if machine.privileged:
-            keep_caps = ("CAP_SETUID", "CAP_SETGID")
-            command = [machine.job_python, "-I", "-S", "-c", _DROP_TO_UID, str(uid), str(uid)]
-            command += [python, "/job/script.py"]
-        failure = "the evaluator exited with status {code}; see its log"
-    run = Sandbox(
+
+
+def _run_phase(
+    machine: Machine, uid: int, mounts: list[Mount], host: list[str], failure: str
+) -> dict[str, Any]:
+    """`launcher.py --phase run` with no network: the supervisor drops to the job's uid (or,
+    without root, verifies the uid bwrap set) and runs the script with the venv at /env/venv,
+    which this phase only reads (a venv made elsewhere and mounted read-only there would do)."""
+    sandbox = Sandbox(
         bwrap=machine.bwrap,
         privileged=machine.privileged,
         uid=uid,
         gid=uid,
         network=False,
-        command=command,
-        mounts=[*scratch, *inputs],
-        host_paths=run_host,
-        keep_caps=keep_caps,
+        command=[machine.job_python, "/job/launcher.py", "--phase", "run"],
+        mounts=mounts,
+        host_paths=host,
         chdir="/data",
     )
-    phases.append(
-        {"name": "run", "argv": run.argv(), "env": run_env, "limits": True, "failure": failure}
-    )
-    return JobPlan(
-        files=files,
-        phases=phases,
-        secret_env=secret_env(request),
-        collect=is_agent,
-        data_owner=None if is_agent or not machine.privileged else uid,
-    )
+    env = {"PATH": _PATH, "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+    return {"name": "run", "argv": sandbox.argv(), "env": env, "limits": True, "failure": failure}
 
 
 def _install_phase(machine: Machine, uid: int, folder: Path, host: list[str]) -> dict[str, Any]:
