@@ -78,7 +78,10 @@ STRICT_REQUIREMENT_PATTERN = (
 _STRICT = re.compile(STRICT_REQUIREMENT_PATTERN)
 # An `exclude-newer` uv accepts: a date, or a UTC or offset time. The launcher keeps an
 # identical copy (a test asserts it) and re-checks before passing it to uv.
-EXCLUDE_NEWER_PATTERN = r"[0-9]{4}-[0-9]{2}-[0-9]{2}(?:T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}:[0-9]{2}))?"
+EXCLUDE_NEWER_PATTERN = (
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
+    r"(?:T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}:[0-9]{2}))?"
+)
 
 # The reference regular expression of PEP 723 (https://peps.python.org/pep-0723/).
 _PEP723_BLOCK = re.compile(
