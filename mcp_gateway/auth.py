@@ -25,8 +25,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcp_gateway.refusals import refuse
 from posttrain_common.keys import ServerKey
+from workflows.ids import EPISODE_ID
 
-EPISODE_ID = re.compile(r"ep-[0-9a-f]{16}")
 OPEN_PATHS = frozenset({"/health", "/metadata", "/schema", "/openapi.json"})
 # An episode's own routes (its MCP endpoint, GET and DELETE): behind its episode token instead.
 EPISODE_ROUTES = re.compile(r"/episodes/[^/]+(?:/mcp)?")

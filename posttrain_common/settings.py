@@ -200,8 +200,9 @@ class Settings(BaseSettings):
     # serves none. Each worker on a machine needs its own port. Inside `server` the worker's
     # series are on the gateway's /metrics instead.
     worker_metrics_port: int | None = Field(default=None, gt=0, lt=65536)
-    # Where the Temporal SDK's own metrics are served (its Rust core's Prometheus exporter,
-    # every process that connects to Temporal: gateway and worker alike); unset: nowhere.
+    # Where the Temporal SDK's own metrics are served (its Rust core's Prometheus exporter, in
+    # the processes that keep running: gateway, worker, agent worker; one-shot commands ignore
+    # it); unset: nowhere.
     temporal_metrics_port: int | None = Field(default=None, gt=0, lt=65536)
     # The address both bind; 0.0.0.0 for a Prometheus on another host (a container's).
     metrics_host: str = "127.0.0.1"

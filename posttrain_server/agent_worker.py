@@ -93,7 +93,7 @@ async def run_agent_worker(
     if problem is not None:
         print(f"posttrain-env agent-worker: {problem}", file=sys.stderr, flush=True)
         return 2
-    client = await connect(settings)
+    client = await connect(settings, serve_sdk_metrics=True)
     worker = build_agent_worker(client, settings, os.environ)
     stop = stop_on_signals()
     log.info(

@@ -95,7 +95,7 @@ async def serve(host: str, port: int, *, with_worker: bool) -> None:
             )
             if embedded.config.ui_url:
                 log.info("Temporal UI: %s", embedded.config.ui_url)
-        client = await connect(settings)
+        client = await connect(settings, serve_sdk_metrics=True)
         await require_search_attributes(client, settings.temporal_address)
         await check_deployment(client, settings.task_queue, key)
         log.info("server key %s (fingerprint %s)", key.source, key.fingerprint)

@@ -244,7 +244,7 @@ async def run_worker() -> None:
     except ServerKeyError as exc:
         refuse(exc)
     backend = make_backend(settings, key.key)
-    client = await connect(settings)
+    client = await connect(settings, serve_sdk_metrics=True)
     await require_search_attributes(client, settings.temporal_address)
     try:
         await check_deployment(client, settings.task_queue, key)

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import re
 
+# The ids an episode and its jobs get (minted in workflows/episode/session.py, `rollout_episode_id`
+# below, and workflows/episode/jobs.py): what an operator's command checks before asking Temporal.
+EPISODE_ID = re.compile(r"ep-[0-9a-f]{16}")
+JOB_ID = re.compile(r"(job|eval)-[0-9a-f]{12}")
 TASK_QUEUE = "posttrain"
 # Agent turns run only on this queue, served by `posttrain-env agent-worker` (no broker secret).
 AGENT_TASK_QUEUE = "posttrain-agents"

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import sys
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -33,7 +32,6 @@ if TYPE_CHECKING:
     from posttrain_common.settings import Settings
     from posttrain_server.commands.episode_queries import StuckJob
 
-_EPISODE_ID = re.compile(r"ep-[0-9a-f]{16}")
 EPISODES_HELP = "list, show, export and repair episodes (the operator's view and tools)"
 STATUS_QUERY_TIMEOUT = timedelta(seconds=10)
 
@@ -63,7 +61,8 @@ def add_episodes_commands(subparsers: argparse._SubParsersAction) -> None:  # py
 
 
 def run_episodes(args: argparse.Namespace) -> int:
-    """Run a parsed `episodes` command; the exit status (2: a bad argument, 1: not found)."""
+    """Run a parsed `episodes` command; the exit status (2: bad input, a malformed id
+    included; 1: not found, or a repair refused)."""
     from posttrain_common.settings import Settings
 
     return asyncio.run(run_episodes_async(args, Settings()))
@@ -73,6 +72,10 @@ async def run_episodes_async(args: argparse.Namespace, settings: Settings) -> in
     from posttrain_server.commands.episode_queries import FilterError
     from posttrain_server.commands.episode_repair import REPAIRS, run_repair
 
+    malformed = malformed_id(args)
+    if malformed is not None:  # bad input, as a bad flag is: 2, before Temporal is asked
+        print(f"posttrain-env episodes {args.episodes_command}: {malformed}", file=sys.stderr)
+        return 2
     try:
         client = await operator_client(settings)
         if args.episodes_command == "list":
@@ -85,13 +88,30 @@ async def run_episodes_async(args: argparse.Namespace, settings: Settings) -> in
             record = await export_record(client, settings, args.episode_id)
             print(json.dumps(record, indent=2))
             return 0
-    except FilterError as exc:
+    except (FilterError, MalformedId) as exc:
         print(f"posttrain-env episodes: {exc}", file=sys.stderr)
         return 2
     except (EpisodeNotFound, InvalidRecord) as exc:
         print(f"posttrain-env episodes: {exc}", file=sys.stderr)
         return 1
     return 2
+
+
+def malformed_id(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command's episode or job id (None: nothing, or it takes none)."""
+    from workflows.ids import EPISODE_ID, JOB_ID
+
+    episode_id = getattr(args, "episode_id", None)
+    if episode_id is not None and not EPISODE_ID.fullmatch(episode_id):
+        return f"{episode_id!r} is not an episode id (ep-<16 hex>)"
+    job_id = getattr(args, "job_id", None)
+    if job_id is not None and not JOB_ID.fullmatch(job_id):
+        return f"{job_id!r} is not a job id (job-<12 hex>, or eval-<12 hex> for an evaluation)"
+    return None
+
+
+class MalformedId(ValueError):
+    """An episode or job id that no episode or job can have."""
 
 
 class InvalidRecord(ValueError):
@@ -315,14 +335,15 @@ def render_summary(s: dict[str, Any]) -> str:
 async def export_record(client: Client, settings: Settings, episode_id: str) -> dict[str, Any]:
     """The audit record: the file written when the episode ended, or (while it runs, or when
     none was written) read from Temporal now. Validated against the published schema. Raises
-    EpisodeNotFound, InvalidRecord."""
+    MalformedId, EpisodeNotFound, InvalidRecord."""
     from temporalio.service import RPCError, RPCStatusCode
 
     from activities.records.audit import record_path
     from posttrain_server.audit_trail import read_trail
+    from workflows.ids import EPISODE_ID
 
-    if not _EPISODE_ID.fullmatch(episode_id):
-        raise EpisodeNotFound(f"{episode_id!r} is not an episode id (ep-<16 hex>)")
+    if not EPISODE_ID.fullmatch(episode_id):  # it names a file below
+        raise MalformedId(f"{episode_id!r} is not an episode id (ep-<16 hex>)")
     path = record_path(settings.audit_dir or settings.state_dir / "audit", episode_id)
     if path.exists():
         record = json.loads(path.read_text())

@@ -77,9 +77,15 @@ def sdk_metrics_address(settings: Settings) -> str | None:
     return None if port is None else f"{settings.metrics_host}:{port}"
 
 
-async def connect(settings: Settings) -> Client:
+async def connect(settings: Settings, *, serve_sdk_metrics: bool = False) -> Client:
+    """A client of `settings`' Temporal. `serve_sdk_metrics`: the SDK core serves its own
+    metrics where POSTTRAIN_TEMPORAL_METRICS_PORT says; only the long-running processes ask for
+    it (`server`, `worker`, `agent-worker`). A one-shot command never does: an operator's shell
+    holds the deployment's settings, and that port is the running processes' (a command that
+    tried would fail on it, "Address already in use"). Raises SystemExit when the port cannot be
+    served."""
     api_key = settings.temporal_api_key
-    address = sdk_metrics_address(settings)
+    address = sdk_metrics_address(settings) if serve_sdk_metrics else None
     # Called without an argument when there is none: bench/_probe.py swaps in its own runtime.
     try:
         runtime = core_runtime() if address is None else core_runtime(address)

@@ -59,14 +59,18 @@ class Operated:
         job = job_workflow_id(episode_id, n)
         return watcher_shard_id(watcher, Settings().watch_shards, job)
 
-    async def cli(self, *args: str) -> Done:
-        """`posttrain-env <args>` in a process of its own, without blocking the worker."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("POSTTRAIN_", "TEMPORAL_"))}
-        env.update({"TEMPORAL_ADDRESS": self.address, "POSTTRAIN_STATE_DIR": str(self.state_dir)})
+    async def cli(self, *args: str, env: dict[str, str] | None = None) -> Done:
+        """`posttrain-env <args>` in a process of its own, without blocking the worker; `env`:
+        settings of the operator's shell besides this server's address and state dir."""
+        shell = {
+            k: v for k, v in os.environ.items() if not k.startswith(("POSTTRAIN_", "TEMPORAL_"))
+        }
+        shell.update(env or {})
+        shell.update({"TEMPORAL_ADDRESS": self.address, "POSTTRAIN_STATE_DIR": str(self.state_dir)})
         proc = await asyncio.create_subprocess_exec(
             *command(),
             *args,
-            env=env,
+            env=shell,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )

@@ -236,7 +236,7 @@ async def test_the_sdk_serves_its_own_metrics_where_the_setting_says(
         temporal_metrics_port=port,
     )
     assert sdk_metrics_address(settings) == f"127.0.0.1:{port}"
-    client = await connect(settings)
+    client = await connect(settings, serve_sdk_metrics=True)
     await client.workflow_service.get_system_info(GetSystemInfoRequest())
     async with httpx.AsyncClient() as http:
         answer = await http.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
@@ -252,4 +252,4 @@ def test_a_taken_sdk_metrics_port_stops_the_process_with_the_setting_to_change(
         taken.listen()
         settings = Settings(state_dir=tmp_path, temporal_metrics_port=taken.getsockname()[1])
         with pytest.raises(SystemExit, match="POSTTRAIN_TEMPORAL_METRICS_PORT"):
-            asyncio.run(connect(settings))
+            asyncio.run(connect(settings, serve_sdk_metrics=True))

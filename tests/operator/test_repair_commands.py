@@ -84,9 +84,9 @@ async def test_confirm_cancelled_settles_at_the_minutes_given_and_closes_the_epi
         )
         assert early.status == 1 and "no cancellation was asked" in early.stderr, early
         unknown = await op.cli(
-            "episodes", "confirm-cancelled", episode_id, "job-x", "--reason", "x"
+            "episodes", "confirm-cancelled", episode_id, "job-000000000000", "--reason", "x"
         )
-        assert unknown.status == 1 and "has no job 'job-x'" in unknown.stderr, unknown
+        assert unknown.status == 1 and "has no job 'job-000000000000'" in unknown.stderr, unknown
         negative = await op.cli(
             "episodes", "confirm-cancelled", episode_id, job_id, "--reason", "x", "--minutes", "-1"
         )
