@@ -45,6 +45,7 @@ from temporalio.service import RPCError
 from mcp_gateway.auth import episode_refusal, headers_of
 from mcp_gateway.bounds import MalformedJson, parse_json, read_bounded_body
 from mcp_gateway.episode_calls import UnknownEpisode, call_tool, tool_call
+from mcp_gateway.jsonrpc import has_valid_id
 from mcp_gateway.metrics import GatewayMetrics
 from mcp_gateway.refusals import refuse
 from mcp_gateway.sessions import request_id_of
@@ -123,14 +124,15 @@ class EpisodeMcp:
                 await refuse(scope, receive, send, 413, message, jsonrpc=True)
                 return
             try:
-                parse_json(body)
+                message = parse_json(body)
             except MalformedJson as exc:
-                error = {
-                    "jsonrpc": "2.0",
-                    "id": None,
-                    "error": {"code": -32700, "message": str(exc)},
-                }
-                await JSONResponse(error, 400)(scope, receive, send)
+                await _rpc_error(-32700, str(exc))(scope, receive, send)
+                return
+            if not has_valid_id(message, null=False):  # MCP: never null
+                # The SDK would take it for a notification (whose model lets an unknown `id`
+                # through) and answer 202 with no reply at all.
+                why = "a JSON-RPC request's id must be a string or an integer"
+                await _rpc_error(-32600, why)(scope, receive, send)
                 return
             receive = replay(body, receive)
         await self._manager.handle_request(scope, receive, send)
@@ -200,6 +202,12 @@ class EpisodeMcp:
 
 
 UNAVAILABLE = "the episode service is temporarily unavailable; call again"
+
+
+def _rpc_error(code: int, message: str) -> JSONResponse:
+    """A JSON-RPC error for a request that cannot be answered, with HTTP 400 (as the SDK's)."""
+    error = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
+    return JSONResponse(error, 400)
 
 
 def replay(body: bytes, receive: Receive) -> Receive:

@@ -21,11 +21,30 @@ from posttrain_env.errors import SessionError
 log = logging.getLogger(__name__)
 
 
+def has_valid_id(message: object, *, null: bool) -> bool:
+    """False for a JSON-RPC message whose `id` is there but neither a string nor an integer (an
+    object, an array, a fraction, a boolean; null unless `null`: JSON-RPC allows it, MCP not).
+    A model would otherwise take `true` for 1, or (the MCP SDK's) an object id for a
+    notification's unknown key."""
+    if not isinstance(message, dict) or "id" not in message:
+        return True  # a notification, or not an object at all (the caller's parser says so)
+    rid = message["id"]
+    if rid is None:
+        return null
+    return isinstance(rid, str) or (isinstance(rid, int) and not isinstance(rid, bool))
+
+
 def parse_request(body: bytes | str) -> JsonRpcRequest | JsonRpcResponse:
     """The request, or the JSON-RPC error response for a body that is not one (a parse error
     for JSON nested deeper than MAX_JSON_DEPTH, too)."""
     try:
-        return JsonRpcRequest.model_validate(parse_json(body))
+        message = parse_json(body)
+        if not has_valid_id(message, null=True):
+            return JsonRpcResponse.error_response(
+                JsonRpcErrorCode.INVALID_REQUEST,
+                "not a JSON-RPC 2.0 request: its id must be a string, an integer or null",
+            )
+        return JsonRpcRequest.model_validate(message)
     except MalformedJson as exc:
         return JsonRpcResponse.error_response(JsonRpcErrorCode.PARSE_ERROR, str(exc))
     except ValidationError as exc:

@@ -183,6 +183,23 @@ def parse_tool_args(tool: str, arguments: dict[str, Any]) -> ToolArgs:
         raise ToolError(error_type, f"{tool}: {where}: {first['msg']}", field=field) from None
 
 
+def unencodable_error(tool: str, field: str) -> ToolError:
+    """The answer to a call whose argument `field` holds a lone surrogate (a `\\ud800`-style JSON
+    escape with no partner): not UTF-8, so the edge could not send it. Typed as that argument's
+    errors are (a script: invalid_script)."""
+    spec = TOOLS.get(tool)
+    error_type = ErrorType.invalid_argument
+    if spec is not None:
+        error_type = spec.args.field_error_types.get(field, ErrorType.invalid_argument)
+    where = f"argument {field!r}" if field else "the arguments"
+    return ToolError(
+        error_type,
+        f"{tool}: {where} holds a lone surrogate (a \\ud800-\\udfff escape without its pair), "
+        "which is not UTF-8 text; send the text as UTF-8",
+        field=field,
+    )
+
+
 def oversized_error(tool: str, field: str, size: int, total: int) -> ToolError:
     """The answer to a call whose arguments the edge refused to send for their size."""
     if field == "tool_name":

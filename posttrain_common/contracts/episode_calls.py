@@ -53,15 +53,18 @@ class Oversized(BaseModel):
 class ToolCall(BaseModel):
     """One tool call, from any path. The update id is `<episode_id>:<request_id>`.
 
-    Built by the edge (`mcp_gateway.episode_calls.tool_call`), which measures the arguments:
-    over MAX_ARGUMENTS_BYTES they are replaced by `oversized` and the episode answers a typed
-    error, so no update ever comes near Temporal's payload limit."""
+    Built by the edge (`tool_call` below), which measures the arguments: over
+    MAX_ARGUMENTS_BYTES they are replaced by `oversized` and the episode answers a typed error,
+    so no update ever comes near Temporal's payload limit. Arguments that are not UTF-8 (a lone
+    surrogate, which JSON's `\\ud800` escape can carry) cannot be sent at all: they are replaced
+    by `unencodable`, the argument that holds one, and the episode answers a typed error too."""
 
     request_id: str = Field(min_length=1, max_length=MAX_REQUEST_ID_CHARS)
     tool: str = Field(max_length=MAX_TOOL_NAME_CHARS)
     arguments: dict[str, Any] = Field(default_factory=dict)
     path: ToolPath = "step"
     oversized: Oversized | None = None
+    unencodable: str | None = Field(default=None, max_length=MAX_TOOL_NAME_CHARS)
     # A workflow to signal (`ToolAnswered`) once the call is answered: a rollout, which reads the
     # answer through `result_of` instead of holding an activity open for a whole `jobs_wait`.
     # Unset for every other caller, so recorded histories replay unchanged.
@@ -166,6 +169,8 @@ def tool_call(
     """The call as the episode receives it. Arguments over MAX_ARGUMENTS_BYTES (measured as the
     data converter encodes them: JSON) are replaced by a small stand-in, so the episode counts
     the step and answers a typed error while nothing large ever reaches Temporal."""
+    if not _encodes(tool):  # no tool has such a name: the episode answers "unknown tool"
+        tool = tool.encode("utf-8", "backslashreplace").decode("utf-8")
     name_bytes = len(tool.encode("utf-8", "replace"))
     if len(tool) > MAX_TOOL_NAME_CHARS:
         return ToolCall(
@@ -175,7 +180,16 @@ def tool_call(
             reply_to=reply_to,
             oversized=Oversized(field="tool_name", bytes=name_bytes, total_bytes=name_bytes),
         )
-    total = len(pydantic_core.to_json(arguments))
+    try:
+        total = len(pydantic_core.to_json(arguments))
+    except pydantic_core.PydanticSerializationError:  # a lone surrogate: not UTF-8
+        return ToolCall(
+            request_id=request_id,
+            tool=tool,
+            path=path,
+            reply_to=reply_to,
+            unencodable=_unencodable_argument(arguments)[:MAX_TOOL_NAME_CHARS],
+        )
     if total <= MAX_ARGUMENTS_BYTES:
         return ToolCall(
             request_id=request_id, tool=tool, arguments=arguments, path=path, reply_to=reply_to
@@ -191,3 +205,25 @@ def tool_call(
             field=largest[:MAX_TOOL_NAME_CHARS], bytes=sizes[largest], total_bytes=total
         ),
     )
+
+
+def _encodes(text: str) -> bool:
+    """True when `text` is UTF-8 encodable (holds no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _unencodable_argument(arguments: dict[str, Any]) -> str:
+    """The first argument of `arguments` (which do not encode) that holds a lone surrogate, in
+    its key (then named with the surrogate escaped) or anywhere in its value."""
+    for key, value in arguments.items():
+        if not _encodes(key):
+            return key.encode("utf-8", "backslashreplace").decode("utf-8")
+        try:
+            pydantic_core.to_json(value)
+        except pydantic_core.PydanticSerializationError:
+            return key
+    return ""  # no single argument failed: the arguments as a whole

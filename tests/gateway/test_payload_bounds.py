@@ -431,3 +431,105 @@ def test_a_session_id_the_server_never_minted_is_refused_everywhere(
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=30)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+
+# -- JSON-RPC ids and text that is not UTF-8 ------------------------------------------------------
+
+MCP_HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+
+
+def sse_message(response: httpx.Response) -> dict[str, Any]:
+    """The JSON-RPC message of a streamable HTTP (SSE) reply."""
+    events = [line[5:] for line in response.text.splitlines() if line.startswith("data:")]
+    return json.loads(events[-1])
+
+
+@pytest.mark.parametrize("rid", [{"a": 1}, [1], 1.5, True, None])
+async def test_a_json_rpc_id_that_is_not_a_string_or_integer_is_an_invalid_request(
+    server: ServerProcess, rid: object
+) -> None:
+    """JSON-RPC answers a request it cannot identify with -32600 and a null id; MCP allows only
+    strings and integers (the SDK took an object id for a notification: 202, no reply)."""
+    episode = await create_episode(server)
+    request = {"jsonrpc": "2.0", "id": rid, "method": "tools/list", "params": {}}
+    token = {"Authorization": f"Bearer {episode['episode_token']}"}
+    async with httpx.AsyncClient(timeout=60) as http:
+        response = await http.post(
+            episode["mcp_url"], json=request, headers={**MCP_HEADERS, **token}
+        )
+        assert response.status_code == 400, response.text
+        assert response.json()["id"] is None and response.json()["error"]["code"] == -32600
+        # OpenEnv's JSON-RPC (`POST /mcp`, plain JSON-RPC 2.0) allows a null id, nothing else.
+        openenv = (await http.post(f"{server.base_url}/mcp", json=request)).json()
+        if rid is None:
+            assert openenv["id"] is None and "result" in openenv, openenv
+        else:
+            assert openenv["id"] is None and openenv["error"]["code"] == -32600, openenv
+        # The same request with an integer id is answered.
+        answered = await http.post(
+            episode["mcp_url"], json={**request, "id": 7}, headers={**MCP_HEADERS, **token}
+        )
+        assert answered.status_code == 200 and sse_message(answered)["id"] == 7
+
+
+LONE = "\ud800"  # a high surrogate without its low half: valid JSON (`"\ud800"`), not UTF-8
+JSON = {"Content-Type": "application/json"}
+
+
+def escaped(body: dict[str, Any]) -> bytes:
+    """`body` as JSON with every non-ASCII character escaped, as most clients send it (httpx's
+    own `json=` cannot: it encodes the text as UTF-8 first)."""
+    return json.dumps(body).encode()
+
+
+async def test_a_lone_surrogate_in_a_script_is_an_invalid_script_step_on_every_path(
+    server: ServerProcess,
+) -> None:
+    arguments = {"script": f"print('{LONE}')\n", **SUBMIT}
+    base = server.base_url
+    # OpenEnv over /ws (the client's JSON escapes it as `\ud800`).
+    async with PostTrainEnv(base_url=base, message_timeout_s=120) as env:
+        await env.reset(task_id="t0_artifact")
+        refused = await env.step(CallToolAction(tool_name="jobs_submit", arguments=arguments))
+        error = refused.observation.result["data"]["error"]
+        assert error["type"] == "invalid_script" and error["field"] == "script", error
+        assert "lone surrogate" in error["message"] and LONE not in error["message"]
+        assert refused.observation.metadata["steps_used"] == 1  # a step, as every bad argument
+    async with httpx.AsyncClient(timeout=60) as http:
+        # OpenEnv over HTTP: /step, and tools/call on /mcp (a dependency: its own error type).
+        reset = (await http.post(f"{base}/reset", json={"task_id": "t0_artifact"})).json()
+        session_id = reset["metadata"]["session_id"]
+        action = {"type": "call_tool", "tool_name": "jobs_submit", "arguments": arguments}
+        step = await http.post(
+            f"{base}/step",
+            content=escaped({"session_id": session_id, "action": action}),
+            headers=JSON,
+        )
+        assert step.status_code == 200, step.text
+        assert step.json()["observation"]["result"]["data"]["error"]["type"] == "invalid_script"
+        dependency = {"script": "print(1)\n", "dependencies": [f"numpy{LONE}"], **SUBMIT}
+        params = {"session_id": session_id, "name": "jobs_submit", "arguments": dependency}
+        rpc = await http.post(
+            f"{base}/mcp",
+            content=escaped({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}),
+            headers=JSON,
+        )
+        error = rpc.json()["result"]["data"]["error"]
+        assert error["type"] == "invalid_dependency" and error["field"] == "dependencies", error
+        # The episode's MCP endpoint (sent raw: the MCP SDK's client cannot encode it).
+        episode = await create_episode(server)
+        token = {"Authorization": f"Bearer {episode['episode_token']}"}
+        call = {"name": "jobs_submit", "arguments": arguments}
+        response = await http.post(
+            episode["mcp_url"],
+            content=escaped({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call}),
+            headers={**MCP_HEADERS, **token},
+        )
+    result = sse_message(response)["result"]
+    assert result["isError"] is True
+    assert result["structuredContent"]["error"]["type"] == "invalid_script", result
+    assert "Error serializing" not in response.text
+    async with mcp_session(episode) as session:  # the episode goes on, one step used
+        info = await session.call_tool("task_info", {})
+        assert info.meta is not None and info.meta["steps_used"] == 2
+    assert "UnicodeEncodeError" not in server.log()

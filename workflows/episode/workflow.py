@@ -35,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from posttrain_env.errors import ErrorType, ToolError
     from posttrain_env.models import ContaminationSummary, EndReason, EpisodeEnd
-    from posttrain_env.tools import oversized_error
+    from posttrain_env.tools import oversized_error, unencodable_error
     from workflows.episode.contract import EpisodeInput
     from workflows.episode.jobs import EpisodeJobs
     from workflows.episode.ledger import Ledger
@@ -149,9 +149,8 @@ class EpisodeWorkflow:
                 call, episode_over(self._s.end).envelope()
             )
         # A long call sent again, attached to the work in flight, is no step (EpisodeTools).
-        step = call.oversized is not None or not self._tools.takes_no_step(
-            call.tool, call.arguments
-        )
+        refused = call.oversized is not None or call.unencodable is not None
+        step = refused or not self._tools.takes_no_step(call.tool, call.arguments)
         if step and self._s.steps_used >= self._setup.task.max_steps:
             limit = ToolError(
                 ErrorType.limit_reached,
@@ -164,6 +163,8 @@ class EpisodeWorkflow:
             if call.oversized is not None:
                 big = call.oversized
                 raise oversized_error(call.tool, big.field, big.bytes, big.total_bytes)
+            if call.unencodable is not None:
+                raise unencodable_error(call.tool, call.unencodable)
             data = await self._tools.run(call.tool, call.arguments)
         except ToolError as err:
             data = err.envelope()
