@@ -1,34 +1,32 @@
-"""OpenEnv without its web UI and its fastmcp-based server environment: the first import of
-`openenv.core` skips Gradio and fastmcp.
+"""OpenEnv without its web UI and its fastmcp-based server environment, for the gateway.
 
-Any import under `openenv.core` runs `openenv/core/env_server/__init__.py`, which imports the
-package's optional Gradio web interface whenever Gradio is installed (openenv 0.10 depends on
-it): about 6 s of start-up, and 170 modules, for a UI nothing here serves or uses. That
-`__init__` already treats the UI as optional (`except ModuleNotFoundError:
-create_web_interface_app = None`), the path a slim install without Gradio takes. `load()` takes
-that path on purpose: while it imports `openenv.core`, a finder answers "no module named gradio";
-once it returns, the finder is gone and Gradio imports normally for anyone who wants it.
+The gateway needs only openenv's wire models (`mcp_gateway/wire.py`): `load()` makes them
+importable without running the `__init__`s of `openenv.core` and `openenv.core.env_server`, as
+the client does (`posttrain_env/openenv_light.py`: Gradio's web UI, about 6 s of start-up, and
+openenv's HTTP server are not loaded). Should anything later ask those packages for a name of
+their own, their `__init__` runs then, with Gradio hidden and with `fastmcp` a stand-in.
 
-The same `__init__` imports openenv's `MCPEnvironment` (a server-side environment built on
+That `__init__` imports openenv's `MCPEnvironment` (a server-side environment built on
 fastmcp), which imports fastmcp's client at load time. Nothing here uses it (the gateway serves
 MCP with the MCP SDK), but fastmcp costs seconds of imports, and its py-key-value dependency
 installs beartype's import hook for the rest of the process (`beartype_this_package`), which
 doubled the time the worker's workflow sandbox takes to import the workflows at start. So while
-openenv loads, `fastmcp` is a stand-in whose classes refuse to be used; afterwards the stand-in
-is gone from `sys.modules` and the real fastmcp imports normally, but openenv's
+that `__init__` runs, `fastmcp` is a stand-in whose classes refuse to be used; afterwards the
+stand-in is gone from `sys.modules` and the real fastmcp imports normally, but openenv's
 `MCPEnvironment` (and `get_server_tools`) in this process keep the stand-in and raise if used.
 
-Call `load()` before the process's first import of openenv; afterwards, importing any openenv
-module is as usual. If openenv is already loaded, it does nothing.
+Call `load()` before the process's first import of openenv (after the client's own `load()` is
+fine: it adds the fastmcp guard). If openenv is already loaded whole, it does nothing.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 
-from posttrain_env.openenv_light import gradio_hidden
+from posttrain_env import openenv_light
 
 
 class FastmcpLeftOut:
@@ -61,16 +59,23 @@ def _stand_ins() -> dict[str, ModuleType]:
     return modules
 
 
-def load() -> None:
-    """Import `openenv.core` (and its wire types) without Gradio's web UI or fastmcp."""
-    if "openenv.core" in sys.modules:
-        return
+@contextmanager
+def fastmcp_left_out() -> Iterator[None]:
+    """While inside, `fastmcp` (unless it is loaded already) is the stand-in."""
     stand_ins = {} if "fastmcp" in sys.modules else _stand_ins()
     sys.modules.update(stand_ins)
     try:
-        with gradio_hidden():
-            importlib.import_module("openenv.core")
+        yield
     finally:
         for name, module in stand_ins.items():
             if sys.modules.get(name) is module:
                 del sys.modules[name]
+
+
+def load() -> None:
+    """Make openenv's wire types importable without Gradio's web UI or fastmcp (nothing when
+    openenv.core is loaded already)."""
+    if "openenv.core" in sys.modules and not openenv_light.deferred():
+        return
+    openenv_light.load()
+    openenv_light.guard_deferred_init(fastmcp_left_out)

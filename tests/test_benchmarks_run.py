@@ -45,6 +45,13 @@ def test_the_launcher_overhead_benchmark_runs_and_prints_its_figures() -> None:
     assert "median" in out and "target" in out, out
 
 
+def test_the_client_import_benchmark_runs_and_prints_both_shapes() -> None:
+    out = run("bench/client_import.py", "--runs", "1")
+    rows = {line.split("  ")[0].strip(): line for line in out.splitlines()[3:]}
+    assert set(rows) == {"today", "openenv.core whole"}, out
+    assert rows["today"].endswith("  -") and "fastapi" in rows["openenv.core whole"], out
+
+
 @DEPLOYMENT
 def test_the_gateway_latency_benchmark_runs_and_prints_its_table() -> None:
     # The split shape (its own Temporal, a gateway, a worker) with both kinds of level; the

@@ -6,6 +6,7 @@ requirements, nothing else)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 SERVER_LAYERS = (
     "posttrain_common",
     "job_launcher",
@@ -86,6 +88,15 @@ def test_the_client_installed_alone_pulls_in_no_server_package_and_imports(
     }
     assert "posttrain-env" in installed and "openenv" in installed
     assert not installed & {*SERVER_ONLY, "posttrain-server"}, sorted(installed)
+    # What the README says the client brings (openenv's server side and web UI with it).
+    said = re.search(r"about (\d+) packages and (\d+) MB in a fresh venv", README.read_text())
+    assert said is not None, "README's Install section gives the client's size"
+    packages, megabytes = int(said[1]), int(said[2])
+    size = sum(f.stat().st_size for f in (venv / "lib").rglob("*") if f.is_file()) / 2**20
+    print(f"the client alone: {len(installed)} packages, {size:.0f} MB")
+    # Resolved from PyPI today, so the figures may drift: within a fifth of what is said.
+    assert abs(len(installed) - packages) <= packages / 5, len(installed)
+    assert abs(size - megabytes) <= megabytes / 5, size
     probe = (
         "import importlib, pkgutil, sys, posttrain_env\n"
         "from posttrain_env import PostTrainEnv\n"

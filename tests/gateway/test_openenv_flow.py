@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,37 @@ def test_the_specification_flow_runs_with_posttrain_env_which_names_its_episode(
     assert final.done is True and final.reward == 0.75
     assert env.episode_id == final.observation.metadata["episode_id"]
     assert env.episode_id.startswith("ep-")
+
+
+GETTING_STARTED = Path(__file__).parents[2] / "docs" / "getting-started.md"
+ROOT = GETTING_STARTED.parents[1]
+
+
+def test_the_getting_started_first_client_runs_as_written(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """docs/getting-started.md's `first_client.py`, saved in the repository's root and run with
+    the project's Python, against this server instead of 127.0.0.1:8000."""
+    (program,) = re.findall(
+        r'```python title="first_client.py"\n(.*?)```', GETTING_STARTED.read_text(), re.S
+    )
+    assert program.count("http://127.0.0.1:8000") == 1
+    path = tmp_path / "first_client.py"
+    path.write_text(program.replace("http://127.0.0.1:8000", server.base_url))
+    done = subprocess.run(
+        [sys.executable, str(path)],
+        cwd=ROOT,  # the page says: in the repository's root
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert out.startswith("Produce a checkpoint"), out[:500]  # the prompt
+    assert re.search(r"^job job-[0-9a-f]{12} succeeded$", out, re.M), out
+    assert "done: True reward: 0.75" in out  # the fake grader's score (1.0 on the local backend)
+    assert "'final': True" in out
 
 
 def test_reset_metadata_carries_the_prompt_limits_token_and_mcp_url(server: ServerProcess) -> None:

@@ -63,6 +63,41 @@ def test_the_client_and_its_agents_load_openenv_without_its_web_ui() -> None:
     assert packages_loaded_by(code + found_after, watch) == []
 
 
+def test_the_client_loads_none_of_openenvs_server_side_which_stays_importable() -> None:
+    """The client's import (issue 45): openenv's client modules and wire models, none of its
+    server side (the `__init__`s of `openenv.core` and `openenv.core.env_server`: FastAPI,
+    uvicorn, fastmcp). Measured idle (bench/client_import.py): 0.18 s and 442 modules, from
+    0.76 s and 1,401 with those `__init__`s run. The server side imports on demand afterwards,
+    still without Gradio."""
+    code = (
+        "from posttrain_env import PostTrainEnv\n"
+        "import posttrain_env.agents.play\n"
+        "import sys\n"
+        "openenv = sorted(m for m in sys.modules if m.split('.')[0] == 'openenv')\n"
+        "print(len(sys.modules), openenv)\n"
+    )
+    web = ("fastapi", "starlette", "uvicorn", "fastmcp", "gradio", "pandas", "temporalio")
+    assert packages_loaded_by(code, web) == []
+    probe = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    count, names = probe.stdout.split(" ", 1)
+    assert int(count) < 600, count  # 442 here; 1,401 with openenv's server side
+    assert "openenv.core.env_server.http_server" not in names
+    assert "openenv.core.mcp_client" in names and "openenv.core.env_server.mcp_types" in names
+    # Asked for by name, openenv's server side loads then (Gradio hidden, as before).
+    later = (
+        "from posttrain_env import PostTrainEnv\n"
+        "from openenv.core.env_server import create_app, create_web_interface_app\n"
+        "import openenv.core\n"
+        "assert create_app.__module__ == 'openenv.core.env_server.http_server'\n"
+        "assert create_web_interface_app is None and openenv.core.EnvClient.__name__\n"
+        "from openenv.core.env_server.mcp_types import CallToolAction\n"
+        "assert PostTrainEnv.__mro__[1].__module__ == 'openenv.core.mcp_client'\n"
+    )
+    assert packages_loaded_by(later, ("gradio", "fastapi")) == ["fastapi"]
+
+
 def test_the_demo_module_itself_loads_neither_openenv_nor_temporal() -> None:
     watch = ("openenv", "temporalio", "mcp", "fastapi", "uvicorn")
     assert packages_loaded_by("import posttrain_server.demo", watch) == []
