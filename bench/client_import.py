@@ -64,7 +64,7 @@ def measure(prepare: str) -> Sample:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="the client import, in fresh processes")
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args()
     load = os.getloadavg()[0]

@@ -89,7 +89,8 @@ class DeferredPackage(ModuleType):
                         spec.loader.exec_module(self)
                 finally:
                     _initializing.discard(self.__name__)
-                self.__class__ = ModuleType  # an ordinary module, as if imported whole
+                # An ordinary module from here on, as if imported whole.
+                self.__class__ = ModuleType  # pyright: ignore[reportAttributeAccessIssue]
         # While its `__init__` runs, a name it has not set yet is missing (its own `from .
         # import x` then imports the submodule), as in any package being imported.
         return ModuleType.__getattribute__(self, name)
