@@ -285,3 +285,11 @@ def test_the_rollouts_benchmark_runs_and_prints_its_table() -> None:
     assert all(row[1] == "4" and row[6] == "4" for row in rows), out  # 4 rollouts, all replayed
     assert "target: 50 rollouts/s" in out and "max_staleness 4" in out, out
     assert "1 clients, step 1 s: p50" in out and "2 clients, step 1 s: p50" in out, out
+
+
+@pytest.mark.slow
+def test_the_grading_benchmark_runs_and_prints_its_targets() -> None:
+    # As root, with torch from this machine's wheel folders: a cold grading (the venv built),
+    # then the first after a restart and one at once.
+    out = run("bench/grading.py", "--quick", timeout=900)
+    assert "built the venv" in out and out.count("target") == 2, out

@@ -104,8 +104,11 @@ class LocalBackend:
         no_index: bool = False,
         supervisor_python: str | None = None,
         capacity: Capacity | None = None,
+        warm_evaluators: bool = True,
     ) -> None:
         """`state_dir` is the backend's own folder (`<POSTTRAIN_STATE_DIR>/local`).
+        `warm_evaluators`: evaluations share one venv per evaluator, built once
+        (activities/backends/local/evaluator_venvs.py); False: each installs its own.
         `find_links`: folders of wheels that installs use besides PyPI (the server's
         POSTTRAIN_LOCAL_FIND_LINKS); `no_index`: those folders only (tests). Never anything
         an agent sets. `capacity`: what jobs may share (default: what this server may use
@@ -135,6 +138,7 @@ class LocalBackend:
             find_links=tuple(find_links),
             no_index=no_index,
             host_env=dict(os.environ),
+            evaluator_venvs=state_dir / "evaluator-venvs" if warm_evaluators else None,
         )
 
     # -- JobsBackend ---------------------------------------------------------------------------

@@ -7,7 +7,8 @@ closes fds and drops to the job's uid (or, without root, verifies the uid bwrap 
 job's script is the agent's; an evaluation's is the task's trusted evaluator (its PEP 723
 dependencies installed, its `exclude-newer` honoured), which the launcher gives the nonce, the
 task's parameters and, for graders, the hidden-split seed in its environment, with the agent
-job's artifact at /model.
+job's artifact at /model. An evaluation's venv is built once per evaluator and mounted read-only
+(activities/backends/local/evaluator_venvs.py: warm grading) when the machine keeps them.
 
 Nothing secret is planned here: secrets go to the supervisor on stdin (`secret_env`).
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from activities.backends.interface import JobRequest
+from activities.backends.local.evaluator_venvs import EvaluatorVenvs, venv_key
 from activities.backends.local.sandbox import Mount, Sandbox, outside_usr
 from activities.backends.local.scratch import FS, SHM
 from job_launcher.builder import LauncherConfig, build_launcher
@@ -67,6 +69,9 @@ class Machine:
     find_links: tuple[str, ...] = ()
     no_index: bool = False
     host_env: Mapping[str, str] = field(default_factory=dict)
+    # Where evaluations' venvs are built once and shared read-only (evaluator_venvs.py); None:
+    # each evaluation installs its own, as an agent job does.
+    evaluator_venvs: Path | None = None
 
 
 @dataclass
@@ -122,16 +127,34 @@ def plan_job(
         if is_agent
         else "the evaluator exited with status {code}; see its log"
     )
-    phases = [
-        _install_phase(machine, uid, folder, run_host),
-        _run_phase(machine, uid, [*scratch, *inputs], run_host, failure),
-    ]
+    install = _install_phase(machine, uid, folder, run_host)
+    if not is_agent and machine.evaluator_venvs is not None:
+        # Warm grading: the evaluator's shared venv, built by the first job of its key.
+        venvs = EvaluatorVenvs(machine.evaluator_venvs)
+        key = evaluator_key(request.script, machine)
+        shared = str(venvs.folder(key))
+        install = venvs.build_phase(
+            key, _install_phase(machine, uid, folder, run_host, env=shared), machine.job_python
+        )
+        scratch = [m if m.target != "/env" else Mount(shared, "/env") for m in scratch]
+    phases = [install, _run_phase(machine, uid, [*scratch, *inputs], run_host, failure)]
     return JobPlan(
         files=files,
         phases=phases,
         secret_env=secret_env(request),
         collect=is_agent,
         data_owner=None if is_agent or not machine.privileged else uid,
+    )
+
+
+def evaluator_key(script: str, machine: Machine) -> str:
+    """The key of an evaluator's shared venv on this machine."""
+    return venv_key(
+        script,
+        job_python=machine.job_python,
+        job_python_version=machine.job_python_version,
+        find_links=machine.find_links,
+        no_index=machine.no_index,
     )
 
 
@@ -177,15 +200,18 @@ def _run_phase(
     return {"name": "run", "argv": sandbox.argv(), "env": env, "limits": True, "failure": failure}
 
 
-def _install_phase(machine: Machine, uid: int, folder: Path, host: list[str]) -> dict[str, Any]:
-    """`launcher.py --phase install` with network: the venv at /env/venv, wheels only."""
+def _install_phase(
+    machine: Machine, uid: int, folder: Path, host: list[str], env: str | None = None
+) -> dict[str, Any]:
+    """`launcher.py --phase install` with network: the venv at /env/venv, wheels only; `env`:
+    the host folder bound at /env (default: the job's own)."""
     host_paths = [*host, *machine.find_links]
-    env = dict(INSTALLER_FIXED_ENV)
+    installer_env = dict(INSTALLER_FIXED_ENV)
     for name in INSTALLER_PASS_THROUGH:
         value = machine.host_env.get(name)
         if value is None:
             continue
-        env[name] = value
+        installer_env[name] = value
         if name.startswith("SSL_CERT") and os.path.exists(value) and not value.startswith("/etc/"):
             host_paths.append(value)
     sandbox = Sandbox(
@@ -197,7 +223,7 @@ def _install_phase(machine: Machine, uid: int, folder: Path, host: list[str]) ->
         command=[machine.job_python, "/job/launcher.py", "--phase", "install"],
         mounts=[
             Mount(str(folder / FS / "tmp"), "/tmp", writable=True),
-            Mount(str(folder / FS / "env"), "/env", writable=True),
+            Mount(env or str(folder / FS / "env"), "/env", writable=True),
             Mount(str(folder / "job"), "/job"),
             Mount(str(machine.uv_cache), "/uv-cache", writable=True),
             Mount(machine.uv, UV_IN_SANDBOX),
@@ -207,7 +233,7 @@ def _install_phase(machine: Machine, uid: int, folder: Path, host: list[str]) ->
     return {
         "name": "install",
         "argv": sandbox.argv(),
-        "env": env,
+        "env": installer_env,
         "limits": False,
         "failure": "installing the job's packages failed (status {code}); see its log",
     }
