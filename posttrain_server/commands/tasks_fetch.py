@@ -42,6 +42,7 @@ from urllib.parse import urljoin
 import httpx
 import httpx2
 
+from activities.backends.local.plan import INSTALLER_PASS_THROUGH
 from tasks.fetching import FETCH_MODULE, FetchError
 from tasks.registry import (
     TASKS_DIR,
@@ -62,21 +63,8 @@ HTTP_TIMEOUT = httpx.Timeout(60.0, connect=20.0)
 SCRIPT_TIMEOUT_S = 1800.0
 # What a fetch script is given of this process's environment: what reaching an index needs.
 # Nothing of Hugging Face (no token, no endpoint): a script reads the files handed to it.
-SCRIPT_ENV = (
-    "PATH",
-    "HOME",
-    "LANG",
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-    "UV_CACHE_DIR",
-    *INDEX_SETTINGS,
-)
+# (The proxies and certificates an installer may need: the local backend's own list.)
+SCRIPT_ENV = ("PATH", "HOME", "LANG", "UV_CACHE_DIR", *INSTALLER_PASS_THROUGH, *INDEX_SETTINGS)
 
 
 def default_cache() -> Path:

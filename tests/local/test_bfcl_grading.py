@@ -7,7 +7,7 @@ finds: no CUDA and no vLLM here, so "auto" takes transformers on the CPU, as it 
 where vLLM cannot start. The environment has the evaluator's pinned packages except the GPU
 engine (vLLM's GPU build cannot install here; tests/local/test_vllm_engine.py runs vLLM's CPU
 build). Measured at load ~2 on two cores: the hidden split, 400 items and 100,022 generated
-tokens, in 12.3 s of evaluator time; the dev split, 100 items, in 10.1 s."""
+tokens, in 12.3-21.8 s of evaluator time; the dev split, 100 items, in 10.1-10.6 s."""
 
 from __future__ import annotations
 

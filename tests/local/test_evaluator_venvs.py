@@ -54,8 +54,8 @@ def probes(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.fixture
-def warm(state_dir: Path, tmp_path: Path, probes: Path) -> Jobs:
+def probe_jobs(state_dir: Path, tmp_path: Path, probes: Path, **options: bool) -> Jobs:
+    """A local backend installing from the probe wheels only, with an artifact to grade."""
     backend = LocalBackend(
         state_dir,
         job_python=JOB_PYTHON,
@@ -63,8 +63,14 @@ def warm(state_dir: Path, tmp_path: Path, probes: Path) -> Jobs:
         bwrap=TEST_BWRAP,
         find_links=[str(probes)],
         no_index=True,
+        **options,
     )
     return with_artifact(Jobs(backend, write_model(tmp_path / "model-src")))
+
+
+@pytest.fixture
+def warm(state_dir: Path, tmp_path: Path, probes: Path) -> Jobs:
+    return probe_jobs(state_dir, tmp_path, probes)
 
 
 def with_artifact(jobs: Jobs) -> Jobs:
@@ -174,16 +180,7 @@ def test_a_failed_build_is_not_marked_done_and_the_next_job_builds_again(
 def test_without_warm_evaluators_each_evaluation_installs_its_own(
     state_dir: Path, tmp_path: Path, probes: Path
 ) -> None:
-    backend = LocalBackend(
-        state_dir,
-        job_python=JOB_PYTHON,
-        limits=SMALL,
-        bwrap=TEST_BWRAP,
-        find_links=[str(probes)],
-        no_index=True,
-        warm_evaluators=False,
-    )
-    jobs = with_artifact(Jobs(backend, write_model(tmp_path / "model-src")))
+    jobs = probe_jobs(state_dir, tmp_path, probes, warm_evaluators=False)
     job = jobs.wait_end(grade(jobs), timeout=120)
     assert job.state.value == "succeeded", jobs.logs(job.ref, 40)
     assert not lines(jobs, job.ref, "building") and lines(jobs, job.ref, "CACHED False")
