@@ -22,9 +22,13 @@ from posttrain_env.models import EndReason
 from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 
-# How long DELETE waits for the jobs' cancellations to be confirmed before it answers
-# "ending" (the end itself is durable once the signal is in).
-END_WAIT = timedelta(seconds=30)
+# How long DELETE (and a session's close) waits for the jobs' cancellations to be confirmed
+# before it answers "ending" (the end itself is durable once the signal is in). A backend that
+# can confirm does so at once (local: the kill; Hugging Face: the cancel call's own looks), so
+# the wait covers a loaded Temporal's round trips; a cancellation still unconfirmed then is one
+# the job's workflow will have to ask for again (after 15 s, doubling), and the client is told
+# at once rather than held for it (it was 30 s: issue 45). `GET /episodes/<id>` shows the end.
+END_WAIT = timedelta(seconds=10)
 EpisodeState = Literal["running", "ending", "ended"]
 
 

@@ -73,7 +73,7 @@ async def get_episode(episode_id: str, request: Request) -> Any:
 @router.delete("/episodes/{episode_id}")
 async def end_episode(episode_id: str, request: Request) -> Any:
     """End the episode as `abandoned`, reward 0 (`Authorization: Bearer <episode_token>`):
-    its live jobs are cancelled and, within 30 s, confirmed (200); 202 while one is not
+    its live jobs are cancelled and, within 10 s, confirmed (200); 202 while one is not
     confirmed yet (GET shows when it is). An episode already over keeps its end and reward."""
     refused = _refused(request, episode_id)
     if refused is not None:

@@ -15,7 +15,7 @@ import re
 import secrets
 import uuid
 from collections import OrderedDict
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from temporalio.client import (
     Client,
@@ -28,6 +28,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from mcp_gateway.episode_calls import UnknownEpisode, call_tool, wait_out_slow_polls
+from mcp_gateway.episode_control import END_WAIT
 from posttrain_common.contracts.episode_calls import EpisodeStatus, ToolCall, ToolResult
 from posttrain_common.failures import workflow_is_gone
 from posttrain_common.keys import ServerKey
@@ -41,8 +42,9 @@ _SESSION_ID = re.compile(r"[0-9a-f]{64}")
 _REQUEST_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_REQUEST_ID_CHARS}}}")
 CACHE_SIZE = 10_000
 # How long `close` waits for the episode's jobs to be confirmed cancelled before answering
-# "closing" (the close itself is durable once Temporal has accepted it).
-CLOSE_WAIT = timedelta(seconds=30)
+# "closing" (the close itself is durable once Temporal has accepted it): as long as DELETE
+# waits, for the same reasons (mcp_gateway/episode_control.py).
+CLOSE_WAIT = END_WAIT
 
 
 class SessionIds:
@@ -147,11 +149,19 @@ class Sessions:
             if workflow_is_gone(err):
                 return True  # never reset, or already closed: nothing is live
             raise
+        result = asyncio.ensure_future(update.result())
         try:
-            async with asyncio.timeout(CLOSE_WAIT.total_seconds()):
-                await update.result()
-        except TimeoutError:
+            done, _ = await asyncio.wait({result}, timeout=CLOSE_WAIT.total_seconds())
+        finally:
+            if not result.done():  # still cancelling (or our caller left): the close goes on
+                result.cancel()
+                # The SDK reports the cancelled poll as WorkflowUpdateRPCTimeoutOrCancelledError,
+                # not as a cancellation (so asyncio.timeout let it through as an error, logged
+                # with a traceback): retrieve it, nothing waits for it.
+                result.add_done_callback(lambda r: r.cancelled() or r.exception())
+        if not done:
             return False
+        result.result()  # raises what the close raised
         return True
 
     async def episode_of(self, session_id: str, *, refresh: bool = False) -> str:
