@@ -82,6 +82,8 @@ class EmbeddedTemporalConfig:
     port: int = 7233
     ui_port: int = 8233
     headless: bool = False
+    # Where the server serves its own Prometheus metrics; None: a free port nobody is told of.
+    metrics_port: int | None = None
 
     @property
     def address(self) -> str:
@@ -178,7 +180,10 @@ class EmbeddedTemporal:
                     "TEMPORAL_ADDRESS to use an existing Temporal server."
                 )
         command = start_dev_command(
-            cfg.state_dir / "temporal.db", cfg.port, None if cfg.headless else cfg.ui_port
+            cfg.state_dir / "temporal.db",
+            cfg.port,
+            None if cfg.headless else cfg.ui_port,
+            cfg.metrics_port,
         )
         with self.log_file.open("ab") as log:
             self._log_start = log.tell()  # the log is kept across starts
@@ -192,14 +197,26 @@ class EmbeddedTemporal:
         self._pid_file.write_text(f"{self._proc.pid}\n")
         await self._wait_ready()
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def exit_status(self) -> int | None:
+        """The server's exit status once it has exited (None: running, or never started)."""
+        return self._proc.poll() if self._proc is not None else None
+
+    def written_since_start(self) -> str:
+        """What the server wrote to its log since its last start."""
+        with self.log_file.open("rb") as log:
+            log.seek(self._log_start)
+            return log.read().decode(errors="replace")
+
     async def _wait_ready(self) -> None:
         assert self._proc is not None
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             if self._proc.poll() is not None:
-                with self.log_file.open("rb") as log:
-                    log.seek(self._log_start)
-                    written = log.read().decode(errors="replace")
+                written = self.written_since_start()
                 raise EmbeddedTemporalError(
                     f"the embedded Temporal server exited:\n{start_excerpt(written)}"
                 )

@@ -4,14 +4,22 @@ server (fake backend): each works, and the state it repairs is repaired."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 import shlex
+import signal
 from pathlib import Path
+
+from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+from temporalio.client import Client, WorkflowExecutionStatus
 
 from activities.backends.fake.backend import FakeJobScript, FakeScenario
 from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.models import JobState
+from posttrain_server.temporal.dev_server import free_ports, port_busy
 from posttrain_server.worker_metrics import VisibilityCollector
+from tests.gateway.server import command
 from tests.operator.dev_env import Done, Operated, operated
 from tests.operator.test_outside_cancel import (
     LONG,
@@ -23,6 +31,7 @@ from tests.operator.test_outside_cancel import (
 )
 from tests.waiting import eventually
 from workflows.ids import episode_workflow_id
+from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
 OPERATIONS = Path(__file__).parents[2] / "docs" / "operations.md"
 NEVER_CONFIRMED = FakeScenario(
@@ -146,3 +155,59 @@ async def test_a_terminated_episode_holds_money_until_the_pages_trigger_winds_it
             return reading.ended_holding == 0 and reading.reserved_micro_usd == 0
 
         await eventually(released, 30, "no money is held once it is wound down", every_s=0.5)
+
+
+async def read_until(stream: asyncio.StreamReader, start: str, timeout_s: float) -> str:
+    """The first line `stream` prints that starts with `start` (every line before it dropped)."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            line = (await stream.readline()).decode()
+            assert line, f"the command ended before printing {start!r}"
+            if line.startswith(start):
+                return line
+
+
+async def test_the_temporal_dev_server_runs_alone_and_is_started_again_when_it_dies(
+    tmp_path: Path,
+) -> None:
+    """The production shape's Temporal (the page's line, on ports and a state dir of this
+    test's): it registers our search attributes, a workflow started before a SIGKILL of the
+    server is there after the command started it again, and SIGTERM stops it (exit 0)."""
+    (line,) = block("the Temporal server")
+    port, ui_port = free_ports(2, set())
+    line = line.replace("/var/lib/posttrain/temporal", str(tmp_path / "temporal"))
+    line = line.replace("--port 7233", f"--port {port}").replace("8233", str(ui_port))
+    words = shlex.split(line)
+    assert words[:3] == ["uv", "run", "posttrain-env"], line
+    proc = await asyncio.create_subprocess_exec(
+        *command(), *words[3:], stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    assert proc.stdout is not None
+    try:
+        started = await read_until(proc.stdout, "started:", 120)
+        assert f"127.0.0.1:{port}" in started and f"UI http://127.0.0.1:{ui_port}" in started
+        client = await Client.connect(f"127.0.0.1:{port}")
+        listed = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace="default")
+        )
+        assert {key.name for key in SEARCH_ATTRIBUTES} <= set(listed.custom_attributes)
+        # No worker serves it: it stays open, in the database.
+        await client.start_workflow("Waiting", id="survives", task_queue="nobody")
+
+        pid = int(re.search(r"\(pid (\d+)\)", started)[1])  # type: ignore[index]
+        os.kill(pid, signal.SIGKILL)
+        died = await read_until(proc.stdout, "the server exited", 60)
+        assert "status -9" in died
+        again = await read_until(proc.stdout, "started again:", 120)
+        assert f"(pid {pid})" not in again
+        client = await Client.connect(f"127.0.0.1:{port}")
+        described = await client.get_workflow_handle("survives").describe()
+        assert described.status is WorkflowExecutionStatus.RUNNING
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+    async with asyncio.timeout(30):
+        rest = (await proc.stdout.read()).decode()
+        assert await proc.wait() == 0, rest
+    assert rest.strip().endswith("stopped")
+    assert not port_busy(port)
