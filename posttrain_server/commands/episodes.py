@@ -1,7 +1,7 @@
 """`posttrain-env episodes`: find, read and cancel episodes without writing Temporal queries.
 
     posttrain-env episodes list [--task T] [--state S] [--end-reason R] [--since 2d]
-                                [--stuck 10m] [--campaign C] [--limit N] [--json]
+                                [--stuck 10m] [--campaign C] [--limit N] [--json | --ui-url]
     posttrain-env episodes show <episode_id> [--json]
     posttrain-env episodes export <episode_id>
     posttrain-env episodes cancel | end | retry-cancel | confirm-cancelled ...
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from posttrain_common.contracts.audit import AuditRecord
     from posttrain_common.settings import Settings
-    from posttrain_server.commands.episode_queries import StuckJob
+    from posttrain_server.commands.episode_queries import EpisodeFilter, StuckJob
 
 EPISODES_HELP = "list, show, export and repair episodes (the operator's view and tools)"
 STATUS_QUERY_TIMEOUT = timedelta(seconds=10)
@@ -47,7 +47,14 @@ def add_episodes_commands(subparsers: argparse._SubParsersAction) -> None:  # py
     listing.add_argument("--stuck", help="a cancellation pending longer than this, e.g. 10m")
     listing.add_argument("--campaign", help="campaign id")
     listing.add_argument("--limit", type=int, default=100, help="at most this many (100)")
-    listing.add_argument("--json", action="store_true", help="JSON instead of a table")
+    shown = listing.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="JSON instead of a table")
+    shown.add_argument(
+        "--ui-url",
+        action="store_true",
+        help="instead, the Temporal UI's link to this list, its times computed now (with "
+        "--stuck: the stuck job workflows, which carry the backend job id)",
+    )
     show = commands.add_parser("show", help="one episode: steps, jobs, spend, end, reward")
     show.add_argument("episode_id")
     show.add_argument("--json", action="store_true")
@@ -77,6 +84,8 @@ async def run_episodes_async(args: argparse.Namespace, settings: Settings) -> in
         print(f"posttrain-env episodes {args.episodes_command}: {malformed}", file=sys.stderr)
         return 2
     try:
+        if args.episodes_command == "list" and args.ui_url:
+            return print_list_link(settings, args)  # a link only: Temporal is not asked
         client = await operator_client(settings)
         if args.episodes_command == "list":
             return await list_episodes(client, args)
@@ -129,16 +138,28 @@ async def operator_client(settings: Settings) -> Client:
     return await connect(settings)
 
 
-def ui_url(settings: Settings, workflow_id: str) -> str | None:
-    """The Temporal UI's page of a workflow (embedded server: its UI port; else
-    POSTTRAIN_TEMPORAL_UI_URL when set)."""
+def ui_workflows(settings: Settings) -> str | None:
+    """The Temporal UI's page of the namespace's workflows (embedded server: its UI port; else
+    POSTTRAIN_TEMPORAL_UI_URL when set; None when neither)."""
     base = settings.temporal_ui_url
     if base is None and "temporal_address" not in settings.model_fields_set:
         base = f"http://127.0.0.1:{settings.temporal_ui_port}"
     if base is None:
         return None
     namespace = quote(settings.temporal_namespace, safe="")
-    return f"{base.rstrip('/')}/namespaces/{namespace}/workflows/{quote(workflow_id, safe='')}"
+    return f"{base.rstrip('/')}/namespaces/{namespace}/workflows"
+
+
+def ui_url(settings: Settings, workflow_id: str) -> str | None:
+    """The Temporal UI's page of a workflow."""
+    workflows = ui_workflows(settings)
+    return None if workflows is None else f"{workflows}/{quote(workflow_id, safe='')}"
+
+
+def ui_list_url(settings: Settings, query: str) -> str | None:
+    """The Temporal UI's list of the workflows `query` finds (the UI reads `?query=`)."""
+    workflows = ui_workflows(settings)
+    return None if workflows is None else f"{workflows}?query={quote(query, safe='')}"
 
 
 # -- list --------------------------------------------------------------------------------------
@@ -167,18 +188,11 @@ async def stuck_jobs(
     return found
 
 
-async def list_episodes(client: Client, args: argparse.Namespace) -> int:
-    from posttrain_server.commands.episode_queries import (
-        EpisodeFilter,
-        FilterError,
-        parse_duration,
-        row_of,
-        table,
-    )
+def episode_filter(args: argparse.Namespace) -> EpisodeFilter:
+    """The `list` command's filters. Raises FilterError."""
+    from posttrain_server.commands.episode_queries import EpisodeFilter, parse_duration
 
-    if not 0 < args.limit <= 10_000:
-        raise FilterError(f"--limit {args.limit}: between 1 and 10000")
-    filters = EpisodeFilter(
+    return EpisodeFilter(
         task=args.task,
         state=args.state,
         end_reason=args.end_reason,
@@ -186,6 +200,35 @@ async def list_episodes(client: Client, args: argparse.Namespace) -> int:
         since=parse_duration(args.since) if args.since else None,
         stuck=parse_duration(args.stuck) if args.stuck else None,
     )
+
+
+def print_list_link(settings: Settings, args: argparse.Namespace) -> int:
+    """`list --ui-url`: the UI's link to the list (with --stuck, to the stuck job workflows: the
+    rows with the backend job id, where the cancel activity retries). Raises FilterError."""
+    from posttrain_server.commands.episode_queries import FilterError, stuck_jobs_query
+
+    filters = episode_filter(args)
+    now = datetime.now(UTC)
+    if filters.stuck is not None:
+        query = stuck_jobs_query(now, filters.stuck)
+    else:
+        query = filters.query(now)
+    link = ui_list_url(settings, query)
+    if link is None:
+        raise FilterError(
+            "--ui-url: no Temporal UI is known for TEMPORAL_ADDRESS; set "
+            "POSTTRAIN_TEMPORAL_UI_URL to its address"
+        )
+    print(link)
+    return 0
+
+
+async def list_episodes(client: Client, args: argparse.Namespace) -> int:
+    from posttrain_server.commands.episode_queries import FilterError, row_of, table
+
+    if not 0 < args.limit <= 10_000:
+        raise FilterError(f"--limit {args.limit}: between 1 and 10000")
+    filters = episode_filter(args)
     now = datetime.now(UTC)
     rows = []
     async for wf in client.list_workflows(filters.query(now), limit=args.limit):

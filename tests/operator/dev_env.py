@@ -144,17 +144,20 @@ async def operated(
     *,
     reaper_every_s: float = 600.0,
     local: bool = False,
+    ui_port: int | None = None,
     **more_settings: Any,
 ) -> AsyncIterator[Operated]:
     """`reaper_every_s`: the reconciler's Schedule period (a test of it sets a short one).
     `local`: the local backend (real sandboxed jobs) and the shipped tasks instead of the fake
-    and `tasks`."""
+    and `tasks`. `ui_port`: the dev server serves its UI there."""
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=binary("temporal"),
         runtime=core_runtime(),
         dev_server_log_level="error",
         search_attributes=SEARCH_ATTRIBUTES,
+        ui=ui_port is not None,
+        ui_port=ui_port,
     )
     try:
         tasks_dir: Path | None = tmp_path / "tasks"

@@ -11,12 +11,16 @@ import shlex
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
 
 from activities.backends.fake.backend import FakeJobScript, FakeScenario
 from mcp_gateway.episode_calls import call_tool
 from posttrain_common.contracts.episode_calls import EndRequest, ToolCall
 from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.models import EndReason
+from posttrain_server.temporal.dev_server import free_ports
 from tests.operator.dev_env import Operated, operated
 from tests.waiting import eventually
 from workflows.episode.workflow import EpisodeInput, EpisodeWorkflow
@@ -65,7 +69,9 @@ async def submit(op: Operated, episode_id: str) -> str:
 async def test_an_unconfirmed_cancellation_is_found_with_its_backend_job_until_it_confirms(
     tmp_path: Path,
 ) -> None:
-    async with operated(tmp_path, STUCK) as op:
+    (ui_port,) = free_ports(1, set())
+    ui = {"POSTTRAIN_TEMPORAL_UI_URL": f"http://127.0.0.1:{ui_port}"}
+    async with operated(tmp_path, STUCK, ui_port=ui_port) as op:
         reset = await op.reset()
         episode_id = reset.episode_id
         await submit(op, episode_id)
@@ -92,6 +98,20 @@ async def test_an_unconfirmed_cancellation_is_found_with_its_backend_job_until_i
         assert (await op.run("episodes", "list", "--stuck", "1m", "--json")).json() == []
         table = await op.cli("episodes", "list", "--stuck", "2s")
         assert episode_id in table.stdout and f"backend job {ref}" in table.stdout
+
+        # The UI's link to the stuck jobs' list: its query, run, finds the job; the UI serves it.
+        linked = await op.cli("episodes", "list", "--stuck", "2s", "--ui-url", env=ui)
+        assert linked.status == 0, linked.stderr
+        link = linked.stdout.strip()
+        assert link.startswith(f"http://127.0.0.1:{ui_port}/namespaces/default/workflows?query=")
+        (query,) = parse_qs(urlsplit(link).query)["query"]
+        assert "WorkflowType = 'JobWorkflow'" in query and "PtCancelPendingSince <" in query
+        assert list(listed(await op.temporal_list(query))) == [job["workflow_id"]]
+        async with httpx.AsyncClient(timeout=30) as http:
+            page = await http.get(link)
+        assert page.status_code == 200 and "<html" in page.text.lower()
+        no_ui = await op.cli("episodes", "list", "--stuck", "2s", "--ui-url")
+        assert no_ui.status == 2 and "POSTTRAIN_TEMPORAL_UI_URL" in no_ui.stderr
 
         # The page's query, as written, with now minus two seconds for its timestamp.
         (stuck_query,) = page_blocks("sql")[0].strip().splitlines()
@@ -209,7 +229,8 @@ async def test_filters_find_exactly_their_episodes_and_the_pages_commands_run(
             env = [w for w in words if "=" in w and w.split("=")[0].isupper()]
             words = [w for w in words if w not in env][2:]  # drop `uv run`
             assert words[0] == "posttrain-env", line
-            done = await op.cli(*words[1:])
+            # `--ui-url` needs the UI's address beside TEMPORAL_ADDRESS (none is served here).
+            done = await op.cli(*words[1:], env={"POSTTRAIN_TEMPORAL_UI_URL": "http://ui.test"})
             assert done.status == 0, (line, done.stderr)
             if words[1:3] == ["episodes", "export"]:  # a running episode: read from Temporal
                 record = done.json()
