@@ -88,7 +88,8 @@ MAX_LAUNCHER_PACKAGES = 512
 # A retention sweep's messages (why a folder was refused or failed), in characters.
 MAX_RETENTION_MESSAGE_CHARS = 300
 # A workflow's memo (shown beside it in the UI and `episodes show`; ids only), and each of its
-# values in characters: four values of four-byte characters stay under the memo's limit.
+# values in characters (each is also cut to its share of the bytes in UTF-8:
+# workflows/operations/visibility.py, `bounded_memo`).
 MAX_MEMO_BYTES = 2048
 MAX_MEMO_VALUE_CHARS = 100
 

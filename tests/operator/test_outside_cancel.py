@@ -25,6 +25,7 @@ from workflows.ids import (
     job_workflow_id,
 )
 from workflows.job.watcher import WatcherWorkflow
+from workflows.operations import search_attributes as sa
 from workflows.operations.account import AccountWorkflow
 
 # A job that runs for an hour unless cancelled; its cancellation is confirmed 2 s after asked.
@@ -84,8 +85,19 @@ async def test_cancelling_a_job_workflow_cancels_its_backend_job_and_settles_it(
     tmp_path: Path,
 ) -> None:
     async with operated(tmp_path, LONG) as op:
-        episode_id, _job_id, ref = await start_job(op)
+        episode_id, job_id, ref = await start_job(op)
         job_workflow = job_workflow_id(episode_id, 1)
+        # The job's row, before: its reservation (60 min of cpu-basic) and what it trains on.
+        described = await op.handle(job_workflow).describe()
+        assert described.typed_search_attributes.get(sa.RESERVED_MICRO_USD) == 60 * 167
+        memo = await described.memo()
+        assert memo["task_id"] == "t_test" and memo["job_id"] == job_id
+        episode_memo = await (await op.handle(episode_workflow_id(episode_id)).describe()).memo()
+        assert len(memo["base_model_commit"]) == 40
+        assert (memo["base_model"], memo["base_model_commit"]) == (
+            episode_memo["base_model"],
+            episode_memo["base_model_commit"],
+        )
 
         done = await op.temporal("workflow", "cancel", "--workflow-id", job_workflow)
         assert done.status == 0, done.stderr
@@ -104,13 +116,55 @@ async def test_cancelling_a_job_workflow_cancels_its_backend_job_and_settles_it(
         (job,) = s.jobs
         assert "cancelled from outside" in job["message"]
 
+        final = (await op.handle(job_workflow).describe()).typed_search_attributes
+        assert final.get(sa.RESERVED_MICRO_USD) == 0 and final.get(sa.STATE) == "cancelled"
+
         ended = await op.cli("episodes", "end", episode_id, "--reason", "test over")
         assert ended.status == 0, ended.stderr
         record = await audit_record(op, episode_id)
         (audited,) = record["jobs"]
         assert audited["final_state"] == "cancelled" and audited["settled_micro_usd"] > 0
         assert record["end"]["reason"] == "cancelled_by_operator"
-        assert [a["action"] for a in record["operator_actions"]] == ["end"]
+        # The job's cancel through Temporal is on the episode's record too (issue 45).
+        cancel, end = record["operator_actions"]
+        assert (cancel["action"], cancel["by"], cancel["job_id"]) == (
+            "temporal_cancel",
+            "temporal",
+            job_id,
+        )
+        assert cancel["jobs"] == [job_id] and job_workflow in cancel["reason"]
+        assert cancel["at"] < end["at"]  # when the episode heard of it, before the end
+        assert end["action"] == "end"
+
+
+async def test_a_job_cancelled_through_temporal_and_never_confirmed_is_on_the_record(
+    tmp_path: Path,
+) -> None:
+    """The runbook's stuck cancellation, started from the UI: the cancel is on the episode's
+    record from the job's first report of it, so the operator's confirm follows it there."""
+    stuck = FakeScenario(
+        jobs=[FakeJobScript(role=JobRole.agent, queue_s=0, run_s=3600, cancel_confirm_after_s=None)]
+    )
+    async with operated(tmp_path, stuck) as op:
+        episode_id, job_id, _ref = await start_job(op)
+        job_workflow = job_workflow_id(episode_id, 1)
+        done = await op.temporal("workflow", "cancel", "--workflow-id", job_workflow)
+        assert done.status == 0, done.stderr
+
+        async def cancelling() -> bool:
+            return (await status(op, episode_id)).jobs[0]["state"] == "cancelling"
+
+        await eventually(cancelling, 60, "the episode sees the job cancelling", every_s=0.5)
+        confirmed = await op.cli(
+            "episodes", "confirm-cancelled", episode_id, job_id, "--reason", "gone on the console"
+        )
+        assert confirmed.status == 0, confirmed.stderr
+        ended = await op.cli("episodes", "end", episode_id, "--reason", "test over")
+        assert ended.status == 0, ended.stderr
+        record = await audit_record(op, episode_id)
+        actions = [(a["action"], a["by"], a["job_id"]) for a in record["operator_actions"]]
+        assert actions[0] == ("temporal_cancel", "temporal", job_id)
+        assert [a for a, _by, _job in actions[1:]] == ["confirm_cancelled", "end"]
 
 
 async def test_cancelling_an_episode_workflow_ends_it_as_an_operator_would(
@@ -148,7 +202,7 @@ async def test_cancelling_an_episode_workflow_ends_it_as_an_operator_would(
 
 async def test_a_terminated_job_workflow_is_wound_down_by_the_reconciler(tmp_path: Path) -> None:
     async with operated(tmp_path, LONG, reaper_every_s=PERIOD_S) as op:
-        episode_id, _job_id, ref = await start_job(op)
+        episode_id, job_id, ref = await start_job(op)
         job_workflow = job_workflow_id(episode_id, 1)
 
         done = await op.temporal(
@@ -170,6 +224,16 @@ async def test_a_terminated_job_workflow_is_wound_down_by_the_reconciler(tmp_pat
 
         await eventually(new_run_completed, 60, "the job workflow's new run completed")
         assert "terminated from outside" in (await status(op, episode_id)).jobs[0]["message"]
+        ended = await op.cli("episodes", "end", episode_id, "--reason", "test over")
+        assert ended.status == 0, ended.stderr
+        record = await audit_record(op, episode_id)
+        wound, _end = record["operator_actions"]
+        assert (wound["action"], wound["by"], wound["job_id"]) == (
+            "wind_down",
+            "reconciler",
+            job_id,
+        )
+        assert job_workflow in wound["reason"] and "terminated" in wound["reason"]
 
 
 async def test_a_terminated_episode_is_ended_by_the_reconciler_and_its_jobs_cancelled(
@@ -199,7 +263,7 @@ async def test_an_episode_and_its_job_both_terminated_are_both_wound_down(
     tmp_path: Path,
 ) -> None:
     async with operated(tmp_path, LONG, reaper_every_s=PERIOD_S) as op:
-        episode_id, _job_id, ref = await start_job(op)
+        episode_id, job_id, ref = await start_job(op)
         for workflow_id in (job_workflow_id(episode_id, 1), episode_workflow_id(episode_id)):
             done = await op.temporal(
                 "workflow", "terminate", "--workflow-id", workflow_id, "--reason", "both"
@@ -211,6 +275,9 @@ async def test_an_episode_and_its_job_both_terminated_are_both_wound_down(
         assert backend_state(op, ref) is JobState.cancelled
         s = await status(op, episode_id)
         assert s.service_spend.reserved.usd == 0 and s.service_spend.final is True
+        # Both wind-downs are on the record, in whichever order the reconciler found them.
+        actions = {(a["action"], a["by"], a["job_id"]) for a in record["operator_actions"]}
+        assert actions == {("wind_down", "reconciler", None), ("wind_down", "reconciler", job_id)}
 
 
 async def test_a_terminated_watcher_hands_its_jobs_to_the_next_one(tmp_path: Path) -> None:

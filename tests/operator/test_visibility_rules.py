@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
-from posttrain_common.contracts.jobs import JobRole, JobSpec, RepoRef
+from pydantic_core import to_json
+
+from posttrain_common.contracts.jobs import JobRole, RepoRef
 from posttrain_env.models import EndReason, EpisodeEnd, JobState
 from tests.workflows.test_episode_rules import T0, agent, carry, setup
+from workflows.job.contract import JobInput
 from workflows.job.workflow import job_memo, job_start_attributes
 from workflows.operations import search_attributes as sa
 from workflows.operations.visibility import (
@@ -98,19 +101,78 @@ def test_a_terminal_job_shows_no_pending_cancellation() -> None:
     assert attrs[sa.CANCEL_PENDING_SINCE] is None and attrs[sa.STATE] == "cancelled"
 
 
-def test_a_job_starts_with_its_task_role_flavor_and_queued() -> None:
-    spec = JobSpec(
-        role=JobRole.grader,
-        episode_id="ep-1",
-        task_id="t",
-        job_id="eval-1",
-        flavor="cpu-basic",
-        timeout_s=60,
-        base_model=RepoRef(repo_id="o/m", revision="a" * 40),
+def job_input(**changed: object) -> JobInput:
+    fields: dict[str, object] = {
+        "role": JobRole.agent,
+        "episode_id": "ep-1",
+        "task_id": "t",
+        "job_id": "job-1",
+        "flavor": "cpu-basic",
+        "timeout_s": 60,
+        "base_model": RepoRef(repo_id="o/m", revision="a" * 40),
+        "parent_workflow_id": "episode-ep-1",
+        "watcher_workflow_id": "w",
+        "reserved_micro_usd": 10_020,
+        **changed,
+    }
+    return JobInput.model_validate(fields)
+
+
+def test_a_job_starts_with_its_task_role_flavor_queued_and_its_reservation() -> None:
+    attrs = job_start_attributes(job_input())
+    assert attrs == {
+        sa.TASK: "t",
+        sa.ROLE: "agent",
+        sa.FLAVOR: "cpu-basic",
+        sa.STATE: "queued",
+        sa.RESERVED_MICRO_USD: 10_020,
+    }
+    # Its memo says what it trains on, as the episode's does (issue 45: only its ids before).
+    assert job_memo(job_input()) == {
+        "job_id": "job-1",
+        "episode_id": "ep-1",
+        "task_id": "t",
+        "base_model": "o/m",
+        "base_model_commit": "a" * 40,
+    }
+
+
+def test_a_jobs_reservation_shows_until_it_is_final_then_falls_to_zero_with_its_state() -> None:
+    running = job_attributes(
+        state=JobState.cancelling,
+        backend_job_id="hf-1",
+        cancel_requested_at=T0,
+        reserved_micro_usd=10_020,
     )
-    attrs = job_start_attributes(spec)
-    assert attrs == {sa.TASK: "t", sa.ROLE: "grader", sa.FLAVOR: "cpu-basic", sa.STATE: "queued"}
-    assert job_memo(spec) == {"job_id": "eval-1", "episode_id": "ep-1"}
+    assert running[sa.RESERVED_MICRO_USD] == 10_020
+    final = job_attributes(
+        state=JobState.cancelled,
+        backend_job_id="hf-1",
+        cancel_requested_at=T0,
+        reserved_micro_usd=10_020,
+    )
+    names = {u.key.name for u in changes(running, final)}
+    assert names == {"PtState", "PtCancelPendingSince", "PtReservedMicroUsd"}  # one upsert
+    # A job recorded before (no reservation in its input) upserts what it always did.
+    old = job_start_attributes(job_input(reserved_micro_usd=0))
+    done = job_attributes(state=JobState.succeeded, backend_job_id="hf-1", cancel_requested_at=None)
+    assert {u.key.name for u in changes(old, {**old, **done})} == {"PtState", "PtBackendJobId"}
+
+
+def test_a_jobs_memo_of_five_values_stays_under_two_kib_whatever_the_values() -> None:
+    long = "\U0001f600" * 500  # four bytes a character in UTF-8, as the data converter writes
+    spec = job_input(
+        episode_id=long, task_id=long, job_id=long, base_model=RepoRef(repo_id=long, revision=long)
+    )
+    memo = job_memo(spec)
+    assert len(memo) == 5 and {len(v) for v in memo.values()} == {86}  # whole characters
+    assert len(to_json(memo)) < sa.MAX_MEMO_BYTES
+    # Ids (ASCII) are never cut: a Hub repo id of 96 characters stays whole among five.
+    repo = "o" * 40 + "/" + "m" * 55
+    memo = job_memo(job_input(base_model=RepoRef(repo_id=repo, revision="a" * 40)))
+    assert memo["base_model"] == repo and memo["base_model_commit"] == "a" * 40
+    # A lone surrogate has no UTF-8: dropped, where the data converter would fail on it.
+    assert job_memo(job_input(task_id="t\ud800x"))["task_id"] == "tx"
 
 
 def test_the_memo_holds_ids_only_and_stays_under_two_kib_whatever_the_ids() -> None:

@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from posttrain_env.errors import ErrorType, ToolError
     from posttrain_env.models import JobState
     from workflows.cancellation import unawaited_child
+    from workflows.episode.operator import outside_job_action, remember_action
     from workflows.episode.rules import check_room_for_a_job, take_snapshot
     from workflows.episode.state import EpisodeCarry, JobRecord
     from workflows.ids import SIGNAL_LOOK_NOW, job_workflow_id, watcher_shard_id
@@ -111,6 +112,7 @@ class EpisodeJobs:
             watcher_workflow_id=self.watcher_of(record.workflow_id),
             visible=self.visible,
             start_reported_by_submit=True,
+            reserved_micro_usd=reserved,
         )
         child = await workflow.start_child_workflow(
             JobWorkflow.run,
@@ -141,13 +143,18 @@ class EpisodeJobs:
         }
 
     def take(self, snap: JobSnapshot) -> bool:
-        """Apply a job's report; False when it is about no live job of ours."""
+        """Apply a job's report; False when it is about no live job of ours. The first report
+        of a job whose own workflow was cancelled or terminated through Temporal is kept as an
+        operator's action too (state only: no command)."""
         record = self._s.jobs.get(snap.job_id)
         if record is None or record.final:
             return False
         take_snapshot(self._s, record, snap)
         if record.state is JobState.cancelling and record.cancel_requested_at is None:
             record.cancel_requested_at = workflow.now()
+        action = outside_job_action(record, snap, workflow.now())
+        if action is not None:
+            remember_action(self._s, action)
         return True
 
     async def cancel(self, record: JobRecord) -> None:

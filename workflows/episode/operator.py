@@ -30,6 +30,12 @@ SESSION_CANCEL_REASON = "its session's workflow was cancelled or terminated thro
 WIND_DOWN_REASON = (
     "its workflow was terminated through Temporal; the reconciler started it again to end it"
 )
+JOB_TEMPORAL_CANCEL_REASON = (
+    "was cancelled through Temporal (the UI, CLI or an SDK); it cancels the job and reports its end"
+)
+JOB_WIND_DOWN_REASON = (
+    "was terminated through Temporal; the reconciler started it again to cancel the job"
+)
 
 
 class WindDown(BaseModel):
@@ -97,6 +103,28 @@ def confirm_gone(
     record.final = True
     record.version += 1
     return settlement
+
+
+def outside_job_action(
+    record: JobRecord, snap: JobSnapshot, now: datetime
+) -> OperatorAction | None:
+    """What the record keeps of a job whose own workflow was cancelled or terminated through
+    Temporal, from the first report that says so (its `cancelling`, or its end when it ended
+    first), or None: once per job (it marks the record). The verbs of the episode's own
+    workflow, with the job named: `temporal_cancel` by "temporal", `wind_down` by "reconciler".
+    An operator's `confirm-cancelled` of a cancellation stuck after it comes after it."""
+    if snap.outside is None or record.outside_noted:
+        return None
+    record.outside_noted = True
+    if snap.outside == "cancel":
+        verb, by = "temporal_cancel", "temporal"
+        reason = f"its job's workflow ({record.workflow_id}) {JOB_TEMPORAL_CANCEL_REASON}"
+    else:
+        verb, by = "wind_down", "reconciler"
+        reason = f"its job's workflow ({record.workflow_id}) {JOB_WIND_DOWN_REASON}"
+    return OperatorAction(
+        action=verb, by=by, reason=reason, at=now, job_id=record.job_id, jobs=[record.job_id]
+    )
 
 
 def remember_action(carry: EpisodeCarry, action: OperatorAction) -> None:

@@ -44,6 +44,9 @@ class JobRecord(BaseModel):
     cancel_requested_at: datetime | None = None
     # Its outcome was replayed from a recording (the backend said so: `BackendJob.replayed`).
     replayed: bool = False
+    # Its own workflow was cancelled or terminated through Temporal, and the episode's
+    # `operator_actions` say so (once: `workflows/episode/operator.py`, `outside_job_action`).
+    outside_noted: bool = False
 
     @property
     def live(self) -> bool:

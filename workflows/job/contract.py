@@ -7,6 +7,8 @@ bench/watch_scale.py). Modules passed through the sandbox are imported once per 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel
 
 from posttrain_common.contracts.jobs import BackendJob, JobSpec, ScoreResult
@@ -29,6 +31,9 @@ class JobInput(JobSpec):
     # last change, in the input rather than by a patch so that a job's history holds no marker).
     # False in the inputs of jobs recorded before, which report their start themselves.
     start_reported_by_submit: bool = False
+    # The money the episode reserved for it (its worst case), shown on the job's row
+    # (PtReservedMicroUsd) until it is final. 0 in the inputs of jobs recorded before.
+    reserved_micro_usd: int = 0
 
 
 class JobSnapshot(BaseModel):
@@ -41,3 +46,7 @@ class JobSnapshot(BaseModel):
     score: ScoreResult | None = None
     message: str = ""
     final: bool = False  # nothing about this job will change any more
+    # Set in every report after the job's own workflow was cancelled through Temporal
+    # ("cancel"), or terminated and started again by the reconciler ("terminate"): the episode
+    # records the first as an operator's action. None in reports recorded before.
+    outside: Literal["cancel", "terminate"] | None = None

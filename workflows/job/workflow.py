@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
+from typing import Literal
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, FailureError
@@ -63,18 +64,31 @@ CANCEL_REISSUE_MAX_S = 600
 OUTSIDE_CANCEL_PATCH = "pt-outside-cancel-1"
 
 
-def job_start_attributes(inp: JobSpec) -> Attributes:
-    """What a job shows from its start (given at child start, see `JobInput.visible`)."""
+def job_start_attributes(inp: JobInput) -> Attributes:
+    """What a job shows from its start (given at child start, see `JobInput.visible`). Its
+    reservation is shown until it is final (`job_attributes` then sets it to 0); inputs
+    recorded before carry none (0), so their upserts replay unchanged."""
     return {
         sa.TASK: inp.task_id,
         sa.ROLE: inp.role.value,
         sa.FLAVOR: inp.flavor,
         sa.STATE: JobState.queued.value,
+        sa.RESERVED_MICRO_USD: inp.reserved_micro_usd,
     }
 
 
 def job_memo(inp: JobSpec) -> dict[str, str]:
-    return bounded_memo({"job_id": inp.job_id, "episode_id": inp.episode_id})
+    """Given at the job's start: which job of which episode, and what it trains on (the task
+    and the base model at its commit, as the episode's memo says)."""
+    return bounded_memo(
+        {
+            "job_id": inp.job_id,
+            "episode_id": inp.episode_id,
+            "task_id": inp.task_id,
+            "base_model": inp.base_model.repo_id,
+            "base_model_commit": inp.base_model.revision,
+        }
+    )
 
 
 @workflow.defn
@@ -93,6 +107,8 @@ class JobWorkflow:
         self._reissue_now = False
         # Set by `confirmed_gone` (an operator attests the job is gone): stop following it.
         self._gone: str | None = None
+        # This workflow was cancelled or terminated through Temporal (JobSnapshot.outside).
+        self._outside: Literal["cancel", "terminate"] | None = None
 
     @workflow.run
     async def run(self, inp: JobInput) -> JobSnapshot:
@@ -101,6 +117,7 @@ class JobWorkflow:
             self._visibility.enable_unpatched(job_start_attributes(inp))
         if inp.wind_down:
             self._cancel_requested = True
+            self._outside = "terminate"
             self._message = "its workflow was terminated from outside; the reconciler cancelled it"
         try:
             return await self._run()
@@ -116,6 +133,7 @@ class JobWorkflow:
             inp.episode_id,
         )
         self._message = "its workflow was cancelled from outside (Temporal); the job was cancelled"
+        self._outside = "cancel"
         self._cancel_requested = True
         return await self._wind_down()
 
@@ -248,6 +266,7 @@ class JobWorkflow:
                 "visible",
                 "wind_down",
                 "start_reported_by_submit",
+                "reserved_micro_usd",
             }
         )
         return SubmitJob(
@@ -406,6 +425,7 @@ class JobWorkflow:
             score=score,
             message=message,
             final=final,
+            outside=self._outside,
         )
 
     def _show(self) -> None:
@@ -416,10 +436,14 @@ class JobWorkflow:
                 state=self._state,
                 backend_job_id=self._job.ref if self._job else None,
                 cancel_requested_at=self._cancel_requested_at,
+                reserved_micro_usd=self._inp.reserved_micro_usd,
             )
         )
 
     async def _finish(self, snapshot: JobSnapshot) -> JobSnapshot:
+        # The final report says whether this workflow was cancelled or terminated through
+        # Temporal whichever path built it (a failed submit's too).
+        snapshot = snapshot.model_copy(update={"outside": self._outside})
         self._state = snapshot.state
         self._show()
         await self._report(snapshot)

@@ -11,7 +11,10 @@ only under `workflow.patched(VISIBILITY_PATCH)`. `PtReservedMicroUsd` came later
 `RESERVED_PATCH`: it is not a rider, because a job's start changes the reservation and nothing
 else, and the operator's "reservation held by an ended episode" must see it fall to 0 when the
 last job settles, not at some later change. Histories recorded before it lack those upserts, so
-an episode shows it only when its run found the patch.
+an episode shows it only when its run found the patch. A job shows its own reservation from its
+start (given by the episode) and 0 once it is final, in the upsert of its final state: no upsert
+of its own, so no patch (a job recorded before reserves 0 in its input, and its upserts replay
+unchanged).
 """
 
 from __future__ import annotations
@@ -89,19 +92,35 @@ def job_attributes(
     state: JobState,
     backend_job_id: str | None,
     cancel_requested_at: datetime | None,
+    reserved_micro_usd: int = 0,
 ) -> Attributes:
-    """What changes on a job (its task, role and flavor are set at its start)."""
+    """What changes on a job (its task, role and flavor are set at its start): its reservation
+    is held until it is final, then 0 (the episode has settled it)."""
     return {
         sa.STATE: state.value,
         sa.BACKEND_JOB_ID: backend_job_id,
         sa.CANCEL_PENDING_SINCE: None if state.terminal else cancel_requested_at,
+        sa.RESERVED_MICRO_USD: 0 if state.terminal else reserved_micro_usd,
     }
 
 
+# What a memo entry takes besides its value, as the data converter writes it (UTF-8 JSON):
+# its key (ours are at most 20 characters), the quotes, with room to spare.
+MEMO_ENTRY_OVERHEAD_BYTES = 64
+
+
 def bounded_memo(memo: Mapping[str, str]) -> dict[str, str]:
-    """The memo, each value cut to MEMO_VALUE_CHARS: four values of four-byte characters stay
-    under MAX_MEMO_BYTES (a Hub repo id is at most 96 characters, a commit 40)."""
-    return {k: v[:MEMO_VALUE_CHARS] for k, v in memo.items()}
+    """The memo, each value cut to MEMO_VALUE_CHARS characters and to its share of
+    MAX_MEMO_BYTES in UTF-8 (what the data converter writes), whole characters only (a lone
+    surrogate, which has no UTF-8, is dropped). Ids are ASCII and never cut (a Hub repo id is
+    at most 96 characters, a commit 40); a value of four-byte characters keeps 86 of them in a
+    memo of five, 100 in one of four."""
+    share = sa.MAX_MEMO_BYTES // max(len(memo), 1) - MEMO_ENTRY_OVERHEAD_BYTES
+    return {k: _utf8_prefix(v[:MEMO_VALUE_CHARS], share) for k, v in memo.items()}
+
+
+def _utf8_prefix(text: str, max_bytes: int) -> str:
+    return text.encode(errors="ignore")[:max_bytes].decode(errors="ignore")
 
 
 def changes(before: Attributes, after: Attributes) -> list[SearchAttributeUpdate[Any]]:
@@ -135,8 +154,10 @@ class Visibility:
         return self._on
 
     def enable_unpatched(self, shown: Attributes) -> None:
-        """On, with `shown` already set (at the workflow's start, by its parent)."""
+        """On, with `shown` already set (at the workflow's start, by its parent), the
+        reservation among them when `shown` has it (a job's, since issue 45)."""
         self._on = True
+        self._reserved = sa.RESERVED_MICRO_USD in shown
         self._shown = dict(shown)
 
     def show(self, attributes: Attributes) -> None:
