@@ -64,7 +64,8 @@ QWEN_05B = {
     "tie_word_embeddings": True,
     "max_position_embeddings": 32768,
 }
-# BFCL's simple category: 400 items (bfcl_items.py), at most 256 new tokens each.
+# BFCL's simple category: 400 items (tasks/t1_tool_call/evaluator.py, `bfcl_items`), at most
+# 256 new tokens each.
 FULL_ITEMS = 400
 L4_BF16_FLOPS = 121e12
 L4_BYTES_PER_S = 300e9

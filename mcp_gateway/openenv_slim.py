@@ -40,7 +40,7 @@ class FastmcpLeftOut:
         )
 
 
-# The fastmcp names openenv's env_server/mcp_environment.py imports at load time.
+# The fastmcp names openenv/core/env_server/mcp_environment.py imports at load time.
 _STAND_INS = {
     "fastmcp": {"Client": FastmcpLeftOut, "FastMCP": FastmcpLeftOut},
     "fastmcp.client": {"Client": FastmcpLeftOut},

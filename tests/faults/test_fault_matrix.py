@@ -4,7 +4,7 @@ once each, on `cluster-local`'s topology (two gateways, two workers, one Tempora
 one key), each cell checked against every invariant (`tests/faults/checks.py`). The whole
 matrix is `uv run python -m tests.faults.matrix` (docs/deployment.md "The fault matrix").
 
-The whole-server SIGKILL scenarios that tests/gateway/test_durability.py held are cells here:
+The whole-server SIGKILL scenarios of the gateway's durability test (gone since) are cells here:
 a kill during `jobs_wait` with the reward and one settled minute is (c) x everything, a kill
 while `submit` grades giving the reward once is (e) x everything, and a local job outliving the
 kill, neither lost nor run twice, is the local backend's (b) x everything. (The all-in-one

@@ -7,7 +7,7 @@ campaign's budget; when the next rollout does not fit, scheduling waits for the 
 flight to settle (they usually cost less than their worst case), and stops for good only when it
 still does not fit with none in flight: at exactly the first rollout that would exceed it.
 
-Retries asked for by `campaign retry` (`campaign_retries.py`) are admitted the same way, and
+Retries asked for by `campaign retry` (workflows/campaign/retries.py) are admitted the same way, and
 may start after a budget stop if they fit (the stop ends new rollouts, not the retries asked
 for). The rollout keeps its old outcome in the counts until its new attempt starts; a retry that
 cannot fit is dropped, and the rollout keeps it.

@@ -5,7 +5,7 @@ Workflow id `campaign/<campaign id>`. It plans first (the tasks and the budget c
 task's base model pinned to a commit, every agent built once in the agent worker); a spec that
 cannot run ends the campaign `invalid` before anything starts. Then a sliding window (as in
 temporalio/samples-python `batch_sliding_window`): each rollout attempt is an ABANDON child with
-a deterministic id, admitted against the budget (`campaign_rules.py`), and reports its end by
+a deterministic id, admitted against the budget (`rules.py`, beside it), and reports its end by
 signal; the campaign continues as new when its history grows long, carrying only its counters,
 the in-flight set and the retries waiting. Cancelling the campaign cancels every rollout in
 flight, and through their episodes every job, and waits until they have all ended.

@@ -4,7 +4,7 @@ whose call it answered, and its audit record. None of them can fail the episode:
 is gone is logged; the audit record is retried until it is written (AUDIT_RETRY), and only a
 failure that retrying cannot fix is logged instead.
 
-When each is due is decided by the pure rules of `episode_timing.py`.
+When each is due is decided by the pure rules of `timing.py` (beside it).
 """
 
 from __future__ import annotations

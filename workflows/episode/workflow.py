@@ -2,10 +2,10 @@
 
 Tool calls arrive as Updates (update id `<episode_id>:<request_id>`), reads as Queries, an
 operator's cancel and a session's end request as Signals. The tools are `EpisodeTools`
-(`episode_tools.py`), the jobs `EpisodeJobs` (`episode_jobs.py`), what it sends besides its
-answers `EpisodeOutbox` (`episode_outbox.py`: its session's reply, the close announcement, the
-audit record); the rules, views and timers are pure functions (`episode_rules.py`,
-`episode_timing.py`). This module holds the life of the episode: counting steps, ending it
+(`tools.py`), the jobs `EpisodeJobs` (`jobs.py`), what it sends besides its answers
+`EpisodeOutbox` (`outbox.py`: its session's reply, the close announcement, the audit record);
+the rules, views and timers are pure functions (`rules.py`, `timing.py`), all beside it in
+workflows/episode/. This module holds the life of the episode: counting steps, ending it
 (once) and staying open until every job is confirmed final, continuing as new when the history
 grows long.
 """
