@@ -309,19 +309,22 @@ def pareto_front(points: Iterable[tuple[float, float]]) -> list[tuple[float, flo
     return front
 
 
+def averaged_rows(report: Report) -> list[AttemptRow]:
+    """The deciding attempts of the rollouts the means are over (`scored` and `limit`)."""
+    return [row for row in report.attempt_rows if row.deciding and row.outcome in AVERAGED]
+
+
 def spend_and_reward(report: Report) -> dict[str, list[tuple[float, float]]]:
     """Per agent, (total spend, reward) of each rollout the mean is over (deciding attempts;
     the spend is that attempt's)."""
     points: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for row in report.attempt_rows:
-        if row.deciding and row.outcome in AVERAGED:
-            points[row.agent].append((row.total_usd, row.reward or 0.0))
+    for row in averaged_rows(report):
+        points[row.agent].append((row.total_usd, row.reward or 0.0))
     return dict(sorted(points.items()))
 
 
 def rewards_by_task(report: Report) -> dict[str, list[float]]:
     rewards: dict[str, list[float]] = defaultdict(list)
-    for row in report.attempt_rows:
-        if row.deciding and row.outcome in AVERAGED:
-            rewards[row.task_id].append(row.reward or 0.0)
+    for row in averaged_rows(report):
+        rewards[row.task_id].append(row.reward or 0.0)
     return dict(sorted(rewards.items()))

@@ -6,17 +6,22 @@ written there (pure: no Temporal)."""
 from __future__ import annotations
 
 import csv
+import itertools
 import os
 import re
 import struct
 import subprocess
 import sys
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from posttrain_common.campaigns.records import (
     RECORDS_FILE,
@@ -26,15 +31,19 @@ from posttrain_common.campaigns.records import (
     RolloutRecord,
     record_line,
 )
-from posttrain_env.models import ServiceSpend, SettledSpend
+from posttrain_env.models import ContaminationSummary, ServiceSpend, SettledSpend
 from posttrain_server.campaigns.plots import (
+    FLAGGED_LABEL,
     REWARD_LABEL,
+    REWARD_LIMITS,
     SPEND_LABEL,
+    SPEND_LABEL_MICRO,
+    UNCHECKED_LABEL,
     distribution_figure,
     pareto_figure,
     reward_vs_usd_figure,
 )
-from posttrain_server.campaigns.report import build_report, compare, pareto_front
+from posttrain_server.campaigns.report import Report, build_report, compare, pareto_front
 from posttrain_server.campaigns.report_files import (
     ATTEMPTS_CSV,
     CELLS_CSV,
@@ -199,6 +208,93 @@ def test_the_plots_draw_one_series_per_agent_or_task_with_their_labels() -> None
     (ax,) = distribution_figure(report).axes
     assert [t.get_text() for t in ax.get_xticklabels()] == ["t_a", "t_b"]
     assert ax.get_ylabel() == REWARD_LABEL
+
+
+def degenerate_records() -> list[RolloutRecord]:
+    """Two agents, every rollout at the same reward and the same spend ($0.00016: the
+    replay backend's and a scripted agent's kind of cost); one flagged, one unchecked."""
+    records = [
+        rec("same", "t_a", agent, epoch, Outcome.scored, 0.5, env_usd=0.00015, llm_usd=0.00001)
+        for agent in ("solver", "twin")
+        for epoch in (1, 2, 3)
+    ]
+    flagged = ContaminationSummary(checked=True, flagged=True, policy="report")
+    unchecked = ContaminationSummary(checked=False, skipped="unchecked")
+    records[1] = records[1].model_copy(update={"contamination": flagged})
+    records[2] = records[2].model_copy(update={"contamination": unchecked})
+    return records
+
+
+def drawn_ticks(fig: Figure, ax: Axes, axis: str) -> list[Text]:
+    """The tick labels shown within an axis ("x" or "y"), as drawn."""
+    fig.canvas.draw()
+    low, high = ax.get_xlim() if axis == "x" else ax.get_ylim()
+    labels = ax.get_xticklabels() if axis == "x" else ax.get_yticklabels()
+    at = 0 if axis == "x" else 1
+    return [t for t in labels if t.get_text() and low <= t.get_position()[at] <= high]
+
+
+def readable(ticks: list[Text], axis: str) -> None:
+    """A few short labels, none touching the next."""
+    assert 2 <= len(ticks) <= 7
+    assert all(len(t.get_text()) <= 6 for t in ticks), [t.get_text() for t in ticks]
+    boxes = sorted((t.get_window_extent() for t in ticks), key=lambda b: (b.x0, b.y0))
+    if axis == "x":
+        assert all(a.x1 < b.x0 for a, b in itertools.pairwise(boxes)), "labels touch"
+    else:
+        boxes.sort(key=lambda b: b.y0)
+        assert all(a.y1 < b.y0 for a, b in itertools.pairwise(boxes)), "labels touch"
+
+
+@pytest.mark.parametrize("campaign", ["degenerate", "typical"])
+@pytest.mark.parametrize("build", [reward_vs_usd_figure, pareto_figure, distribution_figure])
+def test_each_plot_shows_the_whole_reward_range_and_ticks_that_can_be_read(
+    campaign: str, build: Callable[[Report], Figure]
+) -> None:
+    """Issue 45: every reward equal drew the reward axis from -0.04 to 0.04, and a spend of a
+    few hundred µUSD drew USD ticks that ran into each other ("0.0001600 0.0001625 …")."""
+    records = degenerate_records() if campaign == "degenerate" else mixed_records()
+    report = build_report(campaign, records, resamples=100)
+    fig = build(report)
+    (ax,) = fig.axes
+    assert ax.get_ylim() == REWARD_LIMITS
+    rewards = drawn_ticks(fig, ax, "y")
+    readable(rewards, "y")
+    assert rewards[0].get_text() == "0.0" and rewards[-1].get_text() == "1.0"
+    if build is distribution_figure:
+        tasks = [t.get_text() for t in drawn_ticks(fig, ax, "x")]
+        assert tasks == sorted({r.task_id for r in records})
+        return
+    readable(drawn_ticks(fig, ax, "x"), "x")
+    spends = [r.total_usd for r in report.attempt_rows if r.deciding]
+    scale, label = (1e6, SPEND_LABEL_MICRO) if campaign == "degenerate" else (1, SPEND_LABEL)
+    assert ax.get_xlabel() == label
+    low, high = ax.get_xlim()
+    assert low == 0 and max(spends) * scale < high <= max(spends) * scale * 1.25
+    if campaign == "degenerate":  # 160 µUSD: "0", "50", "100", "150" or the like
+        assert all(t.get_text().isdigit() for t in drawn_ticks(fig, ax, "x"))
+
+
+def test_agents_at_one_point_both_show_and_flagged_rollouts_are_marked() -> None:
+    report = build_report("same", degenerate_records(), resamples=100)
+    (ax,) = reward_vs_usd_figure(report).axes
+    by_label = {c.get_label(): c for c in ax.collections}
+    solver, twin = by_label["solver"], by_label["twin"]
+    # The same points, drawn hollow in two shapes: the one drawn last hides nothing.
+    assert (solver.get_offsets() == twin.get_offsets()).all()
+    assert solver.get_paths()[0] != twin.get_paths()[0]
+    for series in (solver, twin):
+        assert all(face[3] == 0 for face in series.get_facecolors())
+    flagged, unchecked = by_label[FLAGGED_LABEL], by_label[UNCHECKED_LABEL]
+    assert [tuple(p) for p in flagged.get_offsets()] == [(160.0, 0.5)]
+    assert [tuple(p) for p in unchecked.get_offsets()] == [(160.0, 0.5)]
+    legend = sorted(t.get_text() for t in ax.get_legend().get_texts())
+    assert legend == sorted(["solver", "twin", FLAGGED_LABEL, UNCHECKED_LABEL])
+    # A campaign with nothing flagged marks nothing.
+    (ax,) = reward_vs_usd_figure(build_report("mixed", mixed_records(), resamples=100)).axes
+    assert {c.get_label() for c in ax.collections} == {"solver", "llm"}
+    (ax,) = pareto_figure(report).axes
+    assert ax.lines[0].get_linestyle() != ax.lines[1].get_linestyle()
 
 
 def test_the_report_writes_its_tables_plots_and_a_summary_that_embeds_them(
