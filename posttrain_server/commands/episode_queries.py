@@ -93,9 +93,23 @@ def stuck_clause(now: datetime, pending_for: timedelta) -> str:
     )
 
 
-def stuck_jobs_query(now: datetime, pending_for: timedelta) -> str:
-    """Job workflows whose cancellation has been pending longer than `pending_for`."""
-    return f"WorkflowType = 'JobWorkflow' AND {stuck_clause(now, pending_for)}"
+def stuck_jobs_query(now: datetime, pending_for: timedelta, task: str | None = None) -> str:
+    """Job workflows (of `task`'s episodes, when given) whose cancellation has been pending
+    longer than `pending_for`. Raises FilterError."""
+    of_task = f" AND {sa.TASK.name} = {_quoted('task', task)}" if task is not None else ""
+    return f"WorkflowType = 'JobWorkflow'{of_task} AND {stuck_clause(now, pending_for)}"
+
+
+def list_link_query(filters: EpisodeFilter, now: datetime) -> str:
+    """What `list --ui-url` links to: with `stuck` alone (or with `task`, which jobs carry too),
+    the stuck job workflows, the rows that show the backend job id; else the episodes the
+    filters find (a state, an end reason, a campaign or a start time is an episode's only, so
+    with any of them the link lists the episodes with a cancellation stuck). Raises
+    FilterError."""
+    episode_only = (filters.state, filters.end_reason, filters.campaign, filters.since)
+    if filters.stuck is not None and all(f is None for f in episode_only):
+        return stuck_jobs_query(now, filters.stuck, filters.task)
+    return filters.query(now)
 
 
 def episode_id_of(workflow_id: str) -> str | None:

@@ -53,7 +53,8 @@ def add_episodes_commands(subparsers: argparse._SubParsersAction) -> None:  # py
         "--ui-url",
         action="store_true",
         help="instead, the Temporal UI's link to this list, its times computed now (with "
-        "--stuck: the stuck job workflows, which carry the backend job id)",
+        "--stuck and no episode-only filter: the stuck job workflows, which carry the backend "
+        "job id)",
     )
     show = commands.add_parser("show", help="one episode: steps, jobs, spend, end, reward")
     show.add_argument("episode_id")
@@ -203,17 +204,12 @@ def episode_filter(args: argparse.Namespace) -> EpisodeFilter:
 
 
 def print_list_link(settings: Settings, args: argparse.Namespace) -> int:
-    """`list --ui-url`: the UI's link to the list (with --stuck, to the stuck job workflows: the
-    rows with the backend job id, where the cancel activity retries). Raises FilterError."""
-    from posttrain_server.commands.episode_queries import FilterError, stuck_jobs_query
+    """`list --ui-url`: the UI's link to the list, every filter in it (with --stuck, to the
+    stuck job workflows: the rows with the backend job id; `list_link_query` says when).
+    Raises FilterError."""
+    from posttrain_server.commands.episode_queries import FilterError, list_link_query
 
-    filters = episode_filter(args)
-    now = datetime.now(UTC)
-    if filters.stuck is not None:
-        query = stuck_jobs_query(now, filters.stuck)
-    else:
-        query = filters.query(now)
-    link = ui_list_url(settings, query)
+    link = ui_list_url(settings, list_link_query(episode_filter(args), datetime.now(UTC)))
     if link is None:
         raise FilterError(
             "--ui-url: no Temporal UI is known for TEMPORAL_ADDRESS; set "

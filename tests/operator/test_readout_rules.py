@@ -6,8 +6,15 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from posttrain_env.models import EndReason, EpisodeEnd
-from posttrain_server.commands.episode_queries import EpisodeFilter, stuck_jobs_query
+from posttrain_server.commands.episode_queries import (
+    EpisodeFilter,
+    FilterError,
+    list_link_query,
+    stuck_jobs_query,
+)
 from tests.workflows.test_episode_rules import CPU, T0, carry, setup
 from workflows.episode.rules import episode_status
 from workflows.operations import search_attributes as sa
@@ -48,3 +55,28 @@ def test_stuck_means_an_open_workflow_and_no_run_that_continued_as_new_is_an_epi
     assert EpisodeFilter().query(now).endswith("ExecutionStatus != 'ContinuedAsNew'")
     jobs = stuck_jobs_query(now, timedelta(0))
     assert jobs.startswith("WorkflowType = 'JobWorkflow' AND ExecutionStatus = 'Running' AND ")
+
+
+def test_the_ui_link_keeps_every_filter_of_the_list() -> None:
+    """`episodes list --ui-url`: --stuck alone links the stuck job workflows (their rows show
+    the backend job id), with --task too (jobs carry PtTask); a filter only episodes carry
+    links the episodes with a cancellation stuck instead of being dropped."""
+    now = T0 + timedelta(hours=1)
+    stuck = timedelta(minutes=10)
+    assert list_link_query(EpisodeFilter(stuck=stuck), now) == stuck_jobs_query(now, stuck)
+    of_task = list_link_query(EpisodeFilter(stuck=stuck, task="t0_artifact"), now)
+    assert of_task.startswith("WorkflowType = 'JobWorkflow' AND PtTask = 't0_artifact' AND ")
+    assert of_task.endswith(stuck_jobs_query(now, stuck).split(" AND ", 1)[1])
+    for episode_only in (
+        {"campaign": "c-1"},
+        {"state": "ending"},
+        {"end_reason": "abandoned"},
+        {"since": timedelta(days=1)},
+    ):
+        filters = EpisodeFilter(stuck=stuck, **episode_only)
+        assert list_link_query(filters, now) == filters.query(now)
+        assert "WorkflowType = 'EpisodeWorkflow'" in filters.query(now)
+    plain = EpisodeFilter(task="t0_artifact", state="running")
+    assert list_link_query(plain, now) == plain.query(now)
+    with pytest.raises(FilterError):
+        list_link_query(EpisodeFilter(stuck=stuck, task="x' OR PtTask != '"), now)
