@@ -246,6 +246,11 @@ class EndReason(enum.StrEnum):
     # A rollout's agent stopped without submitting (or ran out of turns or of its LLM budget):
     # reward 0, as for the other limits. Only the grader's failure gives reward None.
     abandoned = "abandoned"
+    # The replay backend (a stand-in service) had no recorded outcome for the evaluation a
+    # `submit` or a `dev_evaluate` asked for (an evaluator or a tasks folder that drifted from
+    # the recording): reward None, and not a measurement. Never the grader's fault
+    # (`score_failed`). `episode_end.replay_miss` names the key and the nearest recorded ones.
+    replay_miss = "replay_miss"
 
 
 # What a task does when its test items are found in what the agent controlled: `report` (the
@@ -274,6 +279,33 @@ class ContaminationSummary(BaseModel):
     unread_datasets: int | None = None
 
 
+# How many recorded keys `episode_end.replay_miss` names (the replay backend's NEAREST_KEYS).
+MAX_NEAREST_RECORDINGS = 3
+
+
+class NearRecording(BaseModel):
+    """A recorded key close to the one a replay missed, and which of its inputs differ."""
+
+    key: BoundedText
+    similarity: float = 0.0  # of the scripts, 0..1 (1.0: the same script)
+    differs: list[BoundedText] = Field(default_factory=list, max_length=16)
+
+
+class ReplayMiss(BaseModel):
+    """`episode_end.replay_miss`: the evaluation the replay backend had no recording for."""
+
+    tool: Literal["submit", "dev_evaluate"]
+    job_id: BoundedText  # the agent job it would have evaluated
+    key: BoundedText | None = None  # the recording key looked for
+    nearest: list[NearRecording] = Field(default_factory=list)
+    message: BoundedText = ""
+
+    @field_validator("nearest")
+    @classmethod
+    def _few(cls, nearest: list[NearRecording]) -> list[NearRecording]:
+        return nearest[:MAX_NEAREST_RECORDINGS]
+
+
 class EpisodeEnd(BaseModel):
     reason: EndReason
     reward: float | None = None
@@ -284,6 +316,11 @@ class EpisodeEnd(BaseModel):
     # True when some job of the episode was replayed from a recording (the replay backend): the
     # reward was not measured. Absent otherwise.
     replayed: bool | None = None
+    # With reason `replay_miss`: what the replay backend missed.
+    replay_miss: ReplayMiss | None = None
+    # How many of the episode's calls the replay backend answered `not_recorded` (an unseen
+    # script at `jobs_submit` included); absent when none was.
+    replay_misses: int | None = None
 
     def view(self) -> dict[str, Any]:
         """As clients see it: `reward` always present (null: no reward), other fields when set."""

@@ -249,6 +249,8 @@ def _finish(trail: _Trail) -> AuditRecord:
             reward=trail.end.reward,
             invalid_score=trail.end.invalid_score,
             replayed=trail.end.replayed,
+            replay_miss=trail.end.replay_miss,
+            replay_misses=trail.end.replay_misses,
         )
         record.ended_at = trail.ended_at
     return record

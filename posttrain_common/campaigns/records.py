@@ -15,9 +15,10 @@ crash) is skipped by `read_records`; the attempt is then written again whole.
 
 Outcome classes, never merged (`Outcome`): `scored` (a reward from submit, including a valid 0),
 `unscored` (the grader failed: reward null, never coerced to 0), `error` (an infrastructure
-failure), `limit` (max_steps, time_limit or abandoned: reward 0), `cancelled` (the campaign was
-cancelled; excluded from everything). The mean reward is over `scored` and `limit` rollouts;
-`unscored` and `error` are rates (`summarize`).
+failure), `limit` (max_steps, time_limit or abandoned: reward 0), `replay_miss` (the replay
+backend had no recording of an evaluation the agent asked for: no measurement, reward null),
+`cancelled` (the campaign was cancelled; excluded from everything). The mean reward is over
+`scored` and `limit` rollouts; `unscored`, `error` and `replay_miss` are rates (`summarize`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,17 @@ class Outcome(enum.StrEnum):
     error = "error"
     limit = "limit"
     cancelled = "cancelled"
+    # The replay backend missed an evaluation (`EndReason.replay_miss`): not a measurement.
+    replay_miss = "replay_miss"
+
+
+def every_outcome(counts: dict[Outcome, int]) -> dict[Outcome, int]:
+    """`counts` with every outcome (0 where absent: counts kept before an outcome existed)."""
+    return {o: counts.get(o, 0) for o in Outcome}
+
+
+# Counts by outcome; one decoded from before an outcome existed gets it at 0.
+OutcomeCounts = Annotated[dict[Outcome, int], AfterValidator(every_outcome)]
 
 
 LIMIT_REASONS = frozenset({EndReason.max_steps, EndReason.time_limit, EndReason.abandoned})
@@ -60,6 +72,8 @@ def outcome_of(reason: EndReason | None, *, failed: bool) -> Outcome:
         return Outcome.scored
     if reason is EndReason.score_failed:
         return Outcome.unscored
+    if reason is EndReason.replay_miss:
+        return Outcome.replay_miss
     if reason in LIMIT_REASONS:
         return Outcome.limit
     return Outcome.cancelled  # cancelled or reset: the campaign was cancelled
@@ -185,10 +199,11 @@ class Summary(BaseModel):
 
     rollouts: int = 0
     attempts: int = 0
-    counts: dict[Outcome, int] = Field(default_factory=lambda: {o: 0 for o in Outcome})
+    counts: OutcomeCounts = Field(default_factory=lambda: every_outcome({}))
     mean_reward: float | None = None
     unscored_rate: float | None = None  # of rollouts not cancelled
     error_rate: float | None = None
+    replay_miss_rate: float | None = None
     env_usd: float = 0.0
     llm_usd: float = 0.0
     # Rollouts whose deciding attempt had jobs replayed from recordings (not measured rewards).
@@ -209,6 +224,7 @@ def summarize(records: Iterable[RolloutRecord]) -> Summary:
     if counted:
         summary.unscored_rate = summary.counts[Outcome.unscored] / counted
         summary.error_rate = summary.counts[Outcome.error] / counted
+        summary.replay_miss_rate = summary.counts[Outcome.replay_miss] / counted
     summary.env_usd = round(sum(r.service_spend.settled.usd for r in records), 6)
     summary.llm_usd = round(sum(r.llm.usd for r in records), 6)
     return summary

@@ -14,7 +14,14 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from posttrain_common.campaigns.records import AVERAGED, Outcome, RolloutRecord, latest_attempts
+from posttrain_common.campaigns.records import (
+    AVERAGED,
+    Outcome,
+    OutcomeCounts,
+    RolloutRecord,
+    every_outcome,
+    latest_attempts,
+)
 from posttrain_common.campaigns.spec import CampaignSpec
 from posttrain_env.limits import MAX_RETRIES_PER_REQUEST
 from posttrain_env.models import MICRO
@@ -35,7 +42,7 @@ class RetryPick(BaseModel):
 class Rebuilt(BaseModel):
     """A finished campaign's counters, as its carry held them, from its records."""
 
-    counts: dict[Outcome, int] = Field(default_factory=lambda: {o: 0 for o in Outcome})
+    counts: OutcomeCounts = Field(default_factory=lambda: every_outcome({}))
     attempts: int = 0
     retried: int = 0
     reward_sum: float = 0.0

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from posttrain_common.contracts.contamination import ContaminationReport
 from posttrain_common.contracts.operator import OperatorAction
+from posttrain_env.models import ReplayMiss
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("audit.schema.json")
@@ -100,6 +101,11 @@ class AuditEnd(BaseModel):
     invalid_score: str | None = None
     # True when some job of the episode was replayed (the replay backend): not a measured reward.
     replayed: bool | None = None
+    # Reason `replay_miss`: the evaluation the replay backend had no recording for (the key it
+    # looked for, the nearest recorded keys).
+    replay_miss: ReplayMiss | None = None
+    # Calls the replay backend answered `not_recorded`, when any was.
+    replay_misses: int | None = None
 
 
 class AuditRecord(BaseModel):

@@ -2,19 +2,26 @@
 
 The reward is the episode's (`episode_end.reward`): a score in [0, 1], 0 for a limit (steps,
 time, an episode abandoned), `None` when the episode ended unscored (`score_failed`: the grader
-failed, not the agent; or `cancelled`/`reset`). The spend is the last `service_spend` the
-service reported for it; `final` is false while a job may still bill (an unconfirmed
-cancellation) or when the rollout lost its episode before it saw the end: an orphan, whose spend
-is a lower bound and must be kept, never dropped.
+failed, not the agent; or `cancelled`/`reset`) or ended `replay_miss`: the replay backend had no
+recording of the evaluation the agent asked for, so the rollout is **not a measurement** at all
+(`not_a_measurement`); it is logged as a warning when its outcome is read, and the bridges count
+it apart (`SamplerBridge.totals.replay_misses`, TRL's `rollouts/replay_misses`).
+
+The spend is the last `service_spend` the service reported for it; `final` is false while a
+job may still bill (an unconfirmed cancellation) or when the rollout lost its episode before it
+saw the end: an orphan, whose spend is a lower bound and must be kept, never dropped.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from posttrain_env.models import EndReason, EpisodeEnd, ServiceSpend
+
+log = logging.getLogger(__name__)
 
 
 class OutcomeError(ValueError):
@@ -49,6 +56,17 @@ class RolloutOutcome(BaseModel):
         return not self.spend.final or self.end is None
 
     @property
+    def not_a_measurement(self) -> bool:
+        """The replay backend missed an evaluation (`replay_miss`): no reward, and not because
+        of the agent or the grader; a stand-in service that could not stand in."""
+        return self.end is not None and self.end.reason is EndReason.replay_miss
+
+    @property
+    def replay_misses(self) -> int:
+        """The episode's calls the replay backend answered `not_recorded`."""
+        return (self.end.replay_misses or 0) if self.end is not None else 0
+
+    @property
     def unscored_reason(self) -> EndReason | None:
         """Why there is no reward (None when there is one, or when the end was never seen)."""
         if self.reward is not None or self.end is None:
@@ -77,7 +95,7 @@ class RolloutOutcome(BaseModel):
             end = EpisodeEnd.model_validate(raw_end) if raw_end is not None else None
         except ValidationError as exc:
             raise OutcomeError(f"the answer's spend or end is malformed: {exc}") from None
-        return cls(
+        outcome = cls(
             task_id=task_id,
             episode_id=answer.get("episode_id") or episode_id,
             reward=end.reward if end is not None else None,
@@ -89,3 +107,22 @@ class RolloutOutcome(BaseModel):
             latency_s=latency_s,
             service_s=service_s,
         )
+        if outcome.not_a_measurement and end is not None and end.replay_miss is not None:
+            miss = end.replay_miss
+            log.warning(
+                "rollout %s of task %s is not a measurement: the replay backend has no "
+                "recording of the evaluation its %s asked for (key %s; nearest: %s); reward None",
+                outcome.episode_id,
+                task_id,
+                miss.tool,
+                miss.key,
+                ", ".join(f"{n.key[:12]} (differs in {', '.join(n.differs)})" for n in miss.nearest)
+                or "none",
+            )
+        elif outcome.not_a_measurement:
+            log.warning(
+                "rollout %s of task %s is not a measurement (replay_miss); reward None",
+                outcome.episode_id,
+                task_id,
+            )
+        return outcome

@@ -8,7 +8,9 @@ answers the next turn), played by `posttrain_env.agents.play`. The rollout alway
 episode: when the policy stops, or runs out of turns, before the episode is over, the episode is
 ended as `abandoned` (reward 0, as the service scores an agent that gives up; its jobs cancelled),
 so nothing is left billing. The reward is the episode's: None when it ended unscored (the grader
-failed), never replaced by 0 here. The cost is in `cost_unit` (settled USD by default); a rollout
+failed) or when it is not a measurement (`replay_miss`: the replay backend had no recording of
+an evaluation the policy asked for; logged as a warning, `transcript.outcome.not_a_measurement`),
+never replaced by 0 here. The cost is in `cost_unit` (settled USD by default); a rollout
 whose spend is not final (a cancellation never confirmed, or an episode lost to the transport)
 keeps the spend known so far, flagged in `transcript.outcome` (`orphan`).
 """

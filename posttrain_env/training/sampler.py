@@ -24,6 +24,10 @@ settled where the RFC is silent:
 - An orphan (a rollout whose spend is not final: a cancellation never confirmed, or an end never
   seen) reports the spend known so far and is flagged (`final[i] is False`), never dropped.
 - A replayed rollout (a stand-in service answered) is flagged in `replayed`.
+- A rollout that is not a measurement (`replay_miss`: the replay backend had no recording of
+  an evaluation its agent asked for) has reward None like an unscored one, is flagged in
+  `not_measured`, counted apart in `BridgeTotals.replay_misses` (not in `unscored`) and logged
+  as a warning (posttrain_env.training.outcome).
 - Rollouts are grouped by task id (`task_of`), in the order their tasks first appear.
 """
 
@@ -93,10 +97,23 @@ class SamplerUpdate:
     replayed: list[bool]
     # With unscored="omit": the unscored rollouts left out of rewards and costs.
     omitted: list[RolloutOutcome] = field(default_factory=list)
+    # Per rollout passed: it is no measurement (`replay_miss`; its reward is None).
+    not_measured: list[bool] = field(default_factory=list)
 
     @property
     def unscored(self) -> int:
-        return sum(r is None for r in self.rewards) + len(self.omitted)
+        """Rollouts without a reward that were measured (the grader failed, a reset...)."""
+        flags = self._measured_flags()
+        kept = sum(r is None and not m for r, m in zip(self.rewards, flags, strict=True))
+        return kept + sum(not o.not_a_measurement for o in self.omitted)
+
+    @property
+    def replay_misses(self) -> int:
+        """Rollouts that are no measurement (`replay_miss`), passed or omitted."""
+        return sum(self.not_measured) + sum(o.not_a_measurement for o in self.omitted)
+
+    def _measured_flags(self) -> list[bool]:
+        return self.not_measured or [False] * len(self.rewards)
 
     @property
     def orphans(self) -> int:
@@ -109,7 +126,9 @@ class BridgeTotals:
 
     rollouts: int = 0
     scored: int = 0
-    unscored: int = 0
+    unscored: int = 0  # no reward, measured so (the grader failed; a reset, a cancel)
+    # No reward and no measurement: the replay backend missed an evaluation (`replay_miss`).
+    replay_misses: int = 0
     orphans: int = 0
     replayed: int = 0
     cost: float = 0.0  # in the bridge's unit
@@ -161,6 +180,7 @@ class SamplerBridge:
         costs: list[float] = []
         final: list[bool] = []
         replayed: list[bool] = []
+        not_measured: list[bool] = []
         omitted: list[RolloutOutcome] = []
         for outcome in outcomes:
             cost = cost_of(outcome, self.cost_unit)
@@ -172,15 +192,17 @@ class SamplerBridge:
             costs.append(cost)
             final.append(not outcome.orphan)
             replayed.append(outcome.replayed)
+            not_measured.append(outcome.not_a_measurement)
         if self.sampler is not None and rewards:
             self.sampler.update(task, rewards, costs)
-        return SamplerUpdate(task, rewards, costs, final, replayed, omitted)
+        return SamplerUpdate(task, rewards, costs, final, replayed, omitted, not_measured)
 
     def _count(self, outcome: RolloutOutcome, cost: float) -> None:
         totals = self.totals
         totals.rollouts += 1
         totals.scored += outcome.scored
-        totals.unscored += not outcome.scored
+        totals.unscored += not outcome.scored and not outcome.not_a_measurement
+        totals.replay_misses += outcome.not_a_measurement
         totals.orphans += outcome.orphan
         totals.replayed += outcome.replayed
         totals.cost += cost

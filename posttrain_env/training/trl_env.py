@@ -31,9 +31,14 @@ rollouts' `environments`. Here:
   Combine it only with reward functions that also answer None for such rollouts, or TRL scores
   the row with theirs.
 - the cost of every rollout is logged beside its reward: `log_extra` columns `cost_<unit>`,
-  `spend_final`, `end_reason`, `replayed` in TRL's completions table and `log_metric` metrics
-  (`cost_<unit>/mean`, `rollouts/unscored`, `rollouts/orphans`), and the rollouts reach the
-  sampler through a `SamplerBridge` (RFC 013 `update(task, rewards, costs)`, None kept).
+  `spend_final`, `end_reason`, `replayed`, `not_a_measurement` in TRL's completions table and
+  `log_metric` metrics (`cost_<unit>/mean`, `rollouts/unscored`, `rollouts/replay_misses`,
+  `rollouts/orphans`), and the rollouts reach the sampler through a `SamplerBridge` (RFC 013
+  `update(task, rewards, costs)`, None kept).
+- a rollout that is **not a measurement** (`replay_miss`: the replay backend had no recording
+  of an evaluation the policy asked for) answers None as an unscored one does, so TRL leaves it
+  out of the baseline; it is logged as a warning and counted apart (`rollouts/replay_misses`),
+  never in `rollouts/unscored`: a drifted evaluator or tasks folder shows at once.
 
 Nothing here imports TRL: the environment is plain Python, as TRL asks.
 """
@@ -171,9 +176,12 @@ class PostTrainTRL:
             log_extra("spend_final", [not o.orphan for o in outcomes])
             log_extra("end_reason", [o.end.reason.value if o.end else None for o in outcomes])
             log_extra("replayed", [o.replayed for o in outcomes])
+            log_extra("not_a_measurement", [o.not_a_measurement for o in outcomes])
         if log_metric is not None:
             log_metric(f"{self.cost_column}/mean", sum(costs) / len(costs))
-            log_metric("rollouts/unscored", float(sum(not o.scored for o in outcomes)))
+            unscored = sum(not o.scored and not o.not_a_measurement for o in outcomes)
+            log_metric("rollouts/unscored", float(unscored))
+            log_metric("rollouts/replay_misses", float(sum(o.not_a_measurement for o in outcomes)))
             log_metric("rollouts/orphans", float(sum(o.orphan for o in outcomes)))
         return [o.reward for o in outcomes]
 

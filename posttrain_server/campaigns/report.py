@@ -3,12 +3,14 @@
 Each rollout counts once, by its deciding attempt (the highest attempt number, as the engine
 decides); every attempt's money counts. Per task x agent cell:
 
-- the mean reward is over `scored` and `limit` rollouts (limit rewards are 0); `unscored` and
-  `error` rollouts are counted and shown as rates, never averaged in as 0;
+- the mean reward is over `scored` and `limit` rollouts (limit rewards are 0); `unscored`,
+  `error` and `replay_miss` rollouts are counted and shown as rates, never averaged in as 0
+  (a replay miss is no measurement at all: the replay backend had no recording of an
+  evaluation the agent asked for);
 - its 95% interval is a percentile bootstrap of that mean: `resamples` resamples of the cell's
   rewards (in rollout-id order), drawn by `numpy.random.default_rng([seed, crc32(cell)])`, so
   the report is reproducible and one cell's draws do not depend on which other cells exist;
-- rates (unscored, error, limit) are of the cell's rollouts that were not cancelled;
+- rates (unscored, error, limit, replay miss) are of the cell's rollouts that were not cancelled;
 - reward per dollar is the mean reward divided by the mean spend per rollout (environment + LLM,
   every attempt, divided by the cell's rollouts).
 
@@ -67,6 +69,8 @@ class Cell(BaseModel):
     # Rollouts (deciding attempts) whose episode had jobs replayed from recordings (the replay
     # backend): their rewards were not measured.
     replayed: int = 0
+    # Of the rollouts not cancelled, those that ended `replay_miss` (counted apart: no reward).
+    replay_miss_rate: float | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -122,6 +126,11 @@ class Report(BaseModel):
     def replayed(self) -> int:
         """Rollouts (each once, by its deciding attempt) whose rewards were replayed."""
         return sum(cell.replayed for cell in self.cells)
+
+    @property
+    def replay_misses(self) -> int:
+        """Rollouts (each once, by its deciding attempt) that ended `replay_miss`."""
+        return sum(cell.counts[Outcome.replay_miss] for cell in self.cells)
 
     def cell(self, task_id: str, agent: str) -> Cell | None:
         return next((c for c in self.cells if c.key == (task_id, agent)), None)
@@ -226,6 +235,7 @@ def _cell(
         unscored_rate=counts[Outcome.unscored] / counted if counted else None,
         error_rate=counts[Outcome.error] / counted if counted else None,
         limit_rate=counts[Outcome.limit] / counted if counted else None,
+        replay_miss_rate=counts[Outcome.replay_miss] / counted if counted else None,
         env_usd=env,
         llm_usd=llm,
         usd_per_rollout=per_rollout,

@@ -34,6 +34,7 @@ CELL_COLUMNS = [
     "unscored_rate",
     "error_rate",
     "limit_rate",
+    "replay_miss_rate",
     *(f"n_{o.value}" for o in Outcome),
     "env_usd",
     "llm_usd",
@@ -59,6 +60,7 @@ def cell_row(cell: Cell) -> dict[str, object]:
         "unscored_rate": cell.unscored_rate,
         "error_rate": cell.error_rate,
         "limit_rate": cell.limit_rate,
+        "replay_miss_rate": cell.replay_miss_rate,
         **{f"n_{o.value}": cell.counts[o] for o in Outcome},
         "env_usd": cell.env_usd,
         "llm_usd": cell.llm_usd,
@@ -125,7 +127,7 @@ def table_markdown(report: Report) -> str:
 def summary_markdown(report: Report) -> str:
     env = sum(c.env_usd for c in report.cells)
     llm = sum(c.llm_usd for c in report.cells)
-    notes = _flagged_line(report) + _unchecked_line(report) + _replayed_line(report)
+    notes = _notes(report)
     return f"""# Campaign {report.campaign_id}
 
 {report.rollouts} rollouts ({report.attempts} attempts), ${env + llm:.4f} spent
@@ -159,6 +161,16 @@ The best reward the agent reached at or below each spend per rollout.
 """
 
 
+def _notes(report: Report) -> str:
+    """The summary's sentences on rollouts that need a word (none: nothing is said)."""
+    return (
+        _flagged_line(report)
+        + _unchecked_line(report)
+        + _replayed_line(report)
+        + _replay_miss_line(report)
+    )
+
+
 def _flagged_line(report: Report) -> str:
     """A sentence when the contamination check flagged rollouts (none: nothing is said)."""
     return _rollouts_sentence(
@@ -189,6 +201,19 @@ def _replayed_line(report: Report) -> str:
         ": some of their jobs were answered from recorded outcomes (the replay backend), so "
         "their rewards were not measured (`attempts.csv` marks them; `cells.csv` counts them "
         "per cell).",
+    )
+
+
+def _replay_miss_line(report: Report) -> str:
+    """A sentence when rollouts ended `replay_miss` (none: nothing is said)."""
+    return _rollouts_sentence(
+        report.replay_misses,
+        "ended replay_miss**",
+        ": the replay backend had no recording of an evaluation their agent asked for (an "
+        "evaluator or a tasks folder that drifted from the recording), so they are no "
+        "measurement: no reward, never averaged in, counted apart (`n_replay_miss` and "
+        "`replay_miss_rate` in `cells.csv`; each episode's audit record names the key missed "
+        "and the nearest recorded ones).",
     )
 
 

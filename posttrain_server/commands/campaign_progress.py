@@ -59,6 +59,12 @@ def _usd(value: float | None) -> str:
     return "-" if value is None else f"${value:.4f}"
 
 
+def _misses(s: CampaignStatus) -> str:
+    """The rollouts that ended `replay_miss` (no measurement), when there are any."""
+    misses = s.counts.get(Outcome.replay_miss, 0)
+    return f", replay miss {misses}" if misses else ""
+
+
 def figures(s: CampaignStatus, o: Outlook) -> str:
     """The figures of one moment, as one line (no clock: it changes only when they do)."""
     mean = "-" if s.mean_reward is None else f"{s.mean_reward:.3f}"
@@ -66,7 +72,8 @@ def figures(s: CampaignStatus, o: Outlook) -> str:
         f"{s.phase.value}: {s.finished}/{s.rollouts} done, {s.in_flight} in flight, "
         f"{s.queued} queued; mean reward {mean} (n={s.averaged}); "
         f"unscored {s.counts[Outcome.unscored]}, error {s.counts[Outcome.error]}, "
-        f"limit {s.counts[Outcome.limit]}; ${s.spent_usd:.6f} spent of ${s.budget_usd}, projected "
+        f"limit {s.counts[Outcome.limit]}{_misses(s)}; "
+        f"${s.spent_usd:.6f} spent of ${s.budget_usd}, projected "
         f"{_usd(o.projected_usd)} (at most {_usd(o.ceiling_usd)}); ETA {_eta(o.eta_s)}"
     )
 
@@ -87,7 +94,7 @@ def panel(s: CampaignStatus, o: Outlook) -> RenderableType:
     grid.add_row("mean reward", mean)
     grid.add_row(
         "not averaged",
-        f"unscored {s.counts[Outcome.unscored]}, error {s.counts[Outcome.error]} "
+        f"unscored {s.counts[Outcome.unscored]}, error {s.counts[Outcome.error]}{_misses(s)} "
         f"(limit {s.counts[Outcome.limit]}, reward 0, is averaged)",
     )
     grid.add_row(

@@ -68,4 +68,6 @@ def run_replay(args: argparse.Namespace) -> int:
     )
     for why, count in sorted(report.skipped.items()):
         print(f"  skipped {count}: {why}")
+    for job in report.not_recorded:  # every job, so that none is left out unsaid
+        print(f"  not recorded: {job.episode_id}/{job.job_id} ({job.role}): {job.why}")
     return 0

@@ -73,6 +73,7 @@ def test_an_attempt_is_appended_once_even_by_two_stores_and_after_a_torn_line(
         (EndReason.abandoned, False, Outcome.limit),
         (EndReason.cancelled, False, Outcome.cancelled),
         (EndReason.reset, False, Outcome.cancelled),
+        (EndReason.replay_miss, False, Outcome.replay_miss),
         (EndReason.cancelled, True, Outcome.error),
         (None, True, Outcome.error),
     ],
@@ -101,6 +102,7 @@ def test_the_mean_is_over_scored_and_limit_and_the_latest_attempt_decides() -> N
         Outcome.unscored: 1,
         Outcome.error: 1,
         Outcome.cancelled: 1,
+        Outcome.replay_miss: 0,
     }
     assert summary.mean_reward == pytest.approx(1.0 / 3)
     assert summary.unscored_rate == 1 / 5 and summary.error_rate == 1 / 5
@@ -144,3 +146,40 @@ def test_the_report_counts_replayed_rollouts_per_cell_marks_each_attempt_and_say
     measured = build_report("c1", [record("1", reward=0.5)])
     write_report(measured, tmp_path / "measured")
     assert "replayed" not in (tmp_path / "measured" / SUMMARY_MD).read_text()
+
+
+def test_replay_misses_are_counted_apart_never_averaged_and_the_report_says_so(
+    tmp_path: Path,
+) -> None:
+    records = [
+        record("1", reward=0.5),
+        record("2", outcome=Outcome.unscored),
+        record("3", outcome=Outcome.replay_miss, end_reason="replay_miss", replayed=True),
+        record("4", outcome=Outcome.replay_miss, end_reason="replay_miss", replayed=True),
+    ]
+    summary = summarize(records)
+    assert summary.counts[Outcome.replay_miss] == 2 and summary.counts[Outcome.unscored] == 1
+    assert summary.mean_reward == 0.5  # over the one scored rollout only
+    assert summary.replay_miss_rate == 2 / 4 and summary.unscored_rate == 1 / 4
+    report = build_report("c1", records)
+    (cell,) = report.cells
+    assert cell.counts[Outcome.replay_miss] == 2 and cell.replay_miss_rate == 0.5
+    assert cell.averaged == 1 and report.replay_misses == 2
+    write_report(report, tmp_path)
+    with (tmp_path / CELLS_CSV).open() as cells:
+        (row,) = csv.DictReader(cells)
+    assert (row["n_replay_miss"], row["replay_miss_rate"], row["n_unscored"]) == ("2", "0.5", "1")
+    summary_md = (tmp_path / SUMMARY_MD).read_text()
+    assert "**2 rollouts ended replay_miss**" in summary_md
+    measured = build_report("c1", [record("1", reward=0.5)])
+    write_report(measured, tmp_path / "measured")
+    assert "replay_miss**" not in (tmp_path / "measured" / SUMMARY_MD).read_text()
+
+
+def test_counts_kept_before_replay_misses_existed_decode_with_them_at_zero() -> None:
+    from workflows.campaign.contract import CampaignCarry
+
+    old = {"created_at": "2026-12-01T00:00:00Z", "counts": {"scored": 3, "unscored": 1}}
+    carry = CampaignCarry.model_validate(old)
+    assert carry.counts[Outcome.replay_miss] == 0 and carry.counts[Outcome.scored] == 3
+    carry.counts[Outcome.replay_miss] += 1  # the campaign's rules count one as it ends

@@ -76,6 +76,8 @@ async def test_a_scripted_episodes_record_holds_every_call_and_job_and_no_secret
         "reward": 0.625,
         "invalid_score": None,
         "replayed": None,  # a measured reward: its jobs ran (on the fake)
+        "replay_miss": None,
+        "replay_misses": None,
     }
     assert all(job["replayed"] is None for job in record["jobs"])
     assert record["task_id"] == "t_test" and record["backend"] == "fake"

@@ -183,6 +183,8 @@ async def test_cancelling_an_episode_workflow_ends_it_as_an_operator_would(
             "reward": None,
             "invalid_score": None,
             "replayed": None,
+            "replay_miss": None,
+            "replay_misses": None,
         }
         (action,) = record["operator_actions"]
         assert action["action"] == "temporal_cancel" and action["jobs"] == [job_id]

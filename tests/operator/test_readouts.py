@@ -199,6 +199,8 @@ async def test_an_export_of_an_ending_episode_has_its_end_and_spend(tmp_path: Pa
             "reward": None,
             "invalid_score": None,
             "replayed": None,
+            "replay_miss": None,
+            "replay_misses": None,
         }
         spend = status.service_spend
         assert record["final_spend_micro_usd"] == round(spend.settled.usd * 1e6) > 0

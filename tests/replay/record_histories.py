@@ -22,6 +22,9 @@ Scenarios:
   `dev_evaluate` and a `submit` each sent again while they run (the second attaches to the
   first's work), the grader's contamination check, the audit record; then, while a cancelled job
   keeps the episode open, a `submit` sent again and another call after the end.
+- `replay_miss`: the replay backend over the fake, falling through: a job recorded, then
+  replayed in two episodes whose `dev_evaluate` and `submit` find no recording of their
+  evaluation (each episode ends `replay_miss`).
 - `outside_cancel`: cancels through Temporal (the UI's "Request Cancellation"): a job's
   workflow, the watcher, the account, then the episode's workflow; then another session's
   workflow (it ends its episode).
@@ -432,6 +435,53 @@ async def record_t0_artifact(out: Path, workdir: Path) -> list[Path]:
         return await save_all(env.client, "t0_artifact", out)
 
 
+async def record_replay_miss(out: Path, workdir: Path) -> list[Path]:
+    from activities.backends.fake.backend import FakeBackend, FakeJobScript, FakeScenario
+    from activities.backends.replay.backend import ReplayBackend
+    from activities.backends.replay.store import ReplayStore
+    from posttrain_common.keys import ServerKey
+    from posttrain_common.settings import Settings
+    from posttrain_server.worker import build_worker
+    from tests.workflows.harness import write_task
+
+    tasks_dir = workdir / "tasks"
+    write_task(tasks_dir)
+    config = Settings(state_dir=workdir / "state", backend="replay")
+    inner = FakeBackend(config.state_dir / "fake", FakeScenario(jobs=[FakeJobScript(run_s=1)]))
+    store = ReplayStore(workdir / "store")
+    backend = ReplayBackend(config.state_dir / "replay", store, inner, fall_through=True)
+    queue = f"record-{uuid.uuid4().hex[:8]}"
+    key = ServerKey.load_or_create(config.server_key_path)
+    script = "print('recorded once')\n"
+    env = await dev_server()
+    async with env:
+        client = env.client
+        async with build_worker(
+            client, config, backend, key=key, task_queue=queue, tasks_dir=tasks_dir
+        ):
+            for session, last in (("first", None), ("dev", "dev_evaluate"), ("grade", "submit")):
+                reset = await session_reset(client, queue, f"miss-{session}")
+                submitted = await call(
+                    client,
+                    reset.episode_id,
+                    "jobs_submit",
+                    script=script,
+                    flavor="cpu-basic",
+                    timeout_minutes=5,
+                )
+                job_id = submitted.data["job_id"]
+                await wait_state(client, reset.episode_id, job_id, {"succeeded"})
+                if last is None:  # the first run fell through: recorded, its evaluations not
+                    continue
+                # The job was replayed; its evaluation has no recording and cannot fall through.
+                missed = await call(client, reset.episode_id, last, job_id=job_id)
+                end = missed.metadata.episode_end
+                if end is None or end.reason.value != "replay_miss":
+                    raise RuntimeError(f"{last} did not end replay_miss: {missed}")
+            await settled(client)
+        return await save_all(client, "replay_miss", out)
+
+
 async def record_outside_cancel(out: Path, workdir: Path) -> list[Path]:
     """Cancels through Temporal, as the UI's "Request Cancellation" sends them: a job's
     workflow (its backend job is cancelled and its end reported), then the episode's (it ends as
@@ -554,6 +604,7 @@ SCENARIOS = {
     "cancel_pending": record_cancel_pending,
     "sent_again": record_sent_again,
     "outside_cancel": record_outside_cancel,
+    "replay_miss": record_replay_miss,
     "watcher_shards": record_watcher_shards,
 }
 

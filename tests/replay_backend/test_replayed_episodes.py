@@ -64,12 +64,13 @@ async def worker_on(
             await harness.terminate_all()
 
 
-async def play(ep: Episode) -> dict[str, Any]:
-    """One job, a dev evaluation and the submission: what the agent saw at each."""
+async def play(ep: Episode, grading: timedelta = timedelta(minutes=5)) -> dict[str, Any]:
+    """One job, a dev evaluation and the submission (its grading given at most `grading` of
+    workflow time): what the agent saw at each."""
     job_id = await ep.submit_job(script=SCRIPT, timeout_minutes=10)
     done = await ep.wait_job(job_id, step=timedelta(seconds=31))
     dev = await ep.call_over(timedelta(minutes=5), "dev_evaluate", job_id=job_id)
-    final = await ep.call_over(timedelta(minutes=5), "submit", job_id=job_id)
+    final = await ep.call_over(grading, "submit", job_id=job_id)
     await ep.handle.result()
     return {"job": done.data, "dev": dev.data, "final": final}
 
@@ -78,21 +79,32 @@ def audit_of(h: Harness, episode_id: str) -> dict[str, Any]:
     return json.loads((h.settings.state_dir / "audit" / f"{episode_id}.json").read_text())
 
 
+async def recorded_on_the_fake(
+    env: WorkflowEnvironment,
+    tmp_path: Path,
+    scenario: FakeScenario = RECORDED,
+    grading: timedelta = timedelta(minutes=5),
+) -> tuple[dict[str, Any], dict[str, Any], Path]:
+    """One episode played on the fake backend: what the agent saw, its audit record, and the
+    audit folder that holds it."""
+    write_task(tmp_path / "tasks")
+    fake = FakeBackend(tmp_path / "fake", scenario)
+    async with worker_on(env, tmp_path, "recorded", fake) as h:
+        ep = await h.episode()
+        recorded = await play(ep, grading)
+        return recorded, audit_of(h, ep.episode_id), h.settings.state_dir / "audit"
+
+
 async def test_an_episode_recorded_on_the_fake_replays_with_its_rewards_and_spends_flagged(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
-    write_task(tmp_path / "tasks")
-    fake = FakeBackend(tmp_path / "fake", RECORDED)
-    async with worker_on(time_skipping_env, tmp_path, "recorded", fake) as h:
-        ep = await h.episode()
-        recorded = await play(ep)
-        recorded_audit = audit_of(h, ep.episode_id)
+    recorded, recorded_audit, audit_dir = await recorded_on_the_fake(time_skipping_env, tmp_path)
     assert recorded["final"].reward == 0.625
     assert "replayed" not in recorded["final"].metadata["episode_end"]
     assert "replayed" not in recorded["final"].metadata["service_spend"]
 
     store = ReplayStore(tmp_path / "store")
-    report = build_store(h.settings.state_dir / "audit", tmp_path / "tasks", store)
+    report = build_store(audit_dir, tmp_path / "tasks", store)
     assert (report.episodes, report.recorded, report.skipped) == (1, 3, {})
 
     # The replay's underlying fake would answer otherwise (score 0.5, 60 s): it is never asked.
@@ -129,6 +141,8 @@ async def test_an_episode_recorded_on_the_fake_replays_with_its_rewards_and_spen
         "reward": 0.625,
         "invalid_score": None,
         "replayed": True,
+        "replay_miss": None,
+        "replay_misses": None,
     }
     assert all(job["replayed"] is True for job in replayed_audit["jobs"])
     assert replayed_audit["final_spend_micro_usd"] == recorded_audit["final_spend_micro_usd"]
@@ -173,6 +187,7 @@ async def test_budget_and_step_rules_hold_on_replay_and_an_unseen_script_is_not_
             "reason": "max_steps",
             "reward": 0.0,
             "replayed": True,
+            "replay_misses": 1,  # the unseen script: the trainer is told its reward is no test
         }
         assert over.metadata["service_spend"]["replayed"]["jobs"] == 1
 
@@ -201,3 +216,114 @@ async def test_fall_through_charges_the_real_run_and_records_it_for_next_time(
     spend = second["final"].metadata["service_spend"]
     assert spend["settled"] == first["final"].metadata["service_spend"]["settled"]
     assert spend["replayed"]["usd"] == spend["settled"]["usd"]
+
+
+GRADER_TIMES_OUT = FakeScenario(
+    jobs=[
+        FakeJobScript(role=JobRole.agent, queue_s=5, run_s=125, logs=["trained"]),
+        FakeJobScript(role=JobRole.dev, queue_s=2, run_s=61, score=0.375),
+        # Past the task's score_timeout_s (600 s): the grader times out, the episode is unscored.
+        FakeJobScript(role=JobRole.grader, queue_s=2, run_s=900, score=0.625),
+    ]
+)
+
+
+async def test_a_grader_that_timed_out_is_recorded_and_replays_unscored_as_it_was(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    recorded, recorded_audit, audit_dir = await recorded_on_the_fake(
+        time_skipping_env, tmp_path, GRADER_TIMES_OUT, grading=timedelta(minutes=15)
+    )
+    assert recorded["final"].metadata["episode_end"] == {"reason": "score_failed", "reward": None}
+
+    store = ReplayStore(tmp_path / "store")
+    report = build_store(audit_dir, tmp_path / "tasks", store)
+    # The grader that timed out is recorded too (it was skipped, and its replay then missed).
+    assert (report.recorded, report.skipped, report.not_recorded) == (3, {}, [])
+
+    inner = FakeBackend(tmp_path / "inner")
+    replay = ReplayBackend(tmp_path / "replay", store, inner, time_scale=0.5)
+    async with worker_on(time_skipping_env, tmp_path, "replayed", replay) as h:
+        ep = await h.episode()
+        replayed = await play(ep, grading=timedelta(minutes=15))
+        replayed_audit = audit_of(h, ep.episode_id)
+    assert inner.requests() == []  # every job, the grader's included, was replayed
+    final = replayed["final"]
+    assert final.done and final.reward is None
+    assert final.metadata["episode_end"] == {
+        "reason": "score_failed",
+        "reward": None,
+        "replayed": True,
+    }
+    assert replayed["dev"]["score"] == recorded["dev"]["score"] == 0.375
+    assert (
+        final.metadata["service_spend"]["settled"]
+        == (recorded["final"].metadata["service_spend"]["settled"])
+    )
+    grader = next(j for j in replayed_audit["jobs"] if j["role"] == "grader")
+    assert grader["final_state"] == "timed_out" and grader["replayed"] is True
+    assert replayed_audit["final_spend_micro_usd"] == recorded_audit["final_spend_micro_usd"]
+
+
+async def replay_with_a_drifted_evaluator(
+    env: WorkflowEnvironment, tmp_path: Path
+) -> tuple[ReplayStore, ReplayBackend]:
+    """A store recorded from one whole episode, then the task's evaluator changed: every
+    evaluation's key differs from the recorded ones."""
+    _, _, audit_dir = await recorded_on_the_fake(env, tmp_path)
+    store = ReplayStore(tmp_path / "store")
+    assert build_store(audit_dir, tmp_path / "tasks", store).recorded == 3
+    (tmp_path / "tasks" / "t_test" / "evaluator.py").write_text("print('a newer evaluator')\n")
+    return store, ReplayBackend(tmp_path / "replay", store, FakeBackend(tmp_path / "inner"))
+
+
+async def a_replayed_job(h: Harness) -> tuple[Episode, str]:
+    """A new episode whose recorded job has been replayed to its end."""
+    ep = await h.episode()
+    job_id = await ep.submit_job(script=SCRIPT, timeout_minutes=10)
+    await ep.wait_job(job_id, step=timedelta(seconds=31))
+    return ep, job_id
+
+
+def assert_missed(end: dict[str, Any], tool: str, store: ReplayStore) -> None:
+    assert end["reason"] == "replay_miss" and end["reward"] is None
+    miss = end["replay_miss"]
+    assert miss["tool"] == tool and miss["key"] not in store.keys()
+    assert len(miss["key"]) == 64
+    # The nearest recorded evaluation of the same role differs in its evaluator script only.
+    assert miss["nearest"][0]["differs"] == ["script_sha256"]
+    assert miss["nearest"][0]["key"] in store.keys()
+    assert end["replay_misses"] == 1
+
+
+async def test_a_replayed_submit_whose_grading_was_not_recorded_ends_replay_miss_not_score_failed(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    store, replay = await replay_with_a_drifted_evaluator(time_skipping_env, tmp_path)
+    async with worker_on(time_skipping_env, tmp_path, "replayed", replay) as h:
+        ep, job_id = await a_replayed_job(h)
+        final = await ep.call_over(timedelta(minutes=5), "submit", job_id=job_id)
+        await ep.handle.result()
+        audit = audit_of(h, ep.episode_id)
+    assert final.done and final.reward is None and final.data["score"] is None
+    end = final.metadata["episode_end"]
+    assert_missed(end, "submit", store)
+    assert end["replayed"] is True  # the agent's job was replayed
+    assert audit["end"]["reason"] == "replay_miss"
+    assert audit["end"]["replay_miss"]["key"] == end["replay_miss"]["key"]
+
+
+async def test_a_replayed_dev_evaluation_that_was_not_recorded_ends_the_episode_replay_miss(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    store, replay = await replay_with_a_drifted_evaluator(time_skipping_env, tmp_path)
+    async with worker_on(time_skipping_env, tmp_path, "replayed", replay) as h:
+        ep, job_id = await a_replayed_job(h)
+        dev = await ep.call("dev_evaluate", job_id=job_id)
+        await ep.handle.result()
+        after = await ep.call("jobs_status", job_id=job_id)
+    assert dev.data["error"]["type"] == "not_recorded"
+    assert dev.done and dev.reward is None
+    assert_missed(dev.metadata["episode_end"], "dev_evaluate", store)
+    # Nothing more is played against a stand-in that could not stand in.
+    assert after.data["error"]["type"] == "episode_over"

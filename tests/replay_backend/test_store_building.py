@@ -8,6 +8,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,18 +50,27 @@ def job(job_id: str, role: str, state: str, **fields: object) -> AuditJob:
         "finished_at": T0 + timedelta(seconds=90),
         "running_s": 83.0,
         "final_state": state,
+        "backend_job_id": f"fake-{job_id}",
     }
     values.update(fields)
     return AuditJob.model_validate(values)
 
 
-def record(episode_id: str, campaign_id: str | None = None) -> AuditRecord:
-    digest = sha256_text(SCRIPT)
+def episode_record(episode_id: str, **fields: Any) -> AuditRecord:
+    """An episode of t_test on the tiny model, with `fields` (its jobs, evaluations, ...)."""
     return AuditRecord(
         episode_id=episode_id,
         task_id="t_test",
         base_model="test-org/tiny-model",
         base_model_revision="c" * 40,
+        **fields,
+    )
+
+
+def record(episode_id: str, campaign_id: str | None = None) -> AuditRecord:
+    digest = sha256_text(SCRIPT)
+    return episode_record(
+        episode_id,
         campaign_id=campaign_id,
         jobs=[
             job("job-1", "agent", "succeeded", script_sha256=digest, dependencies=["numpy"]),
@@ -115,6 +125,9 @@ def test_replay_build_records_a_deployments_ended_jobs_once_and_list_shows_them(
     # The same jobs in both episodes: one recording each (the first stays).
     assert "2 episodes: 3 recordings written, 3 already in" in built.stdout
     assert "skipped 2: agent job ended cancelled" in built.stdout
+    # Each job not recorded is named, with why.
+    assert "not recorded: ep-1/job-2 (agent): agent job ended cancelled" in built.stdout
+    assert "not recorded: ep-2/job-2 (agent): agent job ended cancelled" in built.stdout
     again = cli(state, "build", *args, "--campaign", "camp-1")
     assert "1 episodes: 0 recordings written, 3 already in" in again.stdout
     listed = cli(state, "list", "--store", str(store))
@@ -173,3 +186,59 @@ def test_the_settings_choose_the_store_scale_inner_backend_and_fall_through(
     monkeypatch.setenv("POSTTRAIN_REPLAY_TIME_SCALE", "0")
     with pytest.raises(SystemExit, match="time_scale"):
         backend_info("replay").build(settings, key)
+
+
+def test_every_outcome_a_record_holds_is_recorded_or_named_with_why_not(tmp_path: Path) -> None:
+    """A grader that timed out and one that failed (a grader fault: no score) are recorded as
+    they ended, with no score line, so that they replay unscored as they were; a cancelled
+    job, a job whose start was refused and an evaluation whose score was never read are not,
+    and the build names each of them with why."""
+    tasks = tmp_path / "tasks"
+    write_task(tasks)
+    digest = sha256_text(SCRIPT)
+    other = "print('other')\n"
+    timed_out = episode_record(
+        "ep-timeout",
+        jobs=[
+            job("job-1", "agent", "succeeded", script_sha256=digest),
+            job("eval-1", "grader", "timed_out", evaluated_job_id="job-1", running_s=600.0),
+            job("job-2", "agent", "cancelled", script_sha256=digest),
+            job("job-3", "agent", "failed", script_sha256=digest, backend_job_id=None),
+        ],
+        evaluations=[AuditEvaluation(job_id="eval-1", role="grader", split="hidden")],
+        scripts={digest: SCRIPT},
+        end=AuditEnd(reason="score_failed"),
+    )
+    other_digest = sha256_text(other)
+    faulted = episode_record(
+        "ep-fault",
+        jobs=[
+            job("job-1", "agent", "succeeded", script_sha256=other_digest, flavor="t4-small"),
+            job("eval-1", "dev", "succeeded", evaluated_job_id="job-1"),
+            job("eval-2", "grader", "failed", evaluated_job_id="job-1"),
+        ],
+        evaluations=[
+            AuditEvaluation(job_id="eval-1", role="dev", split="dev"),  # its log unreadable
+            AuditEvaluation(job_id="eval-2", role="grader", split="hidden"),
+        ],
+        scripts={other_digest: other},
+        end=AuditEnd(reason="score_failed"),
+    )
+    write_records(tmp_path / "audit", timed_out, faulted)
+    store = ReplayStore(tmp_path / "store")
+    report = build_store(tmp_path / "audit", tasks, store)
+    assert report.recorded == 4  # two agent jobs, the grader that timed out, the one that failed
+    graders = [r for k in store.keys() if (r := store.get(k)) and r.inputs.role is JobRole.grader]
+    assert sorted((r.state, r.running_s, r.lines) for r in graders) == [
+        ("failed", 83.0, []),
+        ("timed_out", 600.0, []),
+    ]
+    assert [(j.episode_id, j.job_id, j.role) for j in report.not_recorded] == [
+        ("ep-fault", "eval-1", "dev"),
+        ("ep-timeout", "job-2", "agent"),
+        ("ep-timeout", "job-3", "agent"),
+    ]
+    whys = [j.why for j in report.not_recorded]
+    assert whys[0] == "evaluation that succeeded but whose score was never read"
+    assert whys[1] == "agent job ended cancelled"
+    assert whys[2].startswith("agent job never ran (its start was refused")

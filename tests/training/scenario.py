@@ -13,6 +13,7 @@ from tests.workflows.harness import write_task
 TASK = "t_train"  # budget $1, 100 steps
 TIGHT = "t_tight"  # budget $0.003: a 20-minute cpu-basic job ($0.00334) does not fit
 SHORT = "t_short"  # 2 steps
+DRIFT = "t_drift"  # budget $1; a test changes its evaluator after recording (a replay miss)
 ONE_MINUTE_USD = 167 / 1_000_000
 
 # What the grader answers, chosen by a marker in the agent's script.
@@ -51,6 +52,7 @@ def write_tasks(tasks_dir: Path) -> Path:
     write_task(tasks_dir, TASK, budget_usd=1.0)
     write_task(tasks_dir, TIGHT, budget_usd=0.003)
     write_task(tasks_dir, SHORT, max_steps=2)
+    write_task(tasks_dir, DRIFT, budget_usd=1.0)
     return tasks_dir
 
 

@@ -167,3 +167,59 @@ def test_staleness_counts_the_steps_a_rollout_spans() -> None:
         staleness_steps(1.0, 0.0)
     with pytest.raises(ValueError):
         fits_staleness(1.0, 1.0, 0)
+
+
+def missed_answer(episode_id: str = "ep-1") -> dict[str, Any]:
+    """The last answer of an episode whose replayed `submit` found no recording."""
+    return {
+        "service_spend": {"settled": {"usd": 0.25, "gpu_s": 0, "jobs": 1, "calls": 0}},
+        "episode_end": {
+            "reason": "replay_miss",
+            "reward": None,
+            "replayed": True,
+            "replay_miss": {
+                "tool": "submit",
+                "job_id": "job-1",
+                "key": "a" * 64,
+                "nearest": [{"key": "b" * 64, "similarity": 0.0, "differs": ["script_sha256"]}],
+                "message": "no recorded outcome for this evaluation",
+            },
+            "replay_misses": 1,
+        },
+        "episode_id": episode_id,
+    }
+
+
+def test_a_replay_miss_is_no_measurement_warned_and_counted_apart_from_unscored(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="posttrain_env.training.outcome"):
+        missed = RolloutOutcome.from_answer("a", missed_answer())
+    assert missed.not_a_measurement and missed.reward is None and missed.replay_misses == 1
+    (warning,) = caplog.records
+    message = warning.getMessage()
+    assert "ep-1" in message and "not a measurement" in message and "a" * 64 in message
+    assert "bbbbbbbbbbbb (differs in script_sha256)" in message
+
+    sampler = Recorder()
+    bridge = SamplerBridge(sampler)
+    (update,) = bridge.update([outcome("a", 0.5), outcome("a", None), missed])
+    # None like an unscored rollout's (a sampler skips it), with its cost, flagged apart.
+    assert sampler.calls == [("a", [0.5, None, None], [0.5, 0.5, 0.25])]
+    assert update.not_measured == [False, False, True]
+    assert (update.unscored, update.replay_misses) == (1, 1)
+    assert (bridge.totals.unscored, bridge.totals.replay_misses) == (1, 1)
+    assert bridge.totals.scored == 1 and bridge.totals.rollouts == 3
+
+    omitting = SamplerBridge(Recorder(), unscored="omit")
+    (update,) = omitting.update([missed])
+    assert update.omitted == [missed] and (update.unscored, update.replay_misses) == (0, 1)
+    assert omitting.totals.replay_misses == 1 and omitting.totals.usd == 0.25
+
+
+def test_a_measured_rollout_is_not_warned(caplog: pytest.LogCaptureFixture) -> None:
+    answer = missed_answer()
+    answer["episode_end"] = {"reason": "score_failed", "reward": None}
+    with caplog.at_level("WARNING", logger="posttrain_env.training.outcome"):
+        unscored = RolloutOutcome.from_answer("a", answer)
+    assert not unscored.not_a_measurement and caplog.records == []

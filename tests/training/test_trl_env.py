@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from posttrain_env.training.trl_env import (
     check_trl_version,
 )
 from tests.gateway.server import ServerProcess
-from tests.training.scenario import GRADER_FAILS, ONE_MINUTE_USD, SCORE_HIGH, TASK
+from tests.training.scenario import DRIFT, GRADER_FAILS, ONE_MINUTE_USD, SCORE_HIGH, TASK
 
 TOOLS = [
     "dev_evaluate",
@@ -139,3 +140,43 @@ def test_a_trl_that_scores_none_as_0_is_refused(version: str) -> None:
 @pytest.mark.parametrize("version", ["1.6.0", "1.16.0", "2.0.0.dev0"])
 def test_a_trl_that_leaves_none_out_of_the_baseline_is_taken(version: str) -> None:
     check_trl_version(version)
+
+
+def test_a_replay_miss_is_rewarded_none_warned_and_counted_apart_from_the_unscored(
+    server: ServerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The grading of a recorded script replays while its task's evaluator is the recorded one;
+    once the evaluator drifted, the replayed job's grading has no recording (and cannot fall
+    through: the job it grades never ran), so the rollout is no measurement."""
+    posttrain = PostTrainTRL(server.base_url, message_timeout_s=120)
+    evaluator = Path(server.extra_env["POSTTRAIN_TASKS_DIR"]) / DRIFT / "evaluator.py"
+    try:
+        first = posttrain.environment()
+        first.reset(task_id=DRIFT)
+        play(first, SCORE_HIGH)  # recorded: the job and its grading fall through and are kept
+        evaluator.write_text("print('a newer evaluator')\n")
+        second = posttrain.environment()
+        second.reset(task_id=DRIFT)
+        play(second, SCORE_HIGH)  # the job replays; its grading has no recording
+        logs = Logs()
+        with caplog.at_level("WARNING", logger="posttrain_env.training.outcome"):
+            rewards = posttrain.reward(
+                environments=[first, second],
+                log_extra=logs.log_extra,
+                log_metric=logs.log_metric,
+            )
+    finally:
+        posttrain.close()
+    assert rewards == [0.75, None]
+    assert logs.extra["end_reason"] == ["submitted", "replay_miss"]
+    assert logs.extra["not_a_measurement"] == [False, True]
+    assert logs.metrics["rollouts/replay_misses"] == 1.0
+    assert logs.metrics["rollouts/unscored"] == 0.0  # a miss is not the grader's failure
+    assert posttrain.bridge.totals.replay_misses == 1
+    assert posttrain.bridge.totals.unscored == 0
+    missed = posttrain.outcomes[1]
+    assert missed.end is not None and missed.end.replay_miss is not None
+    assert missed.end.replay_miss.tool == "submit"
+    assert missed.end.replay_miss.key is not None
+    assert missed.end.replay_miss.nearest[0].differs == ["script_sha256"]
+    assert any("not a measurement" in r.getMessage() for r in caplog.records)

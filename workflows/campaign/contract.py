@@ -8,7 +8,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from posttrain_common.campaigns.records import Outcome
+from posttrain_common.campaigns.records import Outcome, OutcomeCounts, every_outcome
 from posttrain_common.campaigns.retry import RetryOnly
 from posttrain_common.campaigns.spec import CampaignSpec
 from posttrain_common.contracts.campaigns import CampaignPlan
@@ -88,7 +88,7 @@ class CampaignCarry(BaseModel):
     next_index: int = 0  # the next rollout never started, in the campaign's fixed order
     in_flight: dict[str, InFlight] = Field(default_factory=dict)  # by rollout id
     retries: list[Retry] = Field(default_factory=list)
-    counts: dict[Outcome, int] = Field(default_factory=lambda: {o: 0 for o in Outcome})
+    counts: OutcomeCounts = Field(default_factory=lambda: every_outcome({}))
     attempts: int = 0  # attempts started
     retried: int = 0  # of them, new attempts after an error
     reward_sum: float = 0.0
@@ -129,7 +129,7 @@ class CampaignStatus(BaseModel):
     in_flight: int
     queued: int  # still to start (retries included)
     not_run: int  # never to run: the budget stopped scheduling, or the campaign was cancelled
-    counts: dict[Outcome, int]
+    counts: OutcomeCounts
     attempts: int
     retried: int
     mean_reward: float | None  # over scored and limit rollouts

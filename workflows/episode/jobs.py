@@ -127,7 +127,10 @@ class EpisodeJobs:
             lambda: record.submitted or record.error is not None or record.final
         )
         if record.error is not None:
-            raise ToolError.from_envelope(record.error)
+            refused = ToolError.from_envelope(record.error)
+            if refused.type is ErrorType.not_recorded:
+                self._s.replay_misses += 1
+            raise refused
         return record
 
     def _visibility_at_start(self, job: JobInput) -> dict[str, Any]:

@@ -70,6 +70,8 @@ class EpisodeOutbox:
                         reward=end.reward,
                         invalid_score=end.invalid_score,
                         replayed=end.replayed,
+                        replay_miss=end.replay_miss,
+                        replay_misses=end.replay_misses,
                     ),
                     now=workflow.now(),
                     contamination=self._s.contamination,

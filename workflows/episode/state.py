@@ -78,6 +78,9 @@ class EpisodeCarry(BaseModel):
     contamination: ContaminationReport | None = None
     # What operators did (bounded: MAX_OPERATOR_ACTIONS), for the audit record.
     operator_actions: list[OperatorAction] = Field(default_factory=list)
+    # Calls the replay backend answered `not_recorded` (its jobs, or evaluations, had no
+    # recording): `episode_end.replay_misses`.
+    replay_misses: int = 0
     # Backend refs of stray jobs the reaper cancelled and this episode settled (`late_job_settled`):
     # each is charged once, however often it is reported.
     late_refs: list[str] = Field(default_factory=list)

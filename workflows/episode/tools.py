@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         JobsSubmitArgs,
         JobsWaitArgs,
         NoArgs,
+        ReplayMiss,
         ToolArgs,
     )
     from posttrain_env.tools import (
@@ -50,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.episode.contamination import check_contamination
     from workflows.episode.jobs import EpisodeJobs
+    from workflows.episode.misses import replay_miss_of
     from workflows.episode.paging import page_of
     from workflows.episode.rules import (
         agent_job,
@@ -82,6 +84,7 @@ class EndEpisode(Protocol):
         invalid_score: str | None = None,
         *,
         contamination: ContaminationSummary | None = None,
+        replay_miss: ReplayMiss | None = None,
     ) -> None: ...
 
 
@@ -90,6 +93,11 @@ _HANDLERS: dict[str, Callable[[Any, Any], Awaitable[Answer]]] = {}
 ATTACH_REPEATED_CALLS = "attach-repeated-long-calls"
 # ... and takes no step, so that it is answered even when no step is left.
 REPEATS_TAKE_NO_STEP = "repeated-long-calls-take-no-step"
+# A `dev_evaluate` whose evaluation was not recorded ends the episode `replay_miss` (before, it
+# was answered `not_recorded` and the episode went on), and so does a `submit`'s (before: it
+# ended `score_failed`). Asked only on a miss (workflows/episode/misses.py), so that no other
+# history holds its marker.
+REPLAY_MISS_ENDS_PATCH = "pt-replay-miss-ends-1"
 # What interrupts a grading before its grader is final, and how its answer says so.
 INTERRUPTED_BY = {
     EndReason.reset: "the episode was reset",
@@ -253,8 +261,13 @@ class EpisodeTools:
                 evaluated_job_id=job.job_id,
                 datasets=evaluation_datasets(self._setup),
             )
-        except ToolError:
+        except ToolError as err:
             self._s.dev_evaluations -= 1  # one that never started uses up no allowance
+            miss = replay_miss_of(err, "dev_evaluate", job.job_id)
+            if miss is not None and workflow.patched(REPLAY_MISS_ENDS_PATCH):
+                # Answered `not_recorded`, and the episode ends: what follows would be played
+                # against a service that no longer stands in for the real one.
+                await self._end(EndReason.replay_miss, None, replay_miss=miss)
             raise
         return await self._dev_evaluation_answer(job, evaluation)
 
@@ -281,7 +294,12 @@ class EpisodeTools:
             )
         except ToolError as err:
             self._s.submitting = False
-            await self._end(EndReason.score_failed, None, None)
+            miss = replay_miss_of(err, "submit", job.job_id)
+            if miss is not None and workflow.patched(REPLAY_MISS_ENDS_PATCH):
+                # No recording of this grading: not the grader's fault, and no measurement.
+                await self._end(EndReason.replay_miss, None, replay_miss=miss)
+            else:
+                await self._end(EndReason.score_failed, None, None)
             return {"job_id": job.job_id, "score": None, "reason": err.message}
         # Only a reset or an operator's cancel interrupts grading; the deadline does not.
         await workflow.wait_condition(
@@ -380,7 +398,7 @@ class EpisodeTools:
         end = self._s.end
         if tool != SUBMIT.name or end is None:
             return None
-        if end.reason not in (EndReason.submitted, EndReason.score_failed):
+        if end.reason not in (EndReason.submitted, EndReason.score_failed, EndReason.replay_miss):
             return None
         job_id = arguments.get("job_id")
         graders = [r for r in self._evaluations_of(JobRole.grader, str(job_id)) if r.final]

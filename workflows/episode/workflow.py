@@ -34,7 +34,7 @@ with workflow.unsafe.imports_passed_through():
         OperatorVerb,
     )
     from posttrain_env.errors import ErrorType, ToolError
-    from posttrain_env.models import ContaminationSummary, EndReason, EpisodeEnd
+    from posttrain_env.models import ContaminationSummary, EndReason, EpisodeEnd, ReplayMiss
     from posttrain_env.tools import oversized_error, unencodable_error
     from workflows.episode.contract import EpisodeInput
     from workflows.episode.jobs import EpisodeJobs
@@ -319,6 +319,7 @@ class EpisodeWorkflow:
         invalid_score: str | None = None,
         *,
         contamination: ContaminationSummary | None = None,
+        replay_miss: ReplayMiss | None = None,
     ) -> None:
         """End the episode (once) and cancel every live job explicitly."""
         if self._s.end is None:
@@ -329,6 +330,8 @@ class EpisodeWorkflow:
                 contamination=contamination,
                 # Jobs replayed from recordings (the replay backend): the reward is not measured.
                 replayed=True if any(r.replayed for r in self._s.jobs.values()) else None,
+                replay_miss=replay_miss,
+                replay_misses=self._s.replay_misses or None,
             )
             self._rearm = True
             workflow.logger.info("episode %s ended: %s", self._setup.episode_id, reason.value)

@@ -149,7 +149,7 @@ class ReplayBackend:
         if recording is None or refusal is not None:
             if not self.fall_through:
                 raise await self._not_recorded(inputs, request, refusal)
-            job.inner_ref = await self._start_inner(request)
+            job.inner_ref = await self._start_inner(request, inputs)
             job.inputs, job.script = inputs, request.script if request.role is JobRole.agent else ""
         self._save(job)
         return await self._view(job, request.now)
@@ -321,15 +321,17 @@ class ReplayBackend:
             nearest=[n.model_dump() for n in near],
         )
 
-    async def _start_inner(self, request: JobRequest) -> str:
+    async def _start_inner(self, request: JobRequest, inputs: JobInputs) -> str:
         inner_request = request
         if request.role is not JobRole.agent:
             target = self._load(request.artifact_ref or "")
             if target is None or target.inner_ref is None:
-                raise ToolError(
-                    ErrorType.not_recorded,
-                    "this evaluation has no recording, and the job it evaluates was replayed: "
-                    "it never ran, so there are no outputs to evaluate for real",
+                raise await self._not_recorded(
+                    inputs,
+                    request,
+                    f"this evaluation has no recording (key {inputs.key()}), and the job it "
+                    "evaluates was replayed: it never ran, so there are no outputs to evaluate "
+                    "for real",
                 )
             inner_request = request.model_copy(update={"artifact_ref": target.inner_ref})
         found = await self.inner.find_by_key(request.key, request.now)

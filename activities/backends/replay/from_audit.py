@@ -8,7 +8,15 @@ state, and each evaluation's score. What it does not hold: a job's log (a record
 it replays an evaluation's score line, written from the recorded score, and no other line), an
 evaluation's details, and the evaluator script, which is read from the tasks folder as the
 server would send it (so the tasks must be the ones the records were made with: a changed
-evaluator gives other keys, and nothing replays).
+evaluator gives other keys, nothing replays, and a replayed `submit` or `dev_evaluate` ends
+`replay_miss`).
+
+Every outcome a record holds is recorded, or the build says why not, job by job
+(`BuildReport.not_recorded`): a job that succeeded, failed or timed out is recorded as it ended,
+an evaluation whose grader failed or timed out too (no score line: it replays unscored, as it
+ended); a cancelled job is not (its run says nothing of what the script does), nor a job whose
+start was refused (no run: a replay cannot refuse it again), nor an evaluation that succeeded
+without a score read (its log could not be read: the recording could not say so).
 """
 
 from __future__ import annotations
@@ -39,15 +47,31 @@ RECORDED_STATES = ("succeeded", "failed", "timed_out")
 MAX_AUDIT_RECORD_BYTES = 64 * 1024 * 1024
 
 
+@dataclass(frozen=True)
+class NotRecorded:
+    """One job of a record that the build did not record, and why."""
+
+    episode_id: str
+    job_id: str
+    role: str
+    why: str
+
+
 @dataclass
 class BuildReport:
     episodes: int = 0
     recorded: int = 0  # recordings written
     known: int = 0  # keys the store had already (the first recording stays)
-    skipped: dict[str, int] = field(default_factory=dict)  # why -> how many jobs
+    skipped: dict[str, int] = field(default_factory=dict)  # why -> how many jobs (or records)
+    # Each job not recorded, in the order met (unreadable records are counted in `skipped` only).
+    not_recorded: list[NotRecorded] = field(default_factory=list)
 
-    def skip(self, why: str) -> None:
+    def skip(
+        self, why: str, record: AuditRecord | None = None, job: AuditJob | None = None
+    ) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
+        if record is not None and job is not None:
+            self.not_recorded.append(NotRecorded(record.episode_id, job.job_id, job.role, why))
 
 
 def build_store(
@@ -60,11 +84,11 @@ def build_store(
         if campaign_id is not None and record.campaign_id != campaign_id:
             continue
         report.episodes += 1
-        for recording in recordings_of(record, tasks_dir, report):
+        for job, recording in recordings_of(record, tasks_dir, report):
             try:
                 written = store.put(recording)
             except RecordingTooLarge:
-                report.skip("over the recording size limit")
+                report.skip("over the recording size limit", record, job)
                 continue
             if written:
                 report.recorded += 1
@@ -73,35 +97,54 @@ def build_store(
     return report
 
 
-def recordings_of(record: AuditRecord, tasks_dir: Path, report: BuildReport) -> list[Recording]:
-    """The recordings one episode's record gives: its agent jobs first (an evaluation's key
-    holds the key of the job it evaluated)."""
+def recordings_of(
+    record: AuditRecord, tasks_dir: Path, report: BuildReport
+) -> list[tuple[AuditJob, Recording]]:
+    """The recordings one episode's record gives, each with its job: its agent jobs first (an
+    evaluation's key holds the key of the job it evaluated). Each job not recorded is reported
+    with why (`BuildReport.not_recorded`)."""
     keys: dict[str, str] = {}  # agent job id -> its recording key
-    out: list[Recording] = []
+    out: list[tuple[AuditJob, Recording]] = []
     evaluations = {e.job_id: e for e in record.evaluations}
     for job in sorted(record.jobs, key=lambda j: j.role != JobRole.agent.value):
         if job.final_state not in RECORDED_STATES:
-            report.skip(f"{job.role} job ended {job.final_state or 'without an end'}")
+            report.skip(f"{job.role} job ended {job.final_state or 'without an end'}", record, job)
+            continue
+        if job.backend_job_id is None:
+            report.skip(
+                f"{job.role} job never ran (its start was refused: a recording holds a run)",
+                record,
+                job,
+            )
             continue
         if job.role == JobRole.agent.value:
             script = record.scripts.get(job.script_sha256 or "")
             if script is None:
-                report.skip("agent job without its script")
+                report.skip("agent job without its script", record, job)
                 continue
             inputs = _inputs(job, record.task_id, sha256_text(script))
             keys[job.job_id] = inputs.key()
-            out.append(_recording(record, job, inputs, script=script))
+            out.append((job, _recording(record, job, inputs, script=script)))
             continue
         evaluated = keys.get(job.evaluated_job_id or "")
         evaluation = evaluations.get(job.job_id)
-        if evaluated is None or evaluation is None or evaluation.valid is None:
-            report.skip("evaluation without its evaluated job or its score")
+        if evaluated is None:
+            report.skip("evaluation of an agent job that was not recorded", record, job)
+            continue
+        if evaluation is None:
+            report.skip("evaluation without its outcome in the record", record, job)
+            continue
+        if evaluation.valid is None and job.final_state == "succeeded":
+            # The evaluator ended but its score was never read (the log could not be read):
+            # the episode was unscored, which a recording of a job that succeeded cannot say.
+            report.skip("evaluation that succeeded but whose score was never read", record, job)
             continue
         try:
             task = load_task(record.task_id, tasks_dir)
             evaluator = evaluator_script(task, tasks_dir)
         except TaskSpecError:
-            report.skip(f"evaluation of task {record.task_id}, not in the tasks folder")
+            why = f"evaluation of task {record.task_id}, not in the tasks folder"
+            report.skip(why, record, job)
             continue
         inputs = _inputs(
             job,
@@ -110,7 +153,7 @@ def recordings_of(record: AuditRecord, tasks_dir: Path, report: BuildReport) -> 
             task_params=json.dumps(task.evaluation, sort_keys=True),
             evaluated=evaluated,
         )
-        out.append(_recording(record, job, inputs, lines=_score_lines(evaluation)))
+        out.append((job, _recording(record, job, inputs, lines=_score_lines(evaluation))))
     return out
 
 
@@ -179,7 +222,10 @@ def _recording(
 
 def _score_lines(evaluation: AuditEvaluation) -> list[str]:
     """The evaluator's output as far as the record tells it: its score line when it was valid;
-    otherwise a line saying why it was not (no score line: the replay reads it as invalid)."""
+    a line saying why it was not when it was invalid (no score line: the replay reads it as
+    invalid); nothing for a grader that failed or timed out (its job replays so, unscored)."""
     if evaluation.valid and evaluation.score is not None:
         return [format_trusted_line(SCORE_TAG, NONCE_PLACEHOLDER, {"score": evaluation.score})]
+    if evaluation.valid is None:
+        return []
     return [f"replayed evaluation: the recorded score was invalid: {evaluation.reason}"]
