@@ -12,7 +12,7 @@ Public API:
         version, whatever the server runs (job_launcher.syntax). Raises
         ToolError(invalid_script) or ToolError(invalid_dependency) exactly as the broker's
         jobs_submit checks do.
-    launcher_source() -> str       the template itself (for tests and the benchmark)
+    launcher_source() -> str       the template (launcher.py, job_launcher/loopback.py inlined)
     read_embedded(text) -> (dict, str)   the configuration and script a built launcher holds
                                    (ValueError when `text` is not a launcher this module built)
 
@@ -42,6 +42,9 @@ from job_launcher.syntax import check_syntax
 
 NONCE_ENV = "POSTTRAIN_NONCE"
 LAUNCHER_PATH = Path(__file__).with_name("launcher.py")
+LOOPBACK_PATH = Path(__file__).with_name("loopback.py")
+# launcher.py's one import of the loopback supervisor, replaced by that module's text.
+_LOOPBACK_IMPORT = re.compile(r"^from job_launcher\.loopback import \([^)]*\)\n", re.MULTILINE)
 
 _CONFIG_LINE = '_EMBEDDED_CONFIG = ""\n'
 _SCRIPT_LINE = '_EMBEDDED_SCRIPT = ""\n'
@@ -72,6 +75,8 @@ class LauncherConfig:
     no_index    install from `find_links` only, without PyPI (tests).
     index_url   a package mirror that replaces PyPI (None: PyPI). Never an extra index.
     installer   "auto" (uv when found, else pip), "uv" or "pip".
+    loopback_tcp  the loopback-only TCP policy where the machine allows it (job_launcher/
+                loopback.py); False: AF_UNIX sockets only, the sandbox line says so.
     uv          path of the uv binary; None: `uv` on PATH.
     extra_env   extra environment for the script (not secrets: names that look like tokens,
                 keys or secrets are refused).
@@ -98,6 +103,7 @@ class LauncherConfig:
     user: str = "job"
     pass_env: tuple[str, ...] = ()
     exclude_newer: str | None = None
+    loopback_tcp: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.pass_env, str):
@@ -140,15 +146,23 @@ class LauncherConfig:
             "user": self.user,
             "pass_env": list(self.pass_env),
             "exclude_newer": self.exclude_newer,
+            "loopback_tcp": self.loopback_tcp,
         }
 
 
 @cache
 def launcher_source() -> str:
+    """launcher.py with job_launcher/loopback.py inlined in place of its import of it: the one
+    standard-library file a job runs."""
     text = LAUNCHER_PATH.read_text(encoding="utf-8")
     if text.count(_CONFIG_LINE) != 1 or text.count(_SCRIPT_LINE) != 1:
         raise RuntimeError("launcher.py lost its embedding placeholders")
-    return text
+    imports = _LOOPBACK_IMPORT.findall(text)
+    if len(imports) != 1:
+        raise RuntimeError("launcher.py must import job_launcher.loopback in one statement")
+    module = LOOPBACK_PATH.read_text(encoding="utf-8")
+    inlined = f"# -- job_launcher/loopback.py, inlined by job_launcher.builder --\n{module}\n"
+    return text.replace(imports[0], inlined, 1)
 
 
 def build_launcher(

@@ -22,18 +22,24 @@ run      The root supervisor forks a child that installs the seccomp filter, clo
          drops to the job's uid (or verifies it already runs unprivileged) and execs the script
          (an agent's, or a task's evaluator) with the venv's Python, an allow-listed environment
          (plus, for an evaluation, the variables `pass_env` names: its nonce, task parameters
-         and a grader's seed) and cwd = data dir. The
-         supervisor waits, kills every process left under the job's uid and only then prints the
-         final trusted line; its exit code is the script's.
+         and a grader's seed) and cwd = data dir. With the loopback-only TCP policy
+         (job_launcher/loopback.py, inlined below) a supervisor process serves the filter's
+         connect, bind and listen; where the machine refuses what it needs, the filter allows
+         AF_UNIX sockets only. The supervisor waits, kills every process left under the job's
+         uid and only then prints the final trusted line; its exit code is the script's.
 all      install, then run, in one process (Hugging Face Jobs).
 
 Trusted lines (stdout, each on a fresh line): `POSTTRAIN_LAUNCHER <nonce> <json>` with
     {"stage": "installed", "packages": {"<name>": "<version>", ...}, "installer": "uv"|"pip"}
+    {"stage": "sandbox", "loopback_tcp": true}                 the filter is on, the script starts
+    {"stage": "sandbox", "loopback_tcp": false, "loopback_reason": "<why>"}  AF_UNIX only
     {"stage": "exit", "exit_code": N, "signal": S|null}                  the script ran; final line
     {"stage": "<stage>", "error": "<message>"}                        the script never ran; final
-where a failure's stage is one of config, packages, venv, install, prepare, seccomp, fds, uid,
-exec, supervisor. Exit codes: the script's own (128 + signal when killed), 125 when the script
-never ran, 2 when no nonce was given (then nothing trusted can be printed at all).
+where the final line repeats the sandbox's `loopback_tcp` (and `loopback_reason`) once there was
+one, so a log's tail says it too, and a failure's stage is one of config, packages, venv,
+install, prepare, seccomp, fds, uid, exec, supervisor. Exit codes: the script's own (128 +
+signal when killed), 125 when the script never ran, 2 when no nonce was given (then nothing
+trusted can be printed at all).
 """
 
 from __future__ import annotations
@@ -58,11 +64,23 @@ import tempfile
 import time
 from collections.abc import Iterable
 
+# Inlined by job_launcher.builder (the job uploads one file); imported as it is in the package.
+from job_launcher.loopback import (
+    MSG_FASTOPEN,
+    RET_USER_NOTIF,
+    TCP_FASTOPEN_CONNECT,
+    hand_over,
+    install_listener_filter,
+    loopback_support,
+    start_supervisor,
+)
+
 # Filled in by the builder: base64 of the JSON configuration and of the agent's script.
 _EMBEDDED_CONFIG = ""
 _EMBEDDED_SCRIPT = ""
 
 NONCE_ENV = "POSTTRAIN_NONCE"
+LOOPBACK_ENV = "POSTTRAIN_LOOPBACK_TCP"
 LAUNCHER_TAG = "POSTTRAIN_LAUNCHER"
 NEVER_RAN_EXIT = 125
 # Passed on to the job's process group (`supervise`).
@@ -419,6 +437,8 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "lookup_dcookie": 212, "nfsservctl": 180, "uselib": 134, "ustat": 136, "sysfs": 139,
         "_sysctl": 156, "modify_ldt": 154, "iopl": 172, "ioperm": 173, "syslog": 103,
         "vhangup": 153, "move_pages": 279, "migrate_pages": 256, "seccomp": 317,
+        "connect": 42, "bind": 49, "listen": 50, "sendto": 44, "sendmsg": 46, "sendmmsg": 307,
+        "setsockopt": 54,
     },
     "i386": {
         **_COMMON_NEW,
@@ -434,6 +454,8 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "lookup_dcookie": 253, "nfsservctl": 169, "uselib": 86, "ustat": 62, "sysfs": 135,
         "_sysctl": 149, "vm86": 166, "vm86old": 113, "modify_ldt": 123, "iopl": 110, "ioperm": 101,
         "syslog": 103, "vhangup": 111, "move_pages": 317, "migrate_pages": 294, "seccomp": 354,
+        "connect": 362, "bind": 361, "listen": 363, "sendto": 369, "sendmsg": 370,
+        "sendmmsg": 345, "setsockopt": 366,
     },
     "aarch64": {
         **_COMMON_NEW,
@@ -446,6 +468,8 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "settimeofday": 170, "kcmp": 272, "name_to_handle_at": 264, "open_by_handle_at": 265,
         "lookup_dcookie": 18, "nfsservctl": 42, "syslog": 116, "vhangup": 58, "move_pages": 239,
         "migrate_pages": 238, "seccomp": 277,
+        "connect": 203, "bind": 200, "listen": 201, "sendto": 206, "sendmsg": 211,
+        "sendmmsg": 269, "setsockopt": 208,
     },
     "arm": {
         **_COMMON_NEW,
@@ -459,6 +483,8 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "kcmp": 378, "name_to_handle_at": 370, "open_by_handle_at": 371, "lookup_dcookie": 249,
         "nfsservctl": 169, "uselib": 86, "ustat": 62, "sysfs": 135, "_sysctl": 149, "syslog": 103,
         "vhangup": 111, "move_pages": 344, "migrate_pages": 400, "seccomp": 383,
+        "connect": 283, "bind": 282, "listen": 284, "send": 289, "sendto": 290, "sendmsg": 296,
+        "sendmmsg": 374, "setsockopt": 294,
     },
 }
 
@@ -482,63 +508,261 @@ DENIED = (
 ENOSYS_CALLS = ("clone3",)
 CLONE_NAMESPACE_FLAGS = 0x7E020000  # NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
 SYS_SOCKET, SYS_SOCKETPAIR = 1, 8  # socketcall(2) call numbers
+# socketcall's calls whose address or flags are in memory, out of the filter's sight: refused
+# under the loopback policy (a 64-bit process can reach them with `int 0x80`). SOCKET and
+# SOCKETPAIR are refused always; the i386 calls of their own (connect, sendto, ...) are checked
+# like the native ones.
+SOCKETCALL_REFUSED = (
+    SYS_SOCKET,
+    SYS_SOCKETPAIR,
+    2,
+    3,
+    4,
+    9,
+    11,
+    14,
+    16,
+    20,  # bind, connect, listen, send,
+)  # sendto, setsockopt, sendmsg, sendmmsg
+# Where each sending call takes its flags (MSG_FASTOPEN would connect TCP with an address the
+# supervisor never sees): sendto(fd, buf, len, flags, ...), sendmsg(fd, msg, flags), ...
+FLAGS_ARG = {"sendto": 3, "sendmsg": 2, "sendmmsg": 3, "send": 3}
+IPPROTO_TCP, SOCK_TYPE_MASK, NETLINK_ROUTE = 6, 0xF, 0
+# Socket options that could send a TCP socket's packets elsewhere than the loopback address the
+# supervisor checked, set before its connect or after (each routes every later packet again),
+# by level: fast open's connect-on-write (TCP_FASTOPEN_CONNECT defers the SYN to the first send,
+# which may name an address of its own); an interface (SO_BINDTODEVICE, SO_BINDTOIFINDEX: a
+# connect to 127.0.0.1 bound to eth0 sent its SYN out of eth0, measured on this machine); and
+# source routes, whose first hop is where the packets go (IP_OPTIONS with a loose source route
+# through the gateway sent a SYN for 127.0.0.1 out of eth0 to the gateway, measured; IPv6's
+# routing headers the same). Numbers from Linux's uapi socket.h, in.h and in6.h.
+REFUSED_SOCKOPTS = {
+    IPPROTO_TCP: (TCP_FASTOPEN_CONNECT,),
+    1: (25, 62),  # SOL_SOCKET: SO_BINDTODEVICE, SO_BINDTOIFINDEX
+    0: (4,),  # IPPROTO_IP: IP_OPTIONS
+    41: (5, 6, 57),  # IPPROTO_IPV6: IPV6_2292RTHDR, IPV6_2292PKTOPTIONS, IPV6_RTHDR
+}
+SECCOMP_FILTER_FLAG_NEW_LISTENER_BIT = 1 << 3
 
 _RET_ALLOW = 0x7FFF0000
 _RET_ERRNO = 0x00050000
 _RET_KILL_PROCESS = 0x80000000
-_LD_ABS_W, _JEQ, _JGE, _JSET, _JA, _RET = 0x20, 0x15, 0x35, 0x45, 0x05, 0x06
+_LD_ABS_W, _JEQ, _JGE, _JSET, _JA, _RET, _AND = 0x20, 0x15, 0x35, 0x45, 0x05, 0x06, 0x54
 _OFF_NR, _OFF_ARCH = 0, 4
-# The low 32 bits of args[0] in struct seccomp_data (args start at offset 16).
-_OFF_ARG0 = 16 if sys.byteorder == "little" else 20
+
+
+def _off_arg(i: int) -> int:
+    """The offset of the low 32 bits of args[i] in struct seccomp_data (args start at 16)."""
+    return 16 + 8 * i + (0 if sys.byteorder == "little" else 4)
+
+
+_OFF_ARG0 = _off_arg(0)
 
 
 def _insn(code: int, k: int = 0, jt: int = 0, jf: int = 0) -> tuple[int, int, int, int]:
     return (code, jt, jf, k & 0xFFFFFFFF)
 
 
-def _arch_block(arch: str) -> list[tuple[int, int, int, int]]:
-    nrs = SYSCALLS[arch]
-    deny = _RET_ERRNO | errno.EPERM
-    prog = [_insn(_LD_ABS_W, _OFF_NR)]
-    if arch == "x86_64":  # x32 ABI: same arch value, nr | 0x40000000
-        prog += [_insn(_JGE, X32_SYSCALL_BIT, 0, 1), _insn(_RET, deny)]
-    for name in DENIED:
-        if name in nrs:
-            prog += [_insn(_JEQ, nrs[name], 0, 1), _insn(_RET, deny)]
-    for name in ENOSYS_CALLS:
-        prog += [_insn(_JEQ, nrs[name], 0, 1), _insn(_RET, _RET_ERRNO | errno.ENOSYS)]
-    for name in ("socket", "socketpair"):  # only AF_UNIX
-        prog += [
-            _insn(_JEQ, nrs[name], 0, 4),
-            _insn(_LD_ABS_W, _OFF_ARG0),
-            _insn(_JEQ, socket.AF_UNIX, 0, 1),
-            _insn(_RET, _RET_ALLOW),
-            _insn(_RET, deny),
-        ]
-    if "socketcall" in nrs:  # its arguments are in memory: refuse creating sockets through it
-        prog += [
-            _insn(_JEQ, nrs["socketcall"], 0, 5),
-            _insn(_LD_ABS_W, _OFF_ARG0),
-            _insn(_JEQ, SYS_SOCKET, 2, 0),
-            _insn(_JEQ, SYS_SOCKETPAIR, 1, 0),
-            _insn(_RET, _RET_ALLOW),
-            _insn(_RET, deny),
-        ]
-    prog += [  # clone with a namespace flag
-        _insn(_JEQ, nrs["clone"], 0, 4),
-        _insn(_LD_ABS_W, _OFF_ARG0),
-        _insn(_JSET, CLONE_NAMESPACE_FLAGS, 0, 1),
-        _insn(_RET, deny),
-        _insn(_RET, _RET_ALLOW),
-    ]
-    prog.append(_insn(_RET, _RET_ALLOW))
+def _assemble(items: list) -> list[tuple[int, int, int, int]]:
+    """BPF from ("label", name) markers and instructions whose jump targets may be label
+    names (None: the next instruction); jumps only go forward, as BPF requires."""
+    labels: dict[str, int] = {}
+    pc = 0
+    for item in items:
+        if item[0] == "label":
+            if item[1] in labels:
+                raise ValueError(f"BPF label {item[1]!r} twice")
+            labels[item[1]] = pc
+        else:
+            pc += 1
+    prog, pc = [], 0
+    for item in items:
+        if item[0] == "label":
+            continue
+        code, k, *targets = item
+        jt, jf = [*targets, None, None][:2]
+        if code == _JA:
+            prog.append(_insn(code, _jump(labels, k, pc, 0xFFFF)))
+        else:
+            prog.append(_insn(code, k, _jump(labels, jt, pc, 0xFF), _jump(labels, jf, pc, 0xFF)))
+        pc += 1
     return prog
 
 
-def seccomp_program() -> list[tuple[int, int, int, int]]:
-    """The BPF program: dispatch on seccomp_data.arch, one block per known architecture."""
+def _jump(labels: dict[str, int], target: object, pc: int, reach: int) -> int:
+    """The offset from instruction `pc` to label `target` (None: the next instruction)."""
+    offset = 0 if target is None else labels[str(target)] - pc - 1
+    if not 0 <= offset <= reach:
+        raise ValueError(f"BPF jump to {target!r} out of reach ({offset})")
+    return offset
+
+
+def _when(nr: int, body: list, tag: str) -> list:
+    """`body` for syscall `nr` (every path of `body` must return: it loads arguments)."""
+    return [(_JEQ, nr, None, f"after-{tag}"), *body, ("label", f"after-{tag}")]
+
+
+def _loopback_rules(arch: str) -> list:
+    """The loopback policy's rules (see job_launcher/loopback.py): TCP and AF_UNIX sockets,
+    connect, bind and listen to the supervisor, fast open refused, no second listener."""
+    nrs = SYSCALLS[arch]
+    deny = _RET_ERRNO | errno.EPERM
+    rules = _when(
+        nrs["socket"],
+        [
+            (_LD_ABS_W, _OFF_ARG0),
+            (_JEQ, socket.AF_UNIX, "s-allow"),
+            (_JEQ, socket.AF_NETLINK, "s-netlink"),
+            (_JEQ, socket.AF_INET, "s-tcp"),
+            (_JEQ, socket.AF_INET6, "s-tcp", "s-deny"),
+            # NETLINK_ROUTE, whose only peer an unprivileged socket can reach is the kernel:
+            # getifaddrs(3) needs it, and gloo's TCP device calls getifaddrs at its start.
+            ("label", "s-netlink"),
+            (_LD_ABS_W, _off_arg(2)),
+            (_JEQ, NETLINK_ROUTE, None, "s-deny"),
+            (_LD_ABS_W, _off_arg(1)),
+            (_AND, SOCK_TYPE_MASK),
+            (_JEQ, socket.SOCK_RAW, "s-allow"),
+            (_JEQ, socket.SOCK_DGRAM, "s-allow", "s-deny"),
+            ("label", "s-tcp"),
+            (_LD_ABS_W, _off_arg(1)),
+            (_AND, SOCK_TYPE_MASK),
+            (_JEQ, socket.SOCK_STREAM, None, "s-deny"),
+            (_LD_ABS_W, _off_arg(2)),
+            (_JEQ, 0, "s-allow"),
+            (_JEQ, IPPROTO_TCP, "s-allow", "s-deny"),
+            ("label", "s-allow"),
+            (_RET, _RET_ALLOW),
+            ("label", "s-deny"),
+            (_RET, deny),
+        ],
+        "socket",
+    )
+    rules += _when(
+        nrs["socketpair"],
+        [
+            (_LD_ABS_W, _OFF_ARG0),
+            (_JEQ, socket.AF_UNIX, "p-allow"),
+            (_RET, deny),
+            ("label", "p-allow"),
+            (_RET, _RET_ALLOW),
+        ],
+        "socketpair",
+    )
+    for name in ("connect", "bind", "listen"):
+        rules += _when(nrs[name], [(_RET, RET_USER_NOTIF)], name)
+    for name, arg in FLAGS_ARG.items():
+        if name in nrs:
+            rules += _when(
+                nrs[name],
+                [
+                    (_LD_ABS_W, _off_arg(arg)),
+                    (_JSET, MSG_FASTOPEN, f"{name}-deny"),
+                    (_RET, _RET_ALLOW),
+                    ("label", f"{name}-deny"),
+                    (_RET, deny),
+                ],
+                name,
+            )
+    body = [(_LD_ABS_W, _off_arg(1))]  # the level, then the option's name
+    body += [(_JEQ, level, f"o-level-{level}") for level in REFUSED_SOCKOPTS]
+    body += [(_RET, _RET_ALLOW)]
+    for level, names in REFUSED_SOCKOPTS.items():
+        body += [("label", f"o-level-{level}"), (_LD_ABS_W, _off_arg(2))]
+        body += [(_JEQ, name, "o-deny") for name in names]
+        body += [(_RET, _RET_ALLOW)]
+    body += [("label", "o-deny"), (_RET, deny)]
+    rules += _when(nrs["setsockopt"], body, "setsockopt")
+    if "socketcall" in nrs:
+        body: list = [(_LD_ABS_W, _OFF_ARG0)]
+        body += [(_JEQ, call, "sc-deny") for call in SOCKETCALL_REFUSED]
+        body += [(_RET, _RET_ALLOW), ("label", "sc-deny"), (_RET, deny)]
+        rules += _when(nrs["socketcall"], body, "socketcall")
+    return rules
+
+
+def _af_unix_rules(arch: str) -> list:
+    """The AF_UNIX-only rules (the fallback, and the helper's own filter)."""
+    nrs = SYSCALLS[arch]
+    deny = _RET_ERRNO | errno.EPERM
+    rules: list = []
+    for name in ("socket", "socketpair"):
+        rules += _when(
+            nrs[name],
+            [
+                (_LD_ABS_W, _OFF_ARG0),
+                (_JEQ, socket.AF_UNIX, f"{name}-ok"),
+                (_RET, deny),
+                ("label", f"{name}-ok"),
+                (_RET, _RET_ALLOW),
+            ],
+            name,
+        )
+    if "socketcall" in nrs:  # its arguments are in memory: refuse creating sockets through it
+        rules += _when(
+            nrs["socketcall"],
+            [
+                (_LD_ABS_W, _OFF_ARG0),
+                (_JEQ, SYS_SOCKET, "sc-deny"),
+                (_JEQ, SYS_SOCKETPAIR, "sc-deny"),
+                (_RET, _RET_ALLOW),
+                ("label", "sc-deny"),
+                (_RET, deny),
+            ],
+            "socketcall",
+        )
+    return rules
+
+
+def _arch_block(arch: str, loopback: bool = False) -> list[tuple[int, int, int, int]]:
+    nrs = SYSCALLS[arch]
+    deny = _RET_ERRNO | errno.EPERM
+    items: list = [(_LD_ABS_W, _OFF_NR)]
+    if arch == "x86_64":  # x32 ABI: same arch value, nr | 0x40000000
+        items += [(_JGE, X32_SYSCALL_BIT, None, "not-x32"), (_RET, deny), ("label", "not-x32")]
+    for name in DENIED:
+        if name in nrs:
+            items += _when(nrs[name], [(_RET, deny)], name)
+    for name in ENOSYS_CALLS:
+        items += _when(nrs[name], [(_RET, _RET_ERRNO | errno.ENOSYS)], name)
+    items += _loopback_rules(arch) if loopback else _af_unix_rules(arch)
+    # A filter of the job's own with a listener could answer "continue" to its own trapped calls
+    # (the kernel refuses a second listener in a chain, EBUSY; refused here too, by its flag).
+    items += _when(
+        nrs["seccomp"],
+        [
+            (_LD_ABS_W, _OFF_ARG0),
+            (_JEQ, 1, None, "c-allow"),  # SECCOMP_SET_MODE_FILTER
+            (_LD_ABS_W, _off_arg(1)),
+            (_JSET, SECCOMP_FILTER_FLAG_NEW_LISTENER_BIT, "c-deny"),
+            ("label", "c-allow"),
+            (_RET, _RET_ALLOW),
+            ("label", "c-deny"),
+            (_RET, deny),
+        ],
+        "seccomp",
+    )
+    items += _when(  # clone with a namespace flag
+        nrs["clone"],
+        [
+            (_LD_ABS_W, _OFF_ARG0),
+            (_JSET, CLONE_NAMESPACE_FLAGS, "clone-deny"),
+            (_RET, _RET_ALLOW),
+            ("label", "clone-deny"),
+            (_RET, deny),
+        ],
+        "clone",
+    )
+    items.append((_RET, _RET_ALLOW))
+    return _assemble(items)
+
+
+def seccomp_program(loopback: bool = False) -> list[tuple[int, int, int, int]]:
+    """The BPF program: dispatch on seccomp_data.arch, one block per known architecture.
+    `loopback`: the loopback-only TCP policy (its listener served by job_launcher/loopback.py's
+    supervisor), else AF_UNIX sockets only."""
     arches = list(SYSCALLS)
-    blocks = [_arch_block(a) for a in arches]
+    blocks = [_arch_block(a, loopback) for a in arches]
     # Header: for each arch, `jeq arch ? next : skip`, `ja <its block>`; then unknown → kill.
     header_len = 1 + 2 * len(arches) + 1
     prog = [_insn(_LD_ABS_W, _OFF_ARCH)]
@@ -575,8 +799,17 @@ def native_arch() -> str:
     return arch
 
 
-def install_seccomp() -> None:
-    """PR_SET_NO_NEW_PRIVS, then the filter on every thread (SECCOMP_FILTER_FLAG_TSYNC)."""
+def _filter_bytes(loopback: bool) -> bytes:
+    return b"".join(struct.pack("HBBI", *insn) for insn in seccomp_program(loopback))
+
+
+def install_seccomp(loopback: bool = False) -> int | None:
+    """PR_SET_NO_NEW_PRIVS, then the filter, then a check that it holds. AF_UNIX only (every
+    thread, SECCOMP_FILTER_FLAG_TSYNC): returns None. `loopback`: the loopback-only TCP policy
+    with a new listener, for this single-threaded process (the kernel refuses TSYNC with a
+    listener): returns the listener's fd, which the caller hands to the supervisor before
+    anything is trapped. Raises StageError("seccomp") and, with `loopback`, OSError where the
+    kernel refuses a listener (the caller falls back)."""
     arch = native_arch()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
@@ -584,14 +817,15 @@ def install_seccomp() -> None:
     if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
         err = os.strerror(ctypes.get_errno())
         raise StageError("seccomp", f"PR_SET_NO_NEW_PRIVS failed: {err}")
-    prog = seccomp_program()
-    raw = b"".join(struct.pack("HBBI", *insn) for insn in prog)
+    if loopback:
+        return install_listener_filter(arch, _filter_bytes(True))
+    raw = _filter_bytes(False)
     buf = ctypes.create_string_buffer(raw, len(raw))
 
     class SockFprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
-    fprog = SockFprog(len(prog), ctypes.cast(buf, ctypes.c_void_p))
+    fprog = SockFprog(len(raw) // 8, ctypes.cast(buf, ctypes.c_void_p))
     seccomp_set_mode_filter, seccomp_filter_flag_tsync = 1, 1
     rc = libc.syscall(
         ctypes.c_long(SYSCALLS[arch]["seccomp"]),
@@ -603,14 +837,37 @@ def install_seccomp() -> None:
         raise StageError(
             "seccomp", f"seccomp(SET_MODE_FILTER) returned {rc}: {os.strerror(ctypes.get_errno())}"
         )
-    # Verify, in this process, that the filter holds before anything of the agent's runs.
+    verify_seccomp(loopback=False)
+    return None
+
+
+def verify_seccomp(loopback: bool) -> None:
+    """Check, in this process, that the filter holds before anything of the agent's runs: UDP
+    is refused in-kernel; TCP is refused (AF_UNIX only) or its connect to an outside address
+    is refused by the supervisor (the loopback policy, which must be served by then)."""
     try:
-        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM).close()
     except PermissionError:
         pass
     else:
-        probe.close()
-        raise StageError("seccomp", "the filter is installed but AF_INET sockets still open")
+        raise StageError("seccomp", "the filter is installed but UDP sockets still open")
+    try:
+        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    except PermissionError:
+        if loopback:
+            message = "the loopback policy is on but TCP sockets are refused"
+            raise StageError("seccomp", message) from None
+    else:
+        try:
+            if not loopback:
+                raise StageError("seccomp", "the filter is installed but AF_INET sockets open")
+            err = probe.connect_ex(("192.0.2.1", 9))  # TEST-NET-1: never a real destination
+            if err != errno.EPERM:
+                raise StageError(
+                    "seccomp", f"the supervisor did not refuse an outside connect ({err})"
+                )
+        finally:
+            probe.close()
     with open("/proc/self/status") as fh:
         if "Seccomp:\t2" not in fh.read():
             raise StageError("seccomp", "/proc/self/status does not show filter mode")
@@ -795,6 +1052,16 @@ class JobContext:
             self.uid = int(uid) if uid is not None else os.getuid()
             self.gid = int(gid) if gid is not None else os.getgid()
         self.user = str(config.get("user") or "job")
+        # Why the loopback policy cannot be on, before asking the machine ("" : ask it).
+        if not config.get("loopback_tcp", True):
+            self.loopback_reason = "the backend turned the loopback policy off"
+        elif not self.privileged:
+            self.loopback_reason = (
+                "the launcher does not run as root: its supervisor would share the job's uid, "
+                "which could signal it"
+            )
+        else:
+            self.loopback_reason = ""
         self.workdir = tempfile.mkdtemp(prefix="posttrain-run-")
         self.script_path = os.path.join(self.workdir, "script.py")
         self.home = os.path.join(self.workdir, "home")
@@ -839,7 +1106,7 @@ class JobContext:
         ):
             raise StageError("prepare", f"cannot make {path} unreadable to the job's uid")
 
-    def environment(self) -> dict[str, str]:
+    def environment(self, loopback_tcp: bool = False) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASS_THROUGH_ENV if k in os.environ}
         env.update(self.extra_env)
         env.update(self.passed)
@@ -852,6 +1119,9 @@ class JobContext:
                 "PATH": f"{os.path.dirname(self.python)}:/usr/local/bin:/usr/bin:/bin",
                 "VIRTUAL_ENV": os.path.dirname(os.path.dirname(self.python)),
                 "TMPDIR": "/tmp",
+                # What the sandbox allows, for the script to choose (an evaluator's engine,
+                # an agent's DDP): "1" when TCP on loopback works, "0" for AF_UNIX only.
+                LOOPBACK_ENV: "1" if loopback_tcp else "0",
             }
         )
         return env
@@ -909,9 +1179,50 @@ def _make_writable(folder: str) -> None:
         pass  # not ours to change (root's run needs none): removing it says what failed
 
 
-def _child(ctx: JobContext, errfd: int, mask: Iterable[signal.Signals | int]) -> None:
-    """In the forked child: sandbox, then exec. Never returns; reports failures on errfd.
-    `mask`: the signal mask to restore (supervise blocks FORWARDED_SIGNALS across the fork)."""
+# Records on the child's report pipe (read to its end, which is the exec): the sandbox it
+# installed, then, if the script never runs, the stage that failed.
+_RECORD_END = b"\x1e"
+
+
+def _report(errfd: int, stage: str, message: str) -> None:
+    os.write(errfd, (f"{stage}\0{message}".encode(errors="replace")[:4000]) + _RECORD_END)
+
+
+def _sandbox(ctx: JobContext, handoff: socket.socket | None) -> dict:
+    """Install the filter: the loopback policy when its supervisor is up (`handoff`), else, or
+    where the kernel refuses a listener, AF_UNIX only. The sandbox line's payload."""
+    if handoff is None:
+        install_seccomp()
+        return {"stage": "sandbox", "loopback_tcp": False, "loopback_reason": ctx.loopback_reason}
+    try:
+        listener = install_seccomp(loopback=True)
+    except OSError as exc:
+        handoff.close()  # the supervisor sees the end and exits
+        install_seccomp()
+        why = f"the kernel refused a filter with a listener: {exc.strerror or exc}"
+        return {"stage": "sandbox", "loopback_tcp": False, "loopback_reason": why}
+    assert listener is not None
+    try:
+        hand_over(handoff, listener)
+    except OSError as exc:
+        # The filter is on and nobody serves it: every trapped call would fail. Never run.
+        raise StageError("seccomp", f"the loopback supervisor did not start: {exc}") from None
+    finally:
+        os.close(listener)
+        handoff.close()
+    verify_seccomp(loopback=True)
+    return {"stage": "sandbox", "loopback_tcp": True}
+
+
+def _child(
+    ctx: JobContext,
+    errfd: int,
+    mask: Iterable[signal.Signals | int],
+    handoff: socket.socket | None = None,
+) -> None:
+    """In the forked child: sandbox, then exec. Never returns; reports on errfd.
+    `mask`: the signal mask to restore (supervise blocks FORWARDED_SIGNALS across the fork);
+    `handoff`: the loopback supervisor's socket, None for AF_UNIX only."""
     stage = "seccomp"
     try:
         os.setsid()
@@ -920,7 +1231,8 @@ def _child(ctx: JobContext, errfd: int, mask: Iterable[signal.Signals | int]) ->
         for signum in FORWARDED_SIGNALS:
             signal.signal(signum, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        install_seccomp()
+        sandbox = _sandbox(ctx, handoff)
+        _report(errfd, "sandbox", json.dumps(sandbox))
         stage = "fds"
         close_inherited_fds(errfd)
         stage = "uid"
@@ -928,13 +1240,14 @@ def _child(ctx: JobContext, errfd: int, mask: Iterable[signal.Signals | int]) ->
         stage = "exec"
         os.chdir(ctx.data_dir)
         os.umask(0o022)
-        os.execve(ctx.python, [ctx.python, ctx.script_path], ctx.environment())
+        env = ctx.environment(loopback_tcp=sandbox["loopback_tcp"])
+        os.execve(ctx.python, [ctx.python, ctx.script_path], env)
     except StageError as exc:
-        message = f"{exc.stage}\0{exc.message}"
+        stage, message = exc.stage, exc.message
     except BaseException as exc:
-        message = f"{stage}\0{type(exc).__name__}: {exc}"
+        message = f"{type(exc).__name__}: {exc}"
     try:
-        os.write(errfd, message.encode(errors="replace")[:4000])
+        _report(errfd, stage, message)
     finally:
         os._exit(NEVER_RAN_EXIT)
 
@@ -1034,6 +1347,27 @@ def kill_leftovers(ctx: JobContext, deadline_s: float = 10.0) -> list[int]:
         time.sleep(0.005)
 
 
+def start_loopback(ctx: JobContext) -> socket.socket | None:
+    """Start the loopback policy's supervisor (job_launcher/loopback.py) when this machine
+    allows it; the child's end of its handoff socket, or None (ctx.loopback_reason says why:
+    the child installs the AF_UNIX-only filter and the sandbox line says so)."""
+    try:
+        if not ctx.loopback_reason:
+            ctx.loopback_reason = loopback_support(native_arch(), ctx.uid, ctx.gid)
+        if ctx.loopback_reason:
+            return None
+        _pid, handoff = start_supervisor(native_arch(), ctx.uid, ctx.gid, _confine_helper)
+    except (OSError, StageError) as exc:
+        ctx.loopback_reason = f"the loopback supervisor could not start: {exc}"
+        return None
+    return handoff
+
+
+def _confine_helper() -> None:
+    """The loopback helper's own filter: AF_UNIX only (it runs with the job's uid)."""
+    install_seccomp()
+
+
 def supervise(ctx: JobContext, nonce: str) -> int:
     libc = ctypes.CDLL(None, use_errno=True)
     pr_set_dumpable, pr_set_child_subreaper = 4, 36
@@ -1041,9 +1375,10 @@ def supervise(ctx: JobContext, nonce: str) -> int:
     # shares our uid; subreaper: orphans of the job are re-parented here, so none escapes.
     libc.prctl(pr_set_dumpable, 0, 0, 0, 0)
     libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0)
-    read_end, write_end = os.pipe2(os.O_CLOEXEC)
     sys.stdout.flush()
     sys.stderr.flush()
+    handoff = start_loopback(ctx)
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
     # Held from before the fork until `forward` is in place: a SIGTERM in between would
     # otherwise kill this process with its default action, before the job's group is
     # signalled, leaving the job running and no final line (seen on a loaded CI machine).
@@ -1051,8 +1386,10 @@ def supervise(ctx: JobContext, nonce: str) -> int:
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
-        _child(ctx, write_end, mask)
+        _child(ctx, write_end, mask, handoff)
     os.close(write_end)
+    if handoff is not None:
+        handoff.close()
 
     def forward(signum: int, _frame: object) -> None:
         # To the job's group; before the child has made it (setsid), to the child, which
@@ -1077,24 +1414,37 @@ def supervise(ctx: JobContext, nonce: str) -> int:
             break
         report += chunk
     os.close(read_end)
+    failure = None
+    sandbox: dict = {}  # repeated on the final line, which a log's tail always holds
+    for record in report.split(_RECORD_END):
+        stage, _, message = record.decode(errors="replace").partition("\0")
+        if stage == "sandbox" and failure is None:
+            try:
+                payload = json.loads(message)
+            except ValueError:
+                failure = ("supervisor", "the sandbox report is corrupt")
+                continue
+            emit(nonce, payload)  # the script starts (or fails) now
+            sandbox = {k: v for k, v in payload.items() if k != "stage"}
+        elif record:
+            failure = (stage or "supervisor", message)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
             break
         except InterruptedError:
             continue
-    survivors = kill_leftovers(ctx)
+    survivors = kill_leftovers(ctx)  # the loopback supervisor and its helper too
     ctx.cleanup()
-    if report:
-        stage, _, message = report.decode(errors="replace").partition("\0")
-        emit(nonce, {"stage": stage or "supervisor", "error": message})
+    if failure is not None:
+        emit(nonce, {"stage": failure[0], "error": failure[1], **sandbox})
         return NEVER_RAN_EXIT
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         code, sig_out = 128 + sig, sig
     else:
         code, sig_out = os.WEXITSTATUS(status), None
-    payload: dict = {"stage": "exit", "exit_code": code, "signal": sig_out}
+    payload: dict = {"stage": "exit", "exit_code": code, "signal": sig_out, **sandbox}
     if survivors:
         payload["survivors"] = survivors
     emit(nonce, payload)

@@ -34,6 +34,7 @@ from job_launcher.builder import NONCE_ENV, LauncherConfig, build_launcher
 from job_launcher.trusted_lines import LAUNCHER_TAG, trusted_payloads
 
 JOB_PYTHON = "/usr/bin/python3"
+CONTAINER_PROFILE = Path(__file__).with_name("container_profile.py")
 
 
 def _require_root_linux() -> None:
@@ -245,13 +246,21 @@ class JobRunner:
         env: Mapping[str, str] | None = None,
         nonce: str | None = None,
         timeout: float = 60,
+        profile: str | None = None,
         **overrides: Any,
     ) -> JobResult:
+        """`profile`: run the launcher as a container's root would run it
+        (tests/launcher/container_profile.py: "seccomp+caps" or "caps")."""
         config = job_config(self.root, self.wheelhouse, **overrides)
         if config.venv_dir and os.path.exists(config.venv_dir):
             shutil.rmtree(config.venv_dir)  # a second job in one test gets a fresh venv
         launcher = write_launcher(self.root, textwrap.dedent(script), packages, config)
-        return run_launcher(self.root, launcher, config, env=env, nonce=nonce, timeout=timeout)
+        command = [JOB_PYTHON, str(launcher), "--phase", "all"]
+        if profile is not None:
+            command = [JOB_PYTHON, str(CONTAINER_PROFILE), profile, "--", *command]
+        return run_launcher(
+            self.root, launcher, config, env=env, nonce=nonce, timeout=timeout, command=command
+        )
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from job_launcher import launcher
+from job_launcher import launcher, loopback
 from job_launcher.builder import (
     NONCE_ENV,
     LauncherConfig,
@@ -183,9 +183,10 @@ ENOSYS = 0x00050000 | errno.ENOSYS
 KILL = 0x80000000
 
 
-def run_bpf(prog: list[tuple[int, int, int, int]], arch: int, nr: int, arg0: int = 0) -> int:
+def run_bpf(prog: list[tuple[int, int, int, int]], arch: int, nr: int, *args: int) -> int:
     data = (nr & 0xFFFFFFFF).to_bytes(4, "little") + arch.to_bytes(4, "little")
-    data += (0).to_bytes(8, "little") + arg0.to_bytes(8, "little") + bytes(40)
+    data += (0).to_bytes(8, "little")
+    data += b"".join(a.to_bytes(8, "little") for a in (list(args) + [0] * 6)[:6])
     acc, pc = 0, 0
     for _ in range(len(prog) + 1):
         code, jt, jf, k = prog[pc]
@@ -200,6 +201,9 @@ def run_bpf(prog: list[tuple[int, int, int, int]], arch: int, nr: int, arg0: int
             pc += 1 + (jt if acc & k else jf)
         elif code == 0x05:
             pc += 1 + k
+        elif code == 0x54:  # BPF_ALU | BPF_AND | BPF_K
+            acc &= k
+            pc += 1
         elif code == 0x06:
             return k
         else:
@@ -313,3 +317,97 @@ def test_filter_checks_i386_socketcall_and_refuses_x32_and_unknown_architectures
     assert run_bpf(PROG, x86_64, 0x40000000 | 39) == EPERM  # any x32 call
     assert run_bpf(PROG, 0xC0000016, 39) == KILL  # s390x: no table, so nothing is allowed
     assert len(PROG) <= 4096
+
+
+# -- the loopback policy's program ----------------------------------------------------------------
+
+LOOPBACK = launcher.seccomp_program(loopback=True)
+NOTIFY = 0x7FC00000
+AF_NETLINK, NETLINK_ROUTE, NETLINK_SOCK_DIAG = 16, 0, 4
+
+
+def test_the_loopback_tables_agree_with_the_filters() -> None:
+    for arch, audit in ARCH.items():
+        nrs = launcher.SYSCALLS[arch]
+        assert loopback.TRAPPED[audit] == {nrs[op]: op for op in ("connect", "bind", "listen")}
+
+
+@pytest.mark.parametrize("arch", list(KNOWN))
+def test_the_loopback_program_sends_set_up_calls_to_the_supervisor_and_data_past_it(
+    arch: str,
+) -> None:
+    a, nrs = ARCH[arch], launcher.SYSCALLS[arch]
+    for call in ("connect", "bind", "listen"):
+        assert run_bpf(LOOPBACK, a, nrs[call], 3) == NOTIFY, call
+    stream, cloexec_nonblock = socket.SOCK_STREAM, 0o2004000
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for proto in (0, socket.IPPROTO_TCP):
+            flagged = stream | cloexec_nonblock
+            assert run_bpf(LOOPBACK, a, nrs["socket"], family, flagged, proto) == ALLOW
+            assert run_bpf(LOOPBACK, a, nrs["socket"], family, stream, proto) == ALLOW
+        for kind, proto in ((socket.SOCK_DGRAM, 0), (socket.SOCK_RAW, 6), (stream, 132),
+                            (stream, 262), (socket.SOCK_SEQPACKET, 0)):  # fmt: skip
+            assert run_bpf(LOOPBACK, a, nrs["socket"], family, kind, proto) == EPERM, (kind, proto)
+    assert run_bpf(LOOPBACK, a, nrs["socket"], socket.AF_UNIX, socket.SOCK_DGRAM) == ALLOW
+    assert run_bpf(LOOPBACK, a, nrs["socket"], AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE) == ALLOW
+    for proto in (NETLINK_SOCK_DIAG, 15):
+        assert run_bpf(LOOPBACK, a, nrs["socket"], AF_NETLINK, socket.SOCK_RAW, proto) == EPERM
+    for family in (socket.AF_PACKET, 40):  # AF_VSOCK
+        assert run_bpf(LOOPBACK, a, nrs["socket"], family, stream) == EPERM
+    assert run_bpf(LOOPBACK, a, nrs["socketpair"], socket.AF_INET) == EPERM
+    fastopen = 0x20000000
+    for call, arg in launcher.FLAGS_ARG.items():
+        if call not in nrs:
+            continue
+        args = [3, 0, 0, 0, 0, 0]
+        assert run_bpf(LOOPBACK, a, nrs[call], *args) == ALLOW, call
+        args[arg] = fastopen | 0x40
+        assert run_bpf(LOOPBACK, a, nrs[call], *args) == EPERM, call
+    assert run_bpf(LOOPBACK, a, nrs["setsockopt"], 3, 6, 30) == EPERM  # TCP_FASTOPEN_CONNECT
+    assert run_bpf(LOOPBACK, a, nrs["setsockopt"], 3, 6, 1) == ALLOW  # TCP_NODELAY
+    assert run_bpf(LOOPBACK, a, nrs["setsockopt"], 3, 1, 30) == ALLOW  # SOL_SOCKET 30
+    # What would route a loopback connection's packets out of another interface: refused.
+    for level, name in ((1, 25), (1, 62), (0, 4), (41, 5), (41, 6), (41, 57)):
+        assert run_bpf(LOOPBACK, a, nrs["setsockopt"], 3, level, name) == EPERM, (level, name)
+    # What torch, gloo and NCCL set: allowed (SO_REUSEADDR, SO_KEEPALIVE, IP_TOS, IPV6_V6ONLY).
+    for level, name in ((1, 2), (1, 9), (0, 1), (41, 26)):
+        assert run_bpf(LOOPBACK, a, nrs["setsockopt"], 3, level, name) == ALLOW, (level, name)
+    for prog in (PROG, LOOPBACK):  # a listener of the job's own, in either mode
+        assert run_bpf(prog, a, nrs["seccomp"], 1, 8) == EPERM
+        assert run_bpf(prog, a, nrs["seccomp"], 1, 1) == ALLOW  # TSYNC alone
+        assert run_bpf(prog, a, nrs["ptrace"]) == EPERM
+        assert run_bpf(prog, a, nrs["clone3"]) == ENOSYS
+
+
+def test_the_loopback_program_refuses_socketcalls_that_would_name_addresses_or_flags() -> None:
+    i386 = ARCH["i386"]
+    for call in (1, 2, 3, 4, 8, 9, 11, 14, 16, 20):
+        assert run_bpf(LOOPBACK, i386, 102, call) == EPERM, call
+    for call in (5, 6, 7, 10, 12, 13, 15, 17, 18, 19):  # accept, getsockname, recv, ...
+        assert run_bpf(LOOPBACK, i386, 102, call) == ALLOW, call
+    assert run_bpf(LOOPBACK, ARCH["x86_64"], 0x40000000 | 42) == EPERM  # x32 connect
+
+
+def test_the_loopback_supervisor_is_inlined_once_and_shares_no_name_with_the_launcher() -> None:
+    import ast
+    from pathlib import Path
+
+    def defined(source: str) -> set[str]:
+        names: set[str] = set()
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign | ast.AnnAssign):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        return names
+
+    folder = Path(launcher.__file__).parent
+    own = defined((folder / "launcher.py").read_text())
+    inlined = defined((folder / "loopback.py").read_text())
+    assert own & inlined == set()
+    text = launcher_source()
+    imports = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom)]
+    assert [n.module for n in imports if (n.module or "").startswith("job_launcher")] == []
+    assert text.count("job_launcher/loopback.py, inlined by job_launcher.builder") == 1
+    assert defined(text) == own | inlined

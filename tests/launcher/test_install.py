@@ -184,7 +184,7 @@ def test_install_and_run_phases_can_run_separately(job_root: Path, wheelhouse: P
     assert again.final["stage"] == "venv"  # never reuses a venv
     ran = run_launcher(job_root, path, config, phase="run")
     assert_ran(ran)
-    assert [p["stage"] for p in ran.payloads] == ["exit"]
+    assert [p["stage"] for p in ran.payloads] == ["sandbox", "exit"]
     assert ran.report() == {"value": "probe-1.0"}
 
 

@@ -59,7 +59,9 @@ def i386_syscalls():
 """
 
 
-def test_network_sockets_are_refused_and_af_unix_works(run_job, http_server) -> None:
+def test_the_af_unix_only_filter_refuses_every_network_socket(run_job, http_server) -> None:
+    # The fallback filter (and the loopback helper's), asked for here: with the loopback
+    # policy on, TCP sockets open and their connects are checked (tests/launcher/test_loopback.py).
     body = (
         I386_PROBE
         + """
@@ -90,8 +92,13 @@ if IS_X86_64:
 report(**out)
 """
     )
-    result = run_job(script(body, PORT=http_server.port, IS_X86_64=IS_X86_64))
+    result = run_job(script(body, PORT=http_server.port, IS_X86_64=IS_X86_64), loopback_tcp=False)
     assert_ran(result)
+    assert result.payloads[1] == {
+        "stage": "sandbox",
+        "loopback_tcp": False,
+        "loopback_reason": "the backend turned the loopback policy off",
+    }
     out = result.report()
     for name in ("AF_INET", "AF_INET_UDP", "AF_INET6", "AF_NETLINK", "AF_PACKET"):
         assert out[name] == 1, name  # EPERM
@@ -180,8 +187,8 @@ import multiprocessing, subprocess, threading
 def probe():
     with open("/proc/self/status") as fh:
         mode = [l.split()[1] for l in fh if l.startswith("Seccomp:")][0]
-    try:
-        socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+    try:  # UDP: refused by either filter (the loopback policy's and AF_UNIX only)
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM).close()
         return (mode, "socket opened")
     except OSError as exc:
         return (mode, exc.errno)
@@ -192,7 +199,7 @@ if __name__ == "__main__":
     t = threading.Thread(target=lambda: box.append(probe())); t.start(); t.join()
     out["thread"] = box[0]
     child = subprocess.run([sys.executable, "-c", "import socket\\n"
-        "try:\\n socket.socket(socket.AF_INET); print('opened')\\n"
+        "try:\\n socket.socket(socket.AF_INET, socket.SOCK_DGRAM); print('opened')\\n"
         "except OSError as e: print(e.errno)"], capture_output=True, text=True)
     out["subprocess"] = child.stdout.strip()
     for method in ("fork", "spawn", "forkserver"):
@@ -371,7 +378,7 @@ report(**out)
     allowed = (
         set(launcher.FIXED_ENV)
         | set(launcher.PASS_THROUGH_ENV)
-        | {"HOME", "USER", "LOGNAME", "PATH", "VIRTUAL_ENV", "TMPDIR"}
+        | {"HOME", "USER", "LOGNAME", "PATH", "VIRTUAL_ENV", "TMPDIR", launcher.LOOPBACK_ENV}
     )
     assert set(out["environ"]) <= allowed
     assert out["env"] == {
@@ -420,24 +427,24 @@ sys.stdout.write("a partial line without newline")
 sys.stdout.flush()
 """
     result = run_job(script(body), uid=uid, gid=uid)
-    assert [p["stage"] for p in result.payloads] == ["installed", "exit"]
-    assert result.final == {"stage": "exit", "exit_code": 0, "signal": None}
+    assert [p["stage"] for p in result.payloads] == ["installed", "sandbox", "exit"]
+    assert result.final == {"stage": "exit", "exit_code": 0, "signal": None, "loopback_tcp": True}
     lines = [line for line in result.lines if line.strip()]
     assert lines[-1].startswith(f"POSTTRAIN_LAUNCHER {result.nonce} ")
     assert "LATE" in result.stdout  # the background process did print …
     # … and the partial line never swallowed the supervisor's line, which stands alone.
     assert any("a partial line without newline" in line for line in lines[:-1])
-    assert sum(result.nonce in line for line in lines) == 2
+    assert sum(result.nonce in line for line in lines) == 3  # installed, sandbox, exit
     assert read_score(result.lines, result.nonce).valid is False
     assert live_pids_of_uid(uid) == []
 
 
 def test_exit_code_and_signal_are_reported_on_the_final_line(run_job) -> None:
     result = run_job("import sys\nprint('bye')\nsys.exit(3)\n")
-    assert result.final == {"stage": "exit", "exit_code": 3, "signal": None}
+    assert result.final == {"stage": "exit", "exit_code": 3, "signal": None, "loopback_tcp": True}
     assert result.returncode == 3
     result = run_job("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
-    assert result.final == {"stage": "exit", "exit_code": 137, "signal": 9}
+    assert result.final == {"stage": "exit", "exit_code": 137, "signal": 9, "loopback_tcp": True}
 
 
 def test_a_missing_nonce_stops_the_launcher_before_anything_runs(run_job) -> None:
@@ -478,7 +485,7 @@ def test_terminating_the_launcher_stops_the_job_and_still_prints_the_final_line(
     proc.send_signal(signal.SIGTERM)
     rest, _ = proc.communicate(timeout=30)
     payloads = trusted_payloads((*seen, *rest.splitlines()), LAUNCHER_TAG, nonce)
-    assert payloads[-1] == {"stage": "exit", "exit_code": 143, "signal": 15}
+    assert payloads[-1] == {"stage": "exit", "exit_code": 143, "signal": 15, "loopback_tcp": True}
     assert proc.returncode == 143
 
 
