@@ -191,6 +191,12 @@ class JobView(BaseModel):
     # True when the job never ran: its outcome (running time, cost, score) was replayed from a
     # recording by the replay backend (docs/training.md). None: it ran.
     replayed: bool | None = None
+    # What the job's sandbox allowed its script, once it has ended: TCP between its own
+    # processes on 127.0.0.1/::1 (True: torch.distributed, DDP, vLLM work), or AF_UNIX sockets
+    # only (False, with `loopback_reason`: the platform refused what the policy needs). None:
+    # not known yet.
+    loopback_tcp: bool | None = None
+    loopback_reason: str | None = None
     artifact: str | None = None
     message: str = ""
 

@@ -195,21 +195,28 @@ class JobsActivities(JobsApi):
     # -- helpers -------------------------------------------------------------------------------
 
     async def _explained(self, job: BackendJob, now: datetime) -> BackendJob:
-        """A failed job's message says why, from the launcher's own lines: the stage that
-        failed before the script ran, or how the script exited (the agent need not spend a
-        `jobs_logs` step on it). Read once, when the job is seen failed."""
-        if job.state is not JobState.failed:
+        """An ended job, with what the launcher's own lines say: the sandbox it ran in
+        (`loopback_tcp`), and for a failed job why, in its message: the stage that failed
+        before the script ran, or how the script exited (the agent need not spend a
+        `jobs_logs` step on it). Read once, when the job is seen ended."""
+        if not job.state.terminal:
             return job
         try:
             lines = await self._backend.logs(job.ref, LAUNCHER_LOG_TAIL, now)
         except (ToolError, TransientBackendError):
             return job  # the backend's own message stands
         nonce = self._key.job_nonce(job.key)
-        why = read_launcher_lines(lines, nonce).failure_message
-        if why is None:
-            return job
-        # The installer's output may quote the line that carried the nonce: never pass it on.
-        return job.model_copy(update={"message": cut_text(why.replace(nonce, "<nonce>"))})
+        report = read_launcher_lines(lines, nonce)
+        update: dict[str, object] = {}
+        if report.loopback_tcp is not None:
+            update["loopback_tcp"] = report.loopback_tcp
+            update["loopback_reason"] = cut_text(report.loopback_reason or "")
+        why = report.failure_message if job.state is JobState.failed else None
+        if why is not None:
+            # The installer's output may quote the line that carried the nonce: never pass it
+            # on.
+            update["message"] = cut_text(why.replace(nonce, "<nonce>"))
+        return job.model_copy(update=update) if update else job
 
     def _request(self, job: SubmitJob) -> JobRequest:
         env = {NONCE_ENV: self._key.job_nonce(job.key)}

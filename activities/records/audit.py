@@ -71,6 +71,7 @@ class AuditActivities(AuditApi):
                 continue  # the logs are gone (or not reachable now): the record says nothing
             report = read_launcher_lines(lines, self._key.job_nonce(job.workflow_id))
             job.installed, job.installer = report.installed, report.installer
+            job.loopback_tcp = report.loopback_tcp
 
     async def _add_artifact_sizes(self, record: AuditRecord) -> None:
         if self._storage is None:

@@ -68,6 +68,8 @@ class AuditJob(BaseModel):
     final_state: str | None = None
     installed: dict[str, str] = Field(default_factory=dict)  # from the launcher's own line
     installer: str | None = None
+    # The launcher's sandbox (its own line): TCP on loopback, or AF_UNIX sockets only.
+    loopback_tcp: bool | None = None
     artifact_bytes: int | None = Field(
         default=None,
         description=(

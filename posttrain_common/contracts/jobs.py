@@ -66,6 +66,11 @@ class BackendJob(BaseModel):
     # same script and inputs (the replay backend, activities/backends/replay/). Its spend and
     # any score it yields are flagged replayed, never taken for measured ones.
     replayed: bool = False
+    # What the launcher's sandbox allowed the script (its trusted `sandbox` line, read once the
+    # job has ended): TCP on loopback (True) or AF_UNIX sockets only (False, and why). None: not
+    # known (still running, never started, or a backend that runs no launcher).
+    loopback_tcp: bool | None = None
+    loopback_reason: BoundedText = ""
 
 
 # -- activity inputs and outputs -----------------------------------------------------------------

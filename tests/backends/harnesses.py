@@ -403,7 +403,11 @@ class LocalHarness(Harness):
     async def launched(self, ref: str, request: JobRequest) -> dict[str, Any] | None:
         # The launcher's own lines, with the job's nonce (the script cannot print them).
         report = read_launcher_lines(await self.logs(ref, 2000), request.env[NONCE_ENV])
-        return {"exit_code": report.exit_code, "failed_stage": report.failed_stage}
+        return {
+            "exit_code": report.exit_code,
+            "failed_stage": report.failed_stage,
+            "loopback_tcp": report.loopback_tcp,
+        }
 
 
 # -- hf --------------------------------------------------------------------------------------------
@@ -543,7 +547,12 @@ class HfHarness(Harness):
         name = command.rsplit("/", 1)[-1]
         uploaded = self.http.files[f"{data['source']}/{data['path']}/{name}"].decode()
         config, script = read_embedded(uploaded)
-        return {"script": script, "pass_env": config["pass_env"], "command": command}
+        return {
+            "script": script,
+            "pass_env": config["pass_env"],
+            "command": command,
+            "loopback_tcp": config["loopback_tcp"],
+        }
 
     async def release_cancellations(self, ref: str) -> None:
         self._job(ref).plan.cancel_after_s = 0.0

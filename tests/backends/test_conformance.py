@@ -248,9 +248,9 @@ async def test_an_evaluation_reads_the_agents_artifact_at_model_and_prints_its_s
 
 async def test_every_role_runs_under_the_job_launcher(h: Harness) -> None:
     """Agent jobs, dev evaluations and graders alike (DESIGN §6 item 4): the launcher's
-    supervisor ran the script (local: its own nonce-bearing exit line), or the one file the job
-    was started with is the launcher with the script embedded, passing an evaluation its inputs
-    by name (hf)."""
+    supervisor ran the script with the loopback-only TCP policy on (local: its own nonce-bearing
+    sandbox and exit lines), or the one file the job was started with is the launcher with the
+    script embedded and the policy asked for, passing an evaluation its inputs by name (hf)."""
     agent = h.request("writes_artifact")
     agent_ref = (await h.backend.submit(agent)).ref
     await h.wait_end(agent_ref)
@@ -266,12 +266,14 @@ async def test_every_role_runs_under_the_job_launcher(h: Harness) -> None:
         if "launcher" in h.cannot:
             assert seen is None, h.cannot["launcher"]
         elif h.name == "local":
-            assert seen == {"exit_code": 0, "failed_stage": None}, (role, await h.logs(ref))
+            expected = {"exit_code": 0, "failed_stage": None, "loopback_tcp": True}
+            assert seen == expected, (role, await h.logs(ref))
         else:
             assert seen is not None and seen["script"] == request.script, role
             assert seen["command"].endswith("/launcher.py"), seen["command"]
             passed = [] if role is JobRole.agent else sorted({*request.env, *request.secrets})
             assert seen["pass_env"] == passed, role
+            assert seen["loopback_tcp"] is True, role
 
 
 async def test_an_agent_jobs_outputs_read_back_as_written_up_to_a_cap(h: Harness) -> None:

@@ -31,7 +31,8 @@ AGENT = FakeJobScript(
     run_s=10,
     launcher_lines=[
         {"stage": "installed", "packages": {"numpy": "2.4.6"}, "installer": "uv"},
-        {"stage": "exit", "exit_code": 0, "signal": None},
+        {"stage": "sandbox", "loopback_tcp": True},
+        {"stage": "exit", "exit_code": 0, "signal": None, "loopback_tcp": True},
     ],
 )
 EVALS = FakeJobScript(queue_s=1, run_s=30, score=0.625)
@@ -96,6 +97,8 @@ async def test_a_scripted_episodes_record_holds_every_call_and_job_and_no_secret
     assert agent["job_id"] == job_id and agent["script_sha256"] == digest
     assert agent["dependencies"] == ["numpy>=2"]
     assert agent["installed"] == {"numpy": "2.4.6"} and agent["installer"] == "uv"
+    assert agent["loopback_tcp"] is True  # its launcher's sandbox line
+    assert jobs["dev"]["loopback_tcp"] is None  # the fake's evaluation printed none
     assert agent["backend_job_id"] and agent["final_state"] == "succeeded"
     assert [c["state"] for c in agent["state_changes"]][-1] == "succeeded"
     assert agent["reserved_micro_usd"] == 167 * 5 and agent["settled_micro_usd"] == 167 * 1

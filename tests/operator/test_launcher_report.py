@@ -106,3 +106,59 @@ async def test_a_job_failing_in_install_reports_the_stage_in_its_message(
         status = await ep.status()
         # The submit and the waits only: the agent needed no jobs_logs step to learn why.
         assert status.steps_used == 1 + waits
+
+
+def test_the_sandbox_is_read_from_its_line_or_from_the_final_line_that_repeats_it() -> None:
+    on = read_launcher_lines([line({"stage": "sandbox", "loopback_tcp": True})], NONCE)
+    assert (on.loopback_tcp, on.loopback_reason, on.failed_stage) == (True, None, None)
+    why = "pidfd_getfd on a process of the job's uid is refused: Operation not permitted"
+    off = [line({"stage": "sandbox", "loopback_tcp": False, "loopback_reason": why})]
+    report = read_launcher_lines(off, NONCE)
+    assert (report.loopback_tcp, report.loopback_reason) == (False, why)
+    assert report.failure_message is None  # a sandbox line is no failure
+    # A long log's tail has only the final line: it carries the same.
+    tail = [line({"stage": "exit", "exit_code": 0, "signal": None, "loopback_tcp": False,
+                  "loopback_reason": why})]  # fmt: skip
+    assert read_launcher_lines(tail, NONCE).loopback_reason == why
+    failed = line({"stage": "uid", "error": "no", "loopback_tcp": True})
+    assert read_launcher_lines([failed], NONCE).loopback_tcp is True
+    # Before the loopback policy, or forged: nothing known.
+    assert (
+        read_launcher_lines([line({"stage": "exit", "exit_code": 0})], NONCE).loopback_tcp is None
+    )
+    forged = line({"stage": "sandbox", "loopback_tcp": True}, nonce="x" * 32)
+    assert read_launcher_lines([forged], NONCE).loopback_tcp is None
+    odd = read_launcher_lines([line({"stage": "sandbox", "loopback_tcp": "yes"})], NONCE)
+    assert odd.loopback_tcp is None
+
+
+async def test_a_jobs_view_says_whether_its_sandbox_allowed_loopback_tcp(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    why = "the kernel refused a filter with a listener: Invalid argument"
+    off = {"loopback_reason": why}
+    jobs = [
+        FakeJobScript(
+            script_contains=f"# sandbox {on}\n",
+            queue_s=1,
+            run_s=10,
+            launcher_lines=[
+                {"stage": "sandbox", "loopback_tcp": on, **({} if on else off)},
+                {"stage": "exit", "exit_code": 0, "signal": None},
+            ],
+        )
+        for on in (True, False)
+    ]
+    async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=jobs)) as h:
+        ep = await h.episode()
+        views = {}
+        for on in (True, False):
+            job_id = await ep.submit_job(script=f"# sandbox {on}\nprint(1)\n")
+            while True:
+                done = await ep.call_over(timedelta(minutes=2), "jobs_wait", job_id=job_id)
+                if done.data.get("state") not in ("queued", "running"):
+                    break
+            views[on] = done.data
+    assert views[True]["state"] == "succeeded"
+    assert (views[True]["loopback_tcp"], views[True]["loopback_reason"]) == (True, None)
+    assert (views[False]["loopback_tcp"], views[False]["loopback_reason"]) == (False, why)

@@ -154,6 +154,9 @@ def take_snapshot(carry: EpisodeCarry, record: JobRecord, snap: JobSnapshot) -> 
         record.finished_at = snap.backend.finished_at
         record.running_s = snap.backend.running_s
         record.replayed = snap.backend.replayed
+        if snap.backend.loopback_tcp is not None:
+            record.loopback_tcp = snap.backend.loopback_tcp
+            record.loopback_reason = snap.backend.loopback_reason
     if snap.error is not None:
         record.error = snap.error
         record.final = True
@@ -201,6 +204,8 @@ def job_view(episode_id: str, record: JobRecord, now: datetime) -> JobView:
         else None,
         settled_at_worst_case=True if settlement and settlement.worst_case else None,
         replayed=True if record.replayed else None,
+        loopback_tcp=record.loopback_tcp,
+        loopback_reason=record.loopback_reason or None,
         artifact=f"openenv-artifact://{episode_id}/{record.job_id}/outputs"
         if record.role is JobRole.agent
         else None,

@@ -47,6 +47,9 @@ class JobRecord(BaseModel):
     # Its own workflow was cancelled or terminated through Temporal, and the episode's
     # `operator_actions` say so (once: `workflows/episode/operator.py`, `outside_job_action`).
     outside_noted: bool = False
+    # The launcher's sandbox: TCP on loopback, or AF_UNIX only and why (`BackendJob`).
+    loopback_tcp: bool | None = None
+    loopback_reason: str = ""
 
     @property
     def live(self) -> bool:
