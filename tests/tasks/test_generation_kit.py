@@ -94,7 +94,7 @@ def write_task(tasks_dir: Path, task_id: str, evaluator: str, engine: str | None
         ("auto", False, False, False, True, "transformers"),
         # vLLM's CPU build: only asked for by name ("auto" takes vLLM on a GPU only).
         ("auto", False, True, True, True, "transformers"),
-        # Under the launcher's filter vLLM cannot start: "auto" does not try it.
+        # No loopback TCP (the launcher's AF_UNIX-only fallback): "auto" does not try vLLM.
         ("auto", True, True, False, False, "transformers"),
         ("transformers", True, True, False, True, "transformers"),
         ("transformers", False, False, False, False, "transformers"),
@@ -106,7 +106,7 @@ def test_one_setting_switches_the_engine(
     setting: str, cuda: bool, vllm_found: bool, vllm_cpu: bool, sockets: bool, engine: str
 ) -> None:
     chosen = choose_engine(
-        setting, cuda=cuda, vllm_found=vllm_found, vllm_cpu=vllm_cpu, sockets=sockets
+        setting, cuda=cuda, vllm_found=vllm_found, vllm_cpu=vllm_cpu, loopback_tcp=sockets
     )
     assert chosen == engine
 
@@ -117,7 +117,7 @@ def test_one_setting_switches_the_engine(
         (True, False, False, True, "vLLM is not installed"),
         (False, True, False, True, "no CUDA GPU .and its vLLM is not the CPU build"),
         (False, False, False, True, "not installed"),
-        (True, True, False, False, "gloo process group needs a loopback TCP socket"),
+        (True, True, False, False, "gloo process group needs TCP on loopback"),
         (False, True, True, False, "only AF_UNIX sockets"),
     ],
 )
@@ -125,17 +125,20 @@ def test_vllm_asked_for_where_it_cannot_run_is_a_grader_fault(
     cuda: bool, vllm_found: bool, vllm_cpu: bool, sockets: bool, why: str
 ) -> None:
     with pytest.raises(GraderFault, match=why):
-        choose_engine("vllm", cuda=cuda, vllm_found=vllm_found, vllm_cpu=vllm_cpu, sockets=sockets)
+        choose_engine(
+            "vllm", cuda=cuda, vllm_found=vllm_found, vllm_cpu=vllm_cpu, loopback_tcp=sockets
+        )
 
 
-def test_tcp_sockets_are_seen_as_refused_under_the_launchers_filter() -> None:
+def test_loopback_tcp_is_seen_to_work_unless_the_launcher_fell_back_to_af_unix_only() -> None:
+    """Under the loopback policy it works too: tests/local/test_vllm_engine.py."""
     probe = (
         f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-        "from tasks.generation_kit import inet_sockets_allowed\n"
-        "before = inet_sockets_allowed()\n"
+        "from tasks.generation_kit import loopback_tcp_works\n"
+        "before = loopback_tcp_works()\n"
         "from job_launcher.launcher import install_seccomp\n"
-        "install_seccomp()\n"
-        "print(before, inet_sockets_allowed())\n"
+        "install_seccomp()  # the AF_UNIX-only filter\n"
+        "print(before, loopback_tcp_works())\n"
     )
     done = subprocess.run(
         [JOB_PYTHON, "-c", probe], capture_output=True, text=True, timeout=60, check=False

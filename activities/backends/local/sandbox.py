@@ -1,7 +1,8 @@
 """The bubblewrap command line of one job phase (DESIGN §9, local backend and its hardening).
 
 A phase sees a fresh root: the host's /usr (and the /bin, /lib… links or folders beside it)
-read-only, a few /etc files, its own /proc, a minimal /dev, and only the mounts it is given.
+read-only, a few /etc files, its own /proc, a minimal /dev, the CPU and NUMA topology of /sys
+read-only, and only the mounts it is given.
 It runs in its own pid, ipc, uts and cgroup namespaces and, unless it is an install phase, its
 own network namespace (only `lo`). As root, bwrap keeps root inside (the launcher needs it to
 switch to the job's uid); as an ordinary user, bwrap maps the job to `uid` in a user namespace
@@ -31,6 +32,7 @@ _RUN_ETC = (
     "group",
     "alternatives",
 )
+_SYS_TOPOLOGY = ("/sys/devices/system/cpu", "/sys/devices/system/node")
 # What an install phase (with network) needs besides: name resolution and CA certificates.
 _INSTALL_ETC = (
     "hosts",
@@ -117,7 +119,11 @@ class Sandbox:
         for name in dict.fromkeys(etc):
             args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         args += ["--proc", "/proc", "--dev", "/dev"]
+        # The CPU and NUMA topology, read-only (as Docker shows all of /sys): vLLM's CPU build
+        # runs `lscpu`, which fails without them, and torch reads them for its thread pools.
         made = {"/", "/usr", "/etc", "/proc", "/dev"}
+        for folder in _SYS_TOPOLOGY:
+            args += [*_parents(folder, made), "--ro-bind-try", folder, folder]
         binds = [(m.source, m.target, m.writable) for m in self.mounts]
         binds += [(path, path, False) for path in self.host_paths]
         for source, target, writable in binds:
