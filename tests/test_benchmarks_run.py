@@ -45,6 +45,18 @@ def test_the_launcher_overhead_benchmark_runs_and_prints_its_figures() -> None:
     assert "median" in out and "target" in out, out
 
 
+@pytest.mark.slow
+def test_the_loopback_benchmark_runs_and_prints_its_figures() -> None:
+    # As root, with torch from this machine's wheel folders (the all-reduce loop).
+    out = run(
+        "bench/loopback.py",
+        *("--calls", "50", "--rounds", "1", "--mib", "8", "--steps", "5", "--repeat", "1"),
+        timeout=900,
+    )
+    assert "TCP connect to 127.0.0.1 (trapped)" in out and "all_reduce" in out, out
+    assert "ratio" in out and "target" in out, out
+
+
 def test_the_client_import_benchmark_runs_and_prints_both_shapes() -> None:
     out = run("bench/client_import.py", "--runs", "1")
     rows = {line.split("  ")[0].strip(): line for line in out.splitlines()[3:]}
