@@ -1,5 +1,5 @@
 """Every module a comment, a docstring or a page of the docs names exists (issue 45: seven of
-them named files gone since the move to feature folders, `episode_tools.py` and the like).
+them named files gone since the move to feature folders, `episode_tools` and the like).
 
 A name is a path or a file name ending in `.py`: a path must be a file of the repository (or
 end one), a bare name the name of one. A path into another project must be a file of it where
@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # `workflows/job/contract.py`, `train.py`; not `<workflow>_contract.py` (a pattern), nor a
-# name's tail (`x.train.py`, `a-b.py`).
+# name's tail (`x.train.py` names no `train` module).
 NAMED = re.compile(r"(?<![\w./<>-])((?:[\w-]+/)*[A-Za-z][\w-]*\.py)\b")
 # Files named that are no module of ours or of an installed project.
 NOT_MODULES = {

@@ -145,6 +145,9 @@ class _ManyChanged:
     async def observe(self, refs: list[str], now: datetime) -> dict[str, BackendJob]:
         return {ref: self.jobs[ref] for ref in refs if ref in self.jobs}
 
+    async def logs(self, ref: str, tail: int, now: datetime) -> list[str]:
+        return []  # no launcher lines: an ended job's message stays as it is
+
 
 class _NoWatch:
     async def watch(self, job: JobToWatch) -> None:
@@ -363,8 +366,10 @@ async def test_with_aligned_looks_a_new_job_waits_for_the_boundary_and_look_now_
         looks = len(LOOKS)
         await shard.signal(WatcherWorkflow.look_now)
         await time_skipping_env.sleep(timedelta(seconds=2))
-        assert len(LOOKS) == looks + 1
-        assert not on_a_boundary(LOOKS[-1][0], 30), LOOKS[-1]  # at once, not at the boundary
+        # The two seconds may cross a boundary too, whose look is the aligned one.
+        off_boundary = [at for at, _ in LOOKS[looks:] if not on_a_boundary(at, 30)]
+        assert len(off_boundary) == 1, LOOKS[looks:]  # at once, not at the boundary
+        assert len(LOOKS) - looks <= 2, LOOKS[looks:]  # and at most one boundary's look
         await shard.terminate("test over")
 
 
