@@ -29,6 +29,7 @@ from workflows.ids import account_workflow_id, watcher_shard_ids, watcher_workfl
 # clock stalls. Skip steps that line up with workflow timers (the watcher's 30 s, jobs_wait's
 # whole minutes) make that coincidence frequent, so the step is deliberately not round.
 SKIP_STEP = timedelta(seconds=31.37)
+WAIT_TIMEOUT_S = 120  # each jobs_wait of `Episode.wait_job`
 
 TEST_TASK = """
 id = "{task_id}"
@@ -180,9 +181,15 @@ class Episode:
     async def wait_job(
         self, job_id: str, *, step: timedelta = timedelta(minutes=2), max_calls: int = 20
     ) -> Answer:
-        """jobs_wait until the job is no longer queued or running."""
+        """jobs_wait until the job is no longer queued or running. Each call skips up to
+        `step` or its own wait, whichever is longer (it stops once answered): a wait still
+        open after the skips passed its remaining workflow time in real time (the test server
+        does not skip while a client awaits an update), 80 s of each replay test's episodes."""
+        advance = max(step, timedelta(seconds=WAIT_TIMEOUT_S) + SKIP_STEP)
         for _ in range(max_calls):
-            result = await self.call_over(step, "jobs_wait", job_id=job_id, timeout_s=120)
+            result = await self.call_over(
+                advance, "jobs_wait", job_id=job_id, timeout_s=WAIT_TIMEOUT_S
+            )
             if result.data.get("state") not in ("queued", "running", "cancelling"):
                 return result
         raise AssertionError(f"job {job_id} did not finish: {result.data}")
