@@ -35,28 +35,35 @@ def pytest_configure(config: pytest.Config) -> None:
     sys.dont_write_bytecode = False
 
 
-# The default set's longest files, longest first (summed test durations in a six-worker run on
-# 2 cores, 2026-12-03: 128 s down to 42 s). pytest-xdist hands whole files to its workers in
-# collection order (`--dist loadfile`), so these go out first: a long file started last was the
-# run's tail, with one worker busy and the others done. Renaming one costs only that.
+# The default set's longest files, longest first (summed test durations in the default eight-
+# worker run on 2 cores, 2026-12-07: 227 s down to 47 s). pytest-xdist hands whole files to its
+# workers in collection order (`--dist loadfile`), so these go out first: a long file started
+# last was the run's tail, with one worker busy and the others done (test_deadline.py's 45 s
+# wait, started last, ended that run 30 s after the others). Renaming one costs only that.
 LONGEST_FIRST = (
-    "tests/examples/test_posttrain_env_agent.py",
-    "tests/gateway/test_deployment_key.py",
-    "tests/launcher/test_install.py",
-    "tests/test_distributions.py",
-    "tests/gateway/test_server_process.py",
-    "tests/workflows/test_episode_flow.py",
     "tests/replay/test_replay.py",
-    "tests/workflows/test_lifecycle.py",
-    "tests/gateway/test_openenv_flow.py",
-    "tests/gateway/test_payload_bounds.py",
-    "tests/gateway/test_mcp_endpoint.py",
-    "tests/local/test_containment.py",
-    "tests/backends/test_conformance.py",
     "tests/test_benchmarks_run.py",
+    "tests/operator/test_repair_commands.py",
+    "tests/gateway/test_deployment_key.py",
+    "tests/gateway/test_openenv_flow.py",
+    "tests/operator/test_outside_cancel.py",
+    "tests/launcher/test_install.py",
     "tests/gateway/test_mcp_only_clients.py",
+    "tests/gateway/test_server_process.py",
+    "tests/test_leaked_locks.py",
+    "tests/local/test_containment.py",
+    "tests/operator/test_runbook.py",
+    "tests/operator/test_readouts.py",
+    "tests/campaigns/test_campaign_outside_cancel.py",
+    "tests/examples/test_posttrain_env_agent.py",
     "tests/operator/test_episodes_cli.py",
+    "tests/gateway/test_mcp_endpoint.py",
+    "tests/workflows/test_episode_flow.py",
+    "tests/gateway/test_payload_bounds.py",
+    "tests/backends/test_conformance.py",
     "tests/gateway/test_startup_imports.py",
+    "tests/campaigns/test_campaign_retry.py",
+    "tests/test_deadline.py",
 )
 
 

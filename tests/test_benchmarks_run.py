@@ -193,7 +193,11 @@ async def test_the_scale_benchmark_runs_on_a_temporal_of_your_own(tmp_path: Path
     assert len(episodes) >= 3  # the episodes ran on the given server
 
 
-@pytest.mark.parametrize(("processes", "window"), [("0", None), ("2", 3)])
+# One level in the default set (about a minute of two cores idle); the workflow-only processes
+# and the windowed campaign, as long again, with the slow set.
+@pytest.mark.parametrize(
+    ("processes", "window"), [("0", None), pytest.param("2", 3, marks=pytest.mark.slow)]
+)
 def test_the_watch_scale_benchmark_runs_and_meets_its_targets_at_a_small_level(
     processes: str, window: int | None
 ) -> None:
