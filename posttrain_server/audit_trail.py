@@ -1,6 +1,9 @@
 """An episode's audit record, read from its Temporal history (every run of it, following
 continue-as-new): the tool calls (update accepted/completed events), the jobs (child starts and
-the `job_changed` signals they sent), the end (the run's result).
+the `job_changed` signals they sent; a job whose run was known at its start, which has no
+workflow, from its `start_known_job` activity: its request and its run, as the run ends unless
+cut; the audit activity then takes each job's final state and charge from the episode itself),
+the end (the run's result).
 
 It decodes workflow models, so it lives with the wiring (the roof); the audit activity reaches
 it through `activities.ports.EpisodeTrail`, and `posttrain-env episodes export` uses it too.
@@ -27,13 +30,16 @@ from posttrain_common.contracts.audit import (
     AuditStateChange,
 )
 from posttrain_common.contracts.episode_calls import ToolCall, ToolResult
-from posttrain_common.contracts.jobs import JobRole
+from posttrain_common.contracts.jobs import JobRole, JobSpec, SubmitJob
+from posttrain_common.contracts.known_runs import KnownStart
 from posttrain_env.models import EpisodeEnd
 from workflows.episode.ledger import billed_minutes
 from workflows.episode.workflow import EpisodeInput
 from workflows.ids import SIGNAL_JOB_CHANGED, episode_workflow_id
 from workflows.job.workflow import JobInput, JobSnapshot
 
+# The activity that starts a job whose run its backend knows (`JobsApi.start_known_job`).
+KNOWN_START_ACTIVITY = "start_known_job"
 MAX_RUNS = 10_000  # continue-as-new chains are long only in theory; never loop forever
 
 
@@ -68,6 +74,8 @@ class _Trail:
         self.scripts: dict[str, str] = {}
         self.end: EpisodeEnd | None = None
         self.ended_at: datetime | None = None
+        # This run's `start_known_job` activities: scheduled event id -> job id.
+        self.known_starts: dict[int, str] = {}
 
 
 async def read_trail(client: Client, episode_id: str) -> AuditRecord:
@@ -110,6 +118,8 @@ async def _take(client: Client, trail: _Trail, event: HistoryEvent) -> str | Non
     decode = client.data_converter.decode
     at = event.event_time.ToDatetime().replace(tzinfo=UTC)
     kind = event.event_type
+    if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+        trail.known_starts = {}  # event ids are a run's own
     if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED and trail.record is None:
         (inp,) = await decode(
             event.workflow_execution_started_event_attributes.input.payloads, [EpisodeInput]
@@ -159,6 +169,18 @@ async def _take(client: Client, trail: _Trail, event: HistoryEvent) -> str | Non
         attrs = event.start_child_workflow_execution_initiated_event_attributes
         (job,) = await decode(attrs.input.payloads, [JobInput])
         _take_job(trail, job, attrs.workflow_id)
+    elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+        attrs = event.activity_task_scheduled_event_attributes
+        if attrs.activity_type.name == KNOWN_START_ACTIVITY:
+            (request,) = await decode(attrs.input.payloads, [SubmitJob])
+            _take_job(trail, request, request.key)
+            trail.known_starts[event.event_id] = request.job_id
+    elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+        attrs = event.activity_task_completed_event_attributes
+        job_id = trail.known_starts.pop(attrs.scheduled_event_id, None)
+        if job_id is not None:
+            (start,) = await decode(attrs.result.payloads, [KnownStart])
+            _take_known_run(trail, job_id, start, at)
     elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
         attrs = event.workflow_execution_signaled_event_attributes
         if attrs.signal_name == SIGNAL_JOB_CHANGED:
@@ -173,7 +195,36 @@ async def _take(client: Client, trail: _Trail, event: HistoryEvent) -> str | Non
     return None
 
 
-def _take_job(trail: _Trail, job: JobInput, workflow_id: str) -> None:
+def _take_known_run(trail: _Trail, job_id: str, start: KnownStart, at: datetime) -> None:
+    """A job started with its whole run known: reported as that run ends unless cut short
+    (the audit activity overrides its final state and charge with the episode's own)."""
+    run = start.run
+    if run is None:  # its backend did not know it: it got a workflow, whose trail follows
+        trail.jobs.pop(job_id, None)
+        return
+    end = run.view(run.ends_at)
+    if end.started_at is not None:
+        running = run.view(end.started_at)
+        _take_snapshot(
+            trail,
+            JobSnapshot(job_id=job_id, state=running.state, backend=running),
+            max(at, end.started_at),
+        )
+    _take_snapshot(
+        trail,
+        JobSnapshot(
+            job_id=job_id,
+            state=end.state,
+            backend=end,
+            score=run.score_at_end(end.state),
+            message=end.message,
+            final=True,
+        ),
+        max(at, end.finished_at or at),
+    )
+
+
+def _take_job(trail: _Trail, job: JobSpec, workflow_id: str) -> None:
     price = trail.prices.get(job.flavor, 0)
     script_sha = None
     if job.role is JobRole.agent:

@@ -155,6 +155,7 @@ def build_worker(
     workflows = list(WORKFLOWS) if run_workflows else []
     activities: list[Callable[..., Any]] = [
         jobs.submit_job,
+        jobs.start_known_job,
         jobs.observe_jobs,
         jobs.cancel_job,
         jobs.job_logs,

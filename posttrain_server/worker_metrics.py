@@ -48,6 +48,7 @@ CLOSED_CAP = 1_000
 BACKEND_ACTIVITIES = frozenset(
     {
         "submit_job",
+        "start_known_job",
         "observe_jobs",
         "cancel_job",
         "job_logs",

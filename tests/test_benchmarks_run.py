@@ -299,7 +299,8 @@ def test_the_rollouts_benchmark_runs_and_prints_its_table() -> None:
     rows = [row for row in rows if row[0] in ("1", "2")]
     assert [row[0] for row in rows] == ["1", "2"], out
     assert all(row[1] == "4" and row[6] == "4" for row in rows), out  # 4 rollouts, all replayed
-    assert "target: 50 rollouts/s" in out and "max_staleness 4" in out, out
+    assert "target: one-client latency p50" in out and "max_staleness 4" in out, out
+    assert out.count("history events and <= 12 workflow tasks per rollout") == 2, out
     assert "1 clients, step 1 s: p50" in out and "2 clients, step 1 s: p50" in out, out
 
 

@@ -15,13 +15,14 @@ import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from activities.backends.storage import JobStorage
 from posttrain_common.contracts.episodes import JobLimits
 from posttrain_common.contracts.jobs import BackendJob, JobSpec
+from posttrain_common.contracts.known_runs import KnownRun
 from posttrain_env.models import FlavorPrice
 
 if TYPE_CHECKING:
@@ -143,6 +144,23 @@ class OrphanSource(Protocol):
     async def live_jobs(self) -> list[LiveJob]: ...
 
     async def cancel(self, ref: str, now: datetime) -> BackendJob: ...
+
+
+class KnownRunSource(Protocol):
+    """A backend that knows a job's whole run when it starts (the replay backend: a recorded
+    run). Its jobs need no workflow and no watching: the episode keeps the `KnownRun` in its job
+    table (`workflows/episode/known.py`). `known_run_source` finds one."""
+
+    async def start_known(self, request: JobRequest) -> KnownRun | None:
+        """Start the job if its run is known, and answer that run; None when it is not (nothing
+        is started: `submit` starts it as any job). Raises what `submit` raises for a job it
+        refuses."""
+        ...
+
+
+def known_run_source(backend: JobsBackend) -> KnownRunSource | None:
+    """The backend as a `KnownRunSource`, or None when it knows no run at a job's start."""
+    return cast(KnownRunSource, backend) if hasattr(backend, "start_known") else None
 
 
 class Capabilities(BaseModel):

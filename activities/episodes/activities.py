@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel
 from temporalio import activity
 
-from activities.backends.interface import JobsBackend
+from activities.backends.interface import JobsBackend, known_run_source
 from activities.ports import ServerAccount
 from posttrain_common.contracts.activities import EpisodesApi
 from posttrain_common.contracts.episodes import (
@@ -137,6 +137,7 @@ class EpisodeActivities(EpisodesApi):
             continue_as_new_bytes=config.continue_as_new_bytes,
             job_python_version=self._backend.job_python_version,
             backend=self._backend.name,
+            known_runs=known_run_source(self._backend) is not None,
             deployment=config.deployment,
             job_limits=self._job_limits(task.flavors, task.eval_flavor),
         )

@@ -18,6 +18,7 @@ from activities.backends.interface import (
     JobRequest,
     JobsBackend,
     TransientBackendError,
+    known_run_source,
 )
 from activities.heartbeat import heartbeating
 from activities.jobs.launcher_report import read_launcher_lines
@@ -38,6 +39,7 @@ from posttrain_common.contracts.jobs import (
     ScoreResult,
     SubmitJob,
 )
+from posttrain_common.contracts.known_runs import KnownStart
 from posttrain_common.contracts.watching import OBSERVE_ANSWER_BUDGET
 from posttrain_common.failures import agent_errors, artifact_rejected
 from posttrain_common.keys import ServerKey
@@ -93,6 +95,32 @@ class JobsActivities(JobsApi):
                     )
                 )
             return started
+
+    @activity.defn
+    @agent_errors
+    async def start_known_job(self, job: SubmitJob) -> KnownStart:
+        """Start the job if the backend knows its whole run now (`KnownRunSource`), and answer
+        that run; an evaluation's score is read now from the log it ends with, as the job's
+        workflow would read it at the end. Nothing is watched: the episode follows the run."""
+        source = known_run_source(self._backend)
+        if source is None:
+            return KnownStart()
+        async with heartbeating(SUBMIT_BEAT_S, first_after_s=SUBMIT_BEAT_S):
+            try:
+                run = await source.start_known(self._request(job))
+            except ArtifactRejected as err:
+                raise artifact_rejected(str(err)) from None
+            if run is None or job.role is JobRole.agent or run.outcome is not JobState.succeeded:
+                return KnownStart(run=run)
+            lines = await self._backend.logs(run.ref, SCORE_LOG_TAIL, run.ends_at)
+            reading = read_score(lines, self._key.job_nonce(job.key))
+            score = ScoreResult(
+                score=reading.score,
+                valid=reading.valid,
+                reason=reading.reason,
+                details=reading.details,
+            )
+            return KnownStart(run=run.model_copy(update={"score": score}))
 
     @activity.defn
     async def observe_jobs(self, observe: ObserveJobs) -> dict[str, BackendJob]:

@@ -44,6 +44,7 @@ from posttrain_common.contracts.jobs import (
     ScoreResult,
     SubmitJob,
 )
+from posttrain_common.contracts.known_runs import KnownStart
 from posttrain_common.contracts.reconcile import FindStranded, StrandedRun, StrandedSearch
 from posttrain_common.contracts.retention import RetentionReport, SweepRetention
 
@@ -59,6 +60,12 @@ class JobsApi:
     @activity.defn
     async def submit_job(self, job: SubmitJob) -> BackendJob:
         """Start the job unless one with its key exists (a retried submit), then watch it."""
+        raise Unimplemented
+
+    @activity.defn
+    async def start_known_job(self, job: SubmitJob) -> KnownStart:
+        """Start the job if its backend knows its whole run now (a replayed one), and answer
+        that run with, for an evaluation that succeeds, its score; else start nothing."""
         raise Unimplemented
 
     @activity.defn

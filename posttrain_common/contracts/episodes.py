@@ -75,6 +75,10 @@ class EpisodeSetup(BaseModel):
     backend: str | None = None
     deployment: str | None = None
     campaign_id: str | None = None
+    # The backend knows a job's whole run when it starts (the replay backend): the episode asks
+    # it first and keeps such a job in its table, with no workflow of its own
+    # (`workflows/episode/known.py`). False in the setups of episodes started before.
+    known_runs: bool = False
 
 
 class PrepareEpisode(BaseModel):

@@ -25,6 +25,10 @@ Scenarios:
 - `replay_miss`: the replay backend over the fake, falling through: a job recorded, then
   replayed in two episodes whose `dev_evaluate` and `submit` find no recording of their
   evaluation (each episode ends `replay_miss`).
+- `known_runs`: the replay backend over the fake, falling through: a job, its dev evaluation
+  and its grading recorded by one episode, then replayed by the next with no job workflows (the
+  episode follows their known runs, beside a job with no recording that falls through and is
+  cancelled at the end), and a third that cancels its replayed job while it runs.
 - `outside_cancel`: cancels through Temporal (the UI's "Request Cancellation"): a job's
   workflow, the watcher, the account, then the episode's workflow; then another session's
   workflow (it ends its episode).
@@ -597,6 +601,93 @@ async def record_watcher_shards(out: Path, workdir: Path) -> list[Path]:
         return await save_all(env.client, "watcher_shards", out)
 
 
+async def record_known_runs(out: Path, workdir: Path) -> list[Path]:
+    """Jobs whose runs the replay backend knows at their start (pt-known-runs-1): recorded by a
+    first episode that falls through, then replayed with no job workflow: a second episode
+    waits for its job through queued and running (the episode's own timers), has it dev
+    evaluated and submits it, beside a job with no recording (it falls through, with a
+    workflow, and is cancelled by the end); a third cancels its replayed job while it runs."""
+    from activities.backends.fake.backend import FakeBackend, FakeJobScript, FakeScenario
+    from activities.backends.replay.backend import ReplayBackend
+    from activities.backends.replay.store import ReplayStore
+    from posttrain_common.contracts.jobs import JobRole
+    from posttrain_common.keys import ServerKey
+    from posttrain_common.settings import Settings
+    from posttrain_server.worker import build_worker
+    from tests.workflows.harness import write_task
+    from workflows.episode.session import ResetRequest, ResetResult, SessionWorkflow
+
+    tasks_dir = workdir / "tasks"
+    write_task(tasks_dir)
+    config = Settings(state_dir=workdir / "state", backend="replay")
+    scenario = FakeScenario(
+        jobs=[
+            FakeJobScript(script_contains="SLOW", queue_s=1, run_s=3600),
+            FakeJobScript(role=JobRole.agent, queue_s=1, run_s=3),
+            FakeJobScript(role=JobRole.dev, queue_s=1, run_s=2, score=0.5),
+            FakeJobScript(role=JobRole.grader, queue_s=1, run_s=2, score=0.75),
+        ]
+    )
+    inner = FakeBackend(config.state_dir / "fake", scenario)
+    store = ReplayStore(workdir / "store")
+    backend = ReplayBackend(config.state_dir / "replay", store, inner, fall_through=True)
+    queue = f"record-{uuid.uuid4().hex[:8]}"
+    key = ServerKey.load_or_create(config.server_key_path)
+    script = "print('recorded, then replayed')\n"
+    env = await dev_server()
+    async with env:
+        client = env.client
+        async with build_worker(
+            client, config, backend, key=key, task_queue=queue, tasks_dir=tasks_dir
+        ):
+            for session in ("recorded", "replayed"):
+                reset = await session_reset(client, queue, f"known-{session}")
+                eid = reset.episode_id
+                submitted = await call(
+                    client, eid, "jobs_submit", script=script, flavor="cpu-basic", timeout_minutes=5
+                )
+                job_id = submitted.data["job_id"]
+                if session == "replayed":
+                    await call(
+                        client,
+                        eid,
+                        "jobs_submit",
+                        script="SLOW = 1\n",
+                        flavor="cpu-basic",
+                        timeout_minutes=60,
+                    )
+                await wait_state(client, eid, job_id, {"succeeded"})
+                dev = await call(client, eid, "dev_evaluate", job_id=job_id)
+                graded = await call(client, eid, "submit", job_id=job_id)
+                end = graded.metadata.episode_end
+                if dev.data.get("score") != 0.5 or end is None or end.reward != 0.75:
+                    raise RuntimeError(f"{session}: {dev.data} {graded.data}")
+                if session == "replayed" and end.replayed is not True:
+                    raise RuntimeError(f"the second episode was not replayed: {end}")
+                await closed(client, reset.workflow_id)
+            cut = await session_reset(client, queue, "known-cut")
+            submitted = await call(
+                client,
+                cut.episode_id,
+                "jobs_submit",
+                script=script,
+                flavor="cpu-basic",
+                timeout_minutes=5,
+            )
+            cancelled = await call(
+                client, cut.episode_id, "jobs_cancel", job_id=submitted.data["job_id"]
+            )
+            if cancelled.data.get("state") != "cancelled":
+                raise RuntimeError(f"the replayed job was not cancelled: {cancelled.data}")
+            session = client.get_workflow_handle("session-known-cut")
+            await session.execute_update(  # a reset ends it
+                SessionWorkflow.reset, ResetRequest(task_id="t_test"), result_type=ResetResult
+            )
+            await closed(client, cut.workflow_id)
+            await settled(client)
+        return await save_all(client, "known_runs", out)
+
+
 SCENARIOS = {
     "t0_artifact": record_t0_artifact,
     "reset": record_reset,
@@ -606,6 +697,7 @@ SCENARIOS = {
     "outside_cancel": record_outside_cancel,
     "replay_miss": record_replay_miss,
     "watcher_shards": record_watcher_shards,
+    "known_runs": record_known_runs,
 }
 
 

@@ -327,3 +327,44 @@ async def test_a_replayed_dev_evaluation_that_was_not_recorded_ends_the_episode_
     assert_missed(dev.metadata["episode_end"], "dev_evaluate", store)
     # Nothing more is played against a stand-in that could not stand in.
     assert after.data["error"]["type"] == "episode_over"
+
+
+async def child_starts(ep: Episode) -> int:
+    """How many job workflows the episode's history started."""
+    events = [e async for e in ep.handle.fetch_history_events()]
+    return sum(
+        e.HasField("start_child_workflow_execution_initiated_event_attributes") for e in events
+    )
+
+
+async def test_replayed_jobs_have_no_workflow_and_a_cancel_cuts_the_known_run(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """A replayed job's whole run is known at its start: the episode keeps it in its table with
+    no job workflow and no watcher (issue 43: a third of the server's work per rollout), and
+    follows it on time by itself: queued, running, then as recorded; a cancel cuts it there,
+    charged for the share it ran, as the backend's own view of a cancelled replay is."""
+    recorded, _audit, audit_dir = await recorded_on_the_fake(time_skipping_env, tmp_path)
+    store = ReplayStore(tmp_path / "store")
+    build_store(audit_dir, tmp_path / "tasks", store)
+    inner = FakeBackend(tmp_path / "inner")
+    replay = ReplayBackend(tmp_path / "replay", store, inner)  # recorded times: 5 s queued
+    async with worker_on(time_skipping_env, tmp_path, "replayed", replay) as h:
+        ep = await h.episode()
+        replayed = await play(ep)
+        assert replayed["final"].reward == recorded["final"].reward == 0.625
+        assert replayed["dev"]["score"] == 0.375
+        assert await child_starts(ep) == 0  # the job, its dev evaluation, its grader: none
+
+        cut = await h.episode()
+        job_id = await cut.submit_job(script=SCRIPT, timeout_minutes=10)
+        assert (await cut.call("jobs_status", job_id=job_id)).data["state"] == "queued"
+        running = await cut.call_over(timedelta(seconds=30), "jobs_wait", job_id=job_id)
+        assert running.data["state"] == "running" and running.data["changed"] is True
+        await cut.skip(timedelta(seconds=60))
+        cancelled = await cut.call("jobs_cancel", job_id=job_id)
+        assert cancelled.data["state"] == "cancelled"  # at once: nothing to wait for
+        # Charged for what it ran until the cancel (a minute and more of its 125 s), not all.
+        assert 60 <= cancelled.data["running_s"] < 120
+        assert await child_starts(cut) == 0
+    assert inner.requests() == []

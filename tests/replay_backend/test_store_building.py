@@ -183,9 +183,13 @@ def test_the_settings_choose_the_store_scale_inner_backend_and_fall_through(
     with pytest.raises(SystemExit, match="POSTTRAIN_REPLAY_"):
         backend_info("replay").build(settings, key)
     monkeypatch.setenv("POSTTRAIN_REPLAY_INNER", "fake")
-    monkeypatch.setenv("POSTTRAIN_REPLAY_TIME_SCALE", "0")
+    monkeypatch.setenv("POSTTRAIN_REPLAY_TIME_SCALE", "-0.5")
     with pytest.raises(SystemExit, match="time_scale"):
         backend_info("replay").build(settings, key)
+    # 0: a replayed job ends the moment it starts (a trainer's rollouts wait for no job).
+    monkeypatch.setenv("POSTTRAIN_REPLAY_TIME_SCALE", "0")
+    instant = backend_info("replay").build(settings, key)
+    assert isinstance(instant, ReplayBackend) and instant.time_scale == 0
 
 
 def test_every_outcome_a_record_holds_is_recorded_or_named_with_why_not(tmp_path: Path) -> None:

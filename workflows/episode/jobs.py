@@ -8,6 +8,7 @@ the watcher by signal, the account by signal and, through an activity, by update
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from temporalio import workflow
@@ -18,14 +19,16 @@ with workflow.unsafe.imports_passed_through():
     from posttrain_common.contracts.activities import EpisodesApi, JobsApi
     from posttrain_common.contracts.episodes import EpisodeSetup, ServerSpend
     from posttrain_common.contracts.jobs import CheckScript, JobRole, RepoRef, ResolveDatasets
-    from posttrain_common.failures import tool_error_of
+    from posttrain_common.failures import artifact_rejection, tool_error_of
     from posttrain_env.errors import ErrorType, ToolError
     from posttrain_env.models import JobState
     from workflows.cancellation import unawaited_child
+    from workflows.episode.known import known_snapshot, live_known, next_known_change
     from workflows.episode.operator import outside_job_action, remember_action
     from workflows.episode.rules import check_room_for_a_job, take_snapshot
     from workflows.episode.state import EpisodeCarry, JobRecord
     from workflows.ids import SIGNAL_LOOK_NOW, job_workflow_id, watcher_shard_id
+    from workflows.job.contract import refused_start, rejected_artifact, submit_request
     from workflows.job.workflow import (
         JobInput,
         JobSnapshot,
@@ -34,12 +37,28 @@ with workflow.unsafe.imports_passed_through():
         job_start_attributes,
     )
     from workflows.operations.account import AccountWorkflow, Exposure
-    from workflows.policies import READ_RETRY, READ_TIMEOUT
+    from workflows.policies import (
+        READ_RETRY,
+        READ_TIMEOUT,
+        SUBMIT_HEARTBEAT,
+        SUBMIT_RETRY,
+        SUBMIT_TIMEOUT,
+    )
+    from workflows.waiting import wait_until
 
 
 # A `jobs_wait` asks only the shard that follows the waited job to look now (see
 # `ask_watcher_to_look`). Asked at each `jobs_wait` on a live job.
 WAIT_LOOKS_AT_ONE_SHARD_PATCH = "pt-wait-looks-at-one-shard-1"
+# A job whose backend knows its whole run at the start (EpisodeSetup.known_runs: the replay
+# backend) is asked for that run first, and kept in the episode's table with no workflow of its
+# own (workflows/episode/known.py); before, every job was a child workflow the watcher followed.
+# Asked only where the backend knows runs (so that no other history holds its marker), once, at
+# the start of each run: code that has it has every earlier patch the episode asks in every run
+# (pt-visibility-1, pt-visibility-reserved-1, the syntax check for the job's Python, pt-audit-1),
+# so such a run asks none of them. Each patch asked costs a run two history events (its marker
+# and the TemporalChangeVersion upsert Temporal's core adds): 8 fewer per replayed rollout.
+KNOWN_RUNS_PATCH = "pt-known-runs-1"
 # An episode that recorded no job Python (started before it was) is checked as this server's.
 SERVER_PYTHON = "3.11"
 
@@ -50,6 +69,10 @@ class EpisodeJobs:
         self._s = state
         # Jobs keep the operator's search attributes current (the episode's visibility patch).
         self.visible = False
+        # This run took KNOWN_RUNS_PATCH (`asks_known_runs`): jobs are asked for their run.
+        self.known_runs = False
+        # Bumped when a known job is started or cancelled: `follow_known` looks again.
+        self._known_poked = 0
 
     async def start(
         self,
@@ -114,6 +137,9 @@ class EpisodeJobs:
             start_reported_by_submit=True,
             reserved_micro_usd=reserved,
         )
+        if self.known_runs:
+            if await self._start_known(record, job_input):
+                return self._started(record)
         child = await workflow.start_child_workflow(
             JobWorkflow.run,
             job_input,
@@ -126,12 +152,75 @@ class EpisodeJobs:
         await workflow.wait_condition(
             lambda: record.submitted or record.error is not None or record.final
         )
+        return self._started(record)
+
+    def asks_known_runs(self) -> bool:
+        """Asked first in each run: True when this run asks the backend for known runs (and
+        so takes every earlier patch of the episode without asking it)."""
+        self.known_runs = self._setup.known_runs and workflow.patched(KNOWN_RUNS_PATCH)
+        return self.known_runs
+
+    def _started(self, record: JobRecord) -> JobRecord:
+        """The job once it started, or the typed error its start was refused with."""
         if record.error is not None:
             refused = ToolError.from_envelope(record.error)
             if refused.type is ErrorType.not_recorded:
                 self._s.replay_misses += 1
             raise refused
         return record
+
+    async def _start_known(self, record: JobRecord, job: JobInput) -> bool:
+        """Start the job if its backend knows its run now, and keep that run in its record;
+        False when the backend does not know it (nothing started: it gets a workflow)."""
+        try:
+            start = await workflow.execute_activity_method(
+                JobsApi.start_known_job,
+                submit_request(job, record.workflow_id, workflow.now()),
+                start_to_close_timeout=SUBMIT_TIMEOUT,
+                heartbeat_timeout=SUBMIT_HEARTBEAT,
+                retry_policy=SUBMIT_RETRY,
+            )
+        except ActivityError as err:
+            rejected = artifact_rejection(err)
+            if rejected is not None:  # the evaluated artifact's fault: it scores 0, as invalid
+                self.take(rejected_artifact(record.job_id, rejected))
+            else:
+                error = tool_error_of(err)
+                self.take(refused_start(record.job_id, error.envelope(), error.message))
+            return True
+        run = start.run
+        if run is None:
+            return False
+        record.known = run
+        record.submitted, record.backend_ref = True, run.ref
+        record.created_at, record.replayed = run.created_at, run.replayed
+        self.advance_known()
+        self._known_poked += 1
+        return True
+
+    def advance_known(self) -> bool:
+        """Bring every live known job to how its run stands now; True when one changed."""
+        changed = False
+        for record in live_known(self._s):
+            snap = known_snapshot(record, workflow.now())
+            if snap is not None:
+                changed = self.take(snap) or changed
+        return changed
+
+    async def follow_known(self, changed: Callable[[], Awaitable[None]]) -> None:
+        """While known jobs are live, wake at each one's next change and apply it (`changed`
+        is told). Runs for the episode's life; it waits without a timer while none is live."""
+        while True:
+            await workflow.wait_condition(lambda: bool(live_known(self._s)))
+            if self.advance_known():
+                await changed()
+            due = next_known_change(self._s, workflow.now())
+            limit = None if due is None else due - workflow.now()
+            await wait_until(self._known_poke_since(self._known_poked), limit)
+
+    def _known_poke_since(self, poked: int) -> Callable[[], bool]:
+        """True once a known job was started or cancelled after `poked`, or none is live."""
+        return lambda: self._known_poked != poked or not live_known(self._s)
 
     def _visibility_at_start(self, job: JobInput) -> dict[str, Any]:
         """A visible job's memo and first search attributes, given at its start."""
@@ -163,6 +252,10 @@ class EpisodeJobs:
     async def cancel(self, record: JobRecord) -> None:
         if record.cancel_requested_at is None:
             record.cancel_requested_at = workflow.now()
+        if record.known is not None:  # its run, cut now: no workflow to tell
+            self.advance_known()
+            self._known_poked += 1
+            return
         handle = workflow.get_external_workflow_handle(record.workflow_id)
         try:
             await handle.signal(JobWorkflow.cancel)
@@ -171,6 +264,8 @@ class EpisodeJobs:
 
     async def retry_cancel(self, record: JobRecord) -> None:
         """Have the job's workflow ask the backend to cancel again now (an operator)."""
+        if record.known is not None:
+            return  # cancelled when asked: nothing is pending
         handle = workflow.get_external_workflow_handle(record.workflow_id)
         try:
             await handle.signal(JobWorkflow.retry_cancel_now)
@@ -181,6 +276,8 @@ class EpisodeJobs:
 
     async def tell_gone(self, record: JobRecord, reason: str) -> None:
         """Tell the job's workflow an operator attested the job is gone (it stops following)."""
+        if record.known is not None:
+            return  # no workflow follows it
         handle = workflow.get_external_workflow_handle(record.workflow_id)
         try:
             await handle.signal(JobWorkflow.confirmed_gone, reason)
@@ -200,7 +297,10 @@ class EpisodeJobs:
     async def ask_watcher_to_look(self, waited: JobRecord) -> None:
         """Ask the shard that follows the waited job to look now (a `jobs_wait` is pending on
         it). Before WAIT_LOOKS_AT_ONE_SHARD_PATCH every shard of every live job was asked: up to
-        10 awaited signals, and 10 looks at a whole shard each, per `jobs_wait`."""
+        10 awaited signals, and 10 looks at a whole shard each, per `jobs_wait`. A known job
+        has no watcher: its changes come on time by themselves (`follow_known`)."""
+        if waited.known is not None:
+            return
         if workflow.patched(WAIT_LOOKS_AT_ONE_SHARD_PATCH):
             shards = [self.watcher_of(waited.workflow_id)]
         else:

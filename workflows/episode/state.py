@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from posttrain_common.contracts.contamination import ContaminationReport
 from posttrain_common.contracts.episode_calls import ToolResult
 from posttrain_common.contracts.jobs import JobRole, ScoreResult
+from posttrain_common.contracts.known_runs import KnownRun
 from posttrain_common.contracts.operator import OperatorAction
 from posttrain_env.models import BoundedText, EpisodeEnd, JobState
 from workflows.episode.ledger import Ledger, Settlement
@@ -50,6 +51,9 @@ class JobRecord(BaseModel):
     # The launcher's sandbox: TCP on loopback, or AF_UNIX only and why (`BackendJob`).
     loopback_tcp: bool | None = None
     loopback_reason: str = ""
+    # Its whole run, known when it started (the replay backend): it has no workflow of its own,
+    # and its state follows from this (`workflows/episode/known.py`).
+    known: KnownRun | None = None
 
     @property
     def live(self) -> bool:

@@ -90,7 +90,10 @@ class EpisodeWorkflow:
 
     @workflow.run
     async def run(self, inp: EpisodeInput) -> EpisodeEnd:
-        self._jobs.visible = self._visibility.enable(episode_memo(self._setup))
+        known_runs = self._jobs.asks_known_runs()  # first: it implies the patches below
+        self._jobs.visible = self._visibility.enable(episode_memo(self._setup), taken=known_runs)
+        if known_runs:  # jobs whose runs are known change on time by themselves
+            self._known = asyncio.ensure_future(self._jobs.follow_known(self._known_changed))
         if inp.wind_down is not None:
             await self._wind_down(inp.wind_down)
         while True:
@@ -121,7 +124,7 @@ class EpisodeWorkflow:
         await self._outbox.reply_if_due()
         await self._outbox.announce_close()
         await self._jobs.account_retire()
-        if workflow.patched(AUDIT_PATCH):
+        if self._jobs.known_runs or workflow.patched(AUDIT_PATCH):
             await self._outbox.write_audit()
         self._show(closing=True)
         assert self._s.end is not None
@@ -143,6 +146,8 @@ class EpisodeWorkflow:
             return self._s.recent[call.request_id]
         if was_dropped(self._s, call.request_id):
             return self._answer(call, already_answered(call.request_id).envelope())
+        if self._jobs.advance_known():  # how the known jobs stand now, before any answer
+            await self._known_changed()
         await self._end_if_out_of_time()
         if self._s.end is not None:
             return self.answer_again(call) or self._answer(
@@ -186,6 +191,12 @@ class EpisodeWorkflow:
         if self._jobs.take(snap):
             self._show()
             await self._jobs.account_report()
+
+    async def _known_changed(self) -> None:
+        """A known job changed as its run said it would: shown, and reported to the account
+        as a job's report is."""
+        self._show()
+        await self._jobs.account_report()
 
     @workflow.signal
     async def end_requested(self, request: EndRequest) -> None:

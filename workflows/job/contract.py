@@ -7,11 +7,12 @@ bench/watch_scale.py). Modules passed through the sandbox are imported once per 
 
 from __future__ import annotations
 
-from typing import Literal
+from datetime import datetime
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from posttrain_common.contracts.jobs import BackendJob, JobSpec, ScoreResult
+from posttrain_common.contracts.jobs import BackendJob, JobSpec, ScoreResult, SubmitJob
 from posttrain_env.models import JobState
 
 
@@ -50,3 +51,47 @@ class JobSnapshot(BaseModel):
     # ("cancel"), or terminated and started again by the reconciler ("terminate"): the episode
     # records the first as an operator's action. None in reports recorded before.
     outside: Literal["cancel", "terminate"] | None = None
+
+
+def submit_request(inp: JobInput, key: str, now: datetime) -> SubmitJob:
+    """What the submit activity is asked to start for this job (`key`: its workflow's id)."""
+    fields = inp.model_dump(
+        exclude={
+            "parent_workflow_id",
+            "watcher_workflow_id",
+            "visible",
+            "wind_down",
+            "start_reported_by_submit",
+            "reserved_micro_usd",
+        }
+    )
+    return SubmitJob(
+        **fields,
+        key=key,
+        now=now,
+        report_start=inp.start_reported_by_submit,
+        watcher_workflow_id=inp.watcher_workflow_id,
+    )
+
+
+def rejected_artifact(job_id: str, reason: str) -> JobSnapshot:
+    """An evaluation refused for its artifact: it scores 0, as invalid, and is final."""
+    return JobSnapshot(
+        job_id=job_id,
+        state=JobState.failed,
+        score=ScoreResult(
+            score=0.0,
+            valid=True,
+            reason=reason,
+            details={"artifact_valid": False, "reason": reason},
+        ),
+        message=reason,
+        final=True,
+    )
+
+
+def refused_start(job_id: str, error: dict[str, Any], message: str) -> JobSnapshot:
+    """A job whose start was refused (`error`: the typed envelope): final, never started."""
+    return JobSnapshot(
+        job_id=job_id, state=JobState.failed, error=error, message=message, final=True
+    )

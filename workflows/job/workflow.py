@@ -28,7 +28,13 @@ with workflow.unsafe.imports_passed_through():
     from posttrain_env.models import JobState
     from workflows.cancellation import reraise_cancel
     from workflows.ids import SIGNAL_JOB_CHANGED, SIGNAL_LOOK_NOW
-    from workflows.job.contract import JobInput, JobSnapshot
+    from workflows.job.contract import (
+        JobInput,
+        JobSnapshot,
+        refused_start,
+        rejected_artifact,
+        submit_request,
+    )
     from workflows.operations import search_attributes as sa
     from workflows.operations.visibility import (
         Attributes,
@@ -169,26 +175,9 @@ class JobWorkflow:
             reraise_cancel(err, OUTSIDE_CANCEL_PATCH)
             rejected = artifact_rejection(err)
             if rejected is not None:  # the evaluated artifact's fault: it scores 0, as invalid
-                return JobSnapshot(
-                    job_id=inp.job_id,
-                    state=JobState.failed,
-                    score=ScoreResult(
-                        score=0.0,
-                        valid=True,
-                        reason=rejected,
-                        details={"artifact_valid": False, "reason": rejected},
-                    ),
-                    message=rejected,
-                    final=True,
-                )
+                return rejected_artifact(inp.job_id, rejected)
             error = tool_error_of(err)
-            return JobSnapshot(
-                job_id=inp.job_id,
-                state=JobState.failed,
-                error=error.envelope(),
-                message=error.message,
-                final=True,
-            )
+            return refused_start(inp.job_id, error.envelope(), error.message)
 
     async def _follow(self, started: BackendJob) -> JobSnapshot:
         # submit_job registered the job with the watcher unless it had already ended.
@@ -258,24 +247,7 @@ class JobWorkflow:
     # -- helpers -------------------------------------------------------------------------------
 
     def _submit_request(self) -> SubmitJob:
-        inp = self._inp
-        fields = inp.model_dump(
-            exclude={
-                "parent_workflow_id",
-                "watcher_workflow_id",
-                "visible",
-                "wind_down",
-                "start_reported_by_submit",
-                "reserved_micro_usd",
-            }
-        )
-        return SubmitJob(
-            **fields,
-            key=workflow.info().workflow_id,
-            now=workflow.now(),
-            report_start=inp.start_reported_by_submit,
-            watcher_workflow_id=inp.watcher_workflow_id,
-        )
+        return submit_request(self._inp, workflow.info().workflow_id, workflow.now())
 
     async def _follow_until_terminal(self) -> None:
         assert self._job is not None

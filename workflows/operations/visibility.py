@@ -144,11 +144,13 @@ class Visibility:
         self._reserved = False  # show sa.RESERVED_MICRO_USD (RESERVED_PATCH)
         self._shown: Attributes = {}
 
-    def enable(self, memo: dict[str, str] | None = None) -> bool:
-        self._on = workflow.patched(VISIBILITY_PATCH)
+    def enable(self, memo: dict[str, str] | None = None, *, taken: bool = False) -> bool:
+        """`taken`: the run took a later patch that implies both of these (an episode's
+        pt-known-runs-1), so neither is asked."""
+        self._on = taken or workflow.patched(VISIBILITY_PATCH)
         if self._on:
             # Asked once per run, here: runs recorded before it never show the reservation.
-            self._reserved = workflow.patched(RESERVED_PATCH)
+            self._reserved = taken or workflow.patched(RESERVED_PATCH)
         if self._on and memo:
             workflow.upsert_memo(memo)
         return self._on

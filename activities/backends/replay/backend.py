@@ -24,7 +24,8 @@ import asyncio
 import hashlib
 import os
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import cast
 
@@ -51,6 +52,7 @@ from job_launcher.builder import build_launcher
 from job_launcher.trusted_lines import NONCE_ENV
 from posttrain_common.contracts.episodes import JobLimits
 from posttrain_common.contracts.jobs import BackendJob, JobRole
+from posttrain_common.contracts.known_runs import KnownRun
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.limits import MAX_LOG_TAIL
 from posttrain_env.models import FlavorPrice, JobState
@@ -82,6 +84,19 @@ class _Job(BaseModel):
     storage_deleted: bool = False
 
 
+@dataclass
+class _Admission:
+    """A start's job: one started under its key already (`existing`), or a new one with its
+    inputs and the recording that replays it (None: none, and `refusal` says why when the
+    store holds one that cannot)."""
+
+    job: _Job
+    existing: bool = False
+    inputs: JobInputs | None = None
+    recording: Recording | None = None
+    refusal: str | None = None
+
+
 class ReplayBackend:
     """Implements activities.backends.interface.JobsBackend from a `ReplayStore`."""
 
@@ -101,8 +116,8 @@ class ReplayBackend:
         most this often (workflow time; its last view is answered in between), as that backend
         allows: the watcher looks every second for the replayed jobs, and Hugging Face allows
         one status call per job per 30 s (DESIGN §3)."""
-        if not time_scale > 0:
-            raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        if not time_scale >= 0:
+            raise ValueError(f"time_scale must be >= 0, got {time_scale}")
         self.store = store
         self.inner = inner
         self.time_scale = time_scale
@@ -120,6 +135,40 @@ class ReplayBackend:
     # -- JobsBackend: jobs ---------------------------------------------------------------------
 
     async def submit(self, request: JobRequest) -> BackendJob:
+        admitted = await self._admit(request)
+        job = admitted.job
+        if admitted.existing:  # a second start of the same key: the same job
+            return await self._view(job, request.now)
+        if admitted.recording is None:
+            inputs = admitted.inputs
+            assert inputs is not None  # a new job
+            if not self.fall_through:
+                raise await self._not_recorded(inputs, request, admitted.refusal)
+            job.inner_ref = await self._start_inner(request, inputs)
+            job.inputs = inputs
+            job.script = request.script if request.role is JobRole.agent else ""
+        self._save(job)
+        return await self._view(job, request.now)
+
+    async def start_known(self, request: JobRequest) -> KnownRun | None:
+        """A job with a recording, replayed: its whole run, known now (`KnownOutcomes`). None
+        when it has none and would fall through (nothing is started: `submit` starts it).
+        Raises ToolError(not_recorded) when it has none and nothing falls through."""
+        admitted = await self._admit(request)
+        job = admitted.job
+        if admitted.existing:  # a retried start: the same job
+            return None if job.inner_ref is not None else self._run(job)
+        if admitted.recording is None:
+            assert admitted.inputs is not None  # a new job
+            if not self.fall_through:
+                raise await self._not_recorded(admitted.inputs, request, admitted.refusal)
+            return None
+        self._save(job)
+        return self._run(job, admitted.recording)
+
+    async def _admit(self, request: JobRequest) -> _Admission:
+        """The job this request names: the one started under its key already, or a new one
+        with its recording (None: none that replays it, and why not when one exists)."""
         if request.role is JobRole.agent:
             # As every backend: the launcher is built, so its checks refuse what they refuse.
             await asyncio.to_thread(
@@ -130,8 +179,8 @@ class ReplayBackend:
             )
         ref = job_ref(request.key)
         existing = self._load(ref)
-        if existing is not None:  # a second start of the same key: the same job
-            return await self._view(existing, request.now)
+        if existing is not None:
+            return _Admission(existing, existing=True)
         inputs = self._inputs(request)
         recording_key = inputs.key()
         recording = self.store.get(recording_key)
@@ -146,13 +195,10 @@ class ReplayBackend:
             nonce=request.env.get(NONCE_ENV, ""),
             recording_key=recording_key,
         )
-        if recording is None or refusal is not None:
-            if not self.fall_through:
-                raise await self._not_recorded(inputs, request, refusal)
-            job.inner_ref = await self._start_inner(request, inputs)
-            job.inputs, job.script = inputs, request.script if request.role is JobRole.agent else ""
-        self._save(job)
-        return await self._view(job, request.now)
+        replays = recording is not None and refusal is None
+        return _Admission(
+            job, inputs=inputs, recording=recording if replays else None, refusal=refusal
+        )
 
     async def find_by_key(self, key: str, now: datetime) -> BackendJob | None:
         job = self._load(job_ref(key))
@@ -394,47 +440,24 @@ class ReplayBackend:
     def _replayed_view(self, job: _Job, now: datetime) -> BackendJob:
         """The replayed job at workflow time `now`, from its recording and the time scale. Its
         running time is the recorded one (what it is charged); its times are scaled."""
-        recording = self._recording(job)
-        scale = self.time_scale
-        created = job.created_at
-        start = created + timedelta(seconds=recording.queue_s * scale)
+        return self._run(job).view(now, job.cancel_requested_at, hold_cancel=job.hold_cancel)
+
+    def _run(self, job: _Job, recording: Recording | None = None) -> KnownRun:
+        """The replayed job's whole run, as its recording and its request's timeout make it
+        (a recorded run longer than the timeout ends `timed_out` at the timeout)."""
+        recording = recording or self._recording(job)
         ran_s, outcome = recording.running_s, JobState(recording.state)
         if ran_s > job.timeout_s:  # the request's timeout is shorter than the recorded run
             ran_s, outcome = float(job.timeout_s), JobState.timed_out
-        end, final = start + timedelta(seconds=ran_s * scale), outcome
-        cancel_at = job.cancel_requested_at
-        if cancel_at is not None and cancel_at < end:
-            if job.hold_cancel:
-                end = datetime.max.replace(tzinfo=created.tzinfo)
-            else:
-                end = cancel_at
-            final = JobState.cancelled
-            if cancel_at <= start:  # cancelled while queued: it never ran
-                start = end
-        base = BackendJob(
-            ref=job.ref, key=job.key, state=JobState.queued, created_at=created, replayed=True
-        )
-        if now < min(start, end):
-            return base
-        if now < end:
-            return base.model_copy(
-                update={
-                    "state": JobState.running,
-                    "started_at": start,
-                    "running_s": min(ran_s, (now - start).total_seconds() / scale),
-                }
-            )
-        ran = max(0.0, (end - start).total_seconds())
-        message = recording.message if final is outcome else f"replayed job {final.value}"
-        return base.model_copy(
-            update={
-                "state": final,
-                "started_at": start if ran > 0 else None,
-                "finished_at": end,
-                # Charged as recorded (a run cut by a cancellation: its share of it).
-                "running_s": ran_s if final is outcome else ran / scale,
-                "message": message or f"replayed job {final.value}",
-            }
+        return KnownRun(
+            ref=job.ref,
+            key=job.key,
+            created_at=job.created_at,
+            queue_s=recording.queue_s,
+            ran_s=ran_s,
+            outcome=outcome,
+            time_scale=self.time_scale,
+            message=recording.message,
         )
 
     def _job(self, ref: str) -> _Job:

@@ -22,8 +22,9 @@ class ReplaySettings(BaseSettings):
     # audit records with `posttrain-env replay-store build`.
     store: Path | None = None
     # Recorded queueing and running times are replayed multiplied by this (0.01: a 10-minute
-    # job ends in 6 s). Charges are the recorded ones whatever the scale.
-    time_scale: float = Field(default=1.0, gt=0, le=1000)
+    # job ends in 6 s; 0: a replayed job ends the moment it starts). Charges are the recorded
+    # ones whatever the scale.
+    time_scale: float = Field(default=1.0, ge=0, le=1000)
     # The backend that answers what is not a job (models, datasets, prices, job limits) and,
     # with fall-through, runs the jobs that have no recording.
     inner: InnerBackend = "local"
