@@ -101,10 +101,14 @@ class JobsActivities(JobsApi):
     async def start_known_job(self, job: SubmitJob) -> KnownStart:
         """Start the job if the backend knows its whole run now (`KnownRunSource`), and answer
         that run; an evaluation's score is read now from the log it ends with, as the job's
-        workflow would read it at the end. Nothing is watched: the episode follows the run."""
+        workflow would read it at the end. Nothing is watched: the episode follows the run. An
+        agent script's syntax is checked first, for the backend's Python (invalid_script), as
+        `check_script` checks it: the episode asks no check of its own then."""
         source = known_run_source(self._backend)
         if source is None:
             return KnownStart()
+        if job.role is JobRole.agent:  # as `check_script`: the episode asks no check of its own
+            await asyncio.to_thread(check_syntax, job.script, self._backend.job_python_version)
         async with heartbeating(SUBMIT_BEAT_S, first_after_s=SUBMIT_BEAT_S):
             try:
                 run = await source.start_known(self._request(job))

@@ -357,6 +357,14 @@ async def test_replayed_jobs_have_no_workflow_and_a_cancel_cuts_the_known_run(
         assert await child_starts(ep) == 0  # the job, its dev evaluation, its grader: none
 
         cut = await h.episode()
+        # A script that does not parse: refused before any job exists, by the start itself (no
+        # check activity of its own: pt-known-runs-2), as jobs_submit's check refuses it.
+        broken = await cut.call(
+            "jobs_submit", script="def broken(:\n", flavor="cpu-basic", timeout_minutes=10
+        )
+        assert broken.data["error"]["type"] == "invalid_script", broken.data
+        assert (await cut.call("jobs_status")).data["jobs"] == []
+        assert (await cut.status()).service_spend.reserved.usd == 0
         job_id = await cut.submit_job(script=SCRIPT, timeout_minutes=10)
         assert (await cut.call("jobs_status", job_id=job_id)).data["state"] == "queued"
         running = await cut.call_over(timedelta(seconds=30), "jobs_wait", job_id=job_id)

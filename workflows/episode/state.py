@@ -52,7 +52,8 @@ class JobRecord(BaseModel):
     loopback_tcp: bool | None = None
     loopback_reason: str = ""
     # Its whole run, known when it started (the replay backend): it has no workflow of its own,
-    # and its state follows from this (`workflows/episode/known.py`).
+    # and its state follows from this (`workflows/episode/known.py`). Dropped once it is final
+    # (the record then holds all it ended with), so the carry holds only live jobs' runs.
     known: KnownRun | None = None
 
     @property

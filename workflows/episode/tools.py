@@ -163,7 +163,9 @@ class EpisodeTools:
     async def jobs_submit(self, args: JobsSubmitArgs) -> Answer:
         check_not_grading(self._s, JOBS_SUBMIT.name)
         check_flavor_and_timeout(self._setup, args.flavor, args.timeout_minutes)
-        if self._jobs.known_runs or workflow.patched(SYNTAX_OF_THE_JOBS_PYTHON):
+        if self._jobs.known_start_checks_syntax:  # checked by the job's start itself
+            validate_text(args.script)
+        elif self._jobs.known_runs or workflow.patched(SYNTAX_OF_THE_JOBS_PYTHON):
             validate_text(args.script)
             await self._jobs.check_syntax(args.script)
         else:  # episodes started before: the server's own compile
