@@ -230,7 +230,9 @@ class JobsActivities(JobsApi):
         """An ended job, with what the launcher's own lines say: the sandbox it ran in
         (`loopback_tcp`), and for a failed job why, in its message: the stage that failed
         before the script ran, or how the script exited (the agent need not spend a
-        `jobs_logs` step on it). Read once, when the job is seen ended."""
+        `jobs_logs` step on it). Read once, when the job is seen ended. A job that met one of
+        its limits, or whose outputs were refused, keeps the backend's message: it says which
+        (the launcher would only say how the script exited, "killed by signal 9")."""
         if not job.state.terminal:
             return job
         try:
@@ -243,7 +245,8 @@ class JobsActivities(JobsApi):
         if report.loopback_tcp is not None:
             update["loopback_tcp"] = report.loopback_tcp
             update["loopback_reason"] = cut_text(report.loopback_reason or "")
-        why = report.failure_message if job.state is JobState.failed else None
+        failed = job.state is JobState.failed and not (job.limits_met or job.outputs_refused)
+        why = report.failure_message if failed else None
         if why is not None:
             # The installer's output may quote the line that carried the nonce: never pass it
             # on.

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
+from posttrain_env.errors import ErrorType
 from posttrain_env.limits import MAX_SCORE_DETAILS_BYTES
 from posttrain_env.models import BoundedText, JobState
 
@@ -46,6 +47,24 @@ class JobSpec(BaseModel):
     artifact_ref: str | None = None  # evaluations: backend ref of the job whose outputs are /model
     # The task's cap on a job's outputs; None: the backend's default (DESIGN §9).
     artifact_cap_bytes: int | None = None
+    # Agent jobs: what the episode may still keep of this job's outputs (its storage cap less
+    # its other jobs' artifacts and storage reservations), and that whole cap; None: no
+    # episode cap (jobs started before storage was capped).
+    storage_allowance_bytes: int | None = None
+    storage_cap_bytes: int | None = None
+
+
+class OutputsRefusal(BaseModel):
+    """Why a job's outputs were not kept (its artifact is empty): `type` is the error an agent
+    gets for them (`limit_reached` for a cap, `not_allowed` for what an artifact cannot hold),
+    `cap` which cap ("artifact": the job's own, "storage": what its episode may still keep,
+    "entries": files and folders), and by how much it was over."""
+
+    type: ErrorType
+    message: BoundedText
+    cap: str | None = None
+    cap_bytes: int | None = None
+    over_by_bytes: int | None = None
 
 
 class BackendJob(BaseModel):
@@ -71,6 +90,15 @@ class BackendJob(BaseModel):
     # known (still running, never started, or a backend that runs no launcher).
     loopback_tcp: bool | None = None
     loopback_reason: BoundedText = ""
+    # An agent job that ended: the apparent bytes its artifact keeps (what the episode's
+    # storage counts and is charged for); None while it runs, for evaluations, and where the
+    # backend has not measured it.
+    stored_bytes: int | None = None
+    # Its outputs were refused whole (nothing was kept): why, typed.
+    outputs_refused: OutputsRefusal | None = None
+    # The limits the job met, by name ("memory", "processes", "disk", "files", ...): its
+    # message then says so, and is kept over the launcher's plainer account of the exit.
+    limits_met: list[str] = Field(default_factory=list)
 
 
 # -- activity inputs and outputs -----------------------------------------------------------------

@@ -395,25 +395,23 @@ report(built=True)
 )
 
 
-def test_a_1500_deep_tree_with_a_large_file_ends_normally_and_nothing_of_it_remains(
+def test_a_1500_deep_tree_with_a_large_file_is_refused_whole_and_nothing_of_it_remains(
     state_dir: Path, tmp_path: Path
 ) -> None:
     jobs = make_jobs(
         state_dir, tmp_path, disk_cap_bytes=256 * MIB, max_files=20_000, file_bytes=None
     )
     job = jobs.run(DEEP_TREE, timeout=120)
-    assert job.state.value == "succeeded", jobs.logs(job.ref)
-    assert job.message == "succeeded"
     assert jobs.report(job.ref) == {"built": True}
-    # The artifact keeps what is at most 64 folders deep; the rest is counted, never walked.
-    artifact = jobs.folder(job.ref) / "artifact"
-    assert (artifact / "model.safetensors").read_bytes() == b"weights"
-    assert (artifact / "a" / "b" / "notes.txt").read_text() == "notes"
-    assert (artifact / ("deep-folder/" * 64)).is_dir()
-    assert not (artifact / ("deep-folder/" * 65)).exists()
-    assert logged(jobs, job.ref, "artifact: 2 files, 1 entries too deep")
+    # An artifact holds at most 64 folders of depth: the tree is refused whole, by name, and
+    # the job ends with that one reason (the 98 MiB and the deep tree go with it).
+    assert job.state.value == "failed", jobs.logs(job.ref)
+    assert "folders deep" in job.message and "nothing was kept" in job.message
+    assert job.outputs_refused is not None and job.outputs_refused.type.value == "not_allowed"
+    assert list((jobs.folder(job.ref) / "artifact").iterdir()) == []
+    assert logged(jobs, job.ref, "artifact: none (refused)")
     assert leftovers(jobs, job.ref) == []
-    assert allocated_bytes(jobs.folder(job.ref)) < 2 * MIB  # the 98 MiB went with the job
+    assert allocated_bytes(jobs.folder(job.ref)) < 2 * MIB
 
 
 def test_a_fork_bomb_stops_at_the_pids_limit_and_is_accounted_to_the_jobs_group(

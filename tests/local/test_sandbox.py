@@ -118,7 +118,7 @@ report(
     assert written == {"/data/outputs/new", "/tmp/new", "/dev/shm/new"}
 
 
-def test_outputs_become_the_artifact_and_links_in_them_are_dropped_not_followed(
+def test_links_and_special_files_in_the_outputs_refuse_them_whole_and_are_never_followed(
     jobs: Jobs,
 ) -> None:
     secret = jobs.folder("x").parent.parent / "outside-secret"
@@ -136,13 +136,35 @@ def test_outputs_become_the_artifact_and_links_in_them_are_dropped_not_followed(
     os.chmod("/data/outputs/sub", 0)
     """
     job = jobs.run(script)
+    # Links and a fifo cannot be held by an artifact: the outputs are refused whole, by name.
+    assert job.state.value == "failed", jobs.logs(job.ref)
+    assert job.outputs_refused is not None and job.outputs_refused.type.value == "not_allowed"
+    assert "it is a named pipe (fifo)" in job.message or "symbolic link" in job.message
+    assert job.stored_bytes == 0
+    assert list((jobs.folder(job.ref) / "artifact").iterdir()) == []
+    assert secret.read_text() == "host secret"
+
+
+def test_outputs_become_an_inert_artifact_even_from_a_folder_the_job_locked(jobs: Jobs) -> None:
+    script = """
+    import os
+    os.makedirs("/data/outputs/sub")
+    with open("/data/outputs/model.safetensors", "wb") as fh:
+        fh.write(b"weights")
+    open("/data/outputs/sub/notes.txt", "w").write("notes")
+    os.chmod("/data/outputs/sub/notes.txt", 0o4777)
+    os.chmod("/data/outputs/sub", 0)
+    """
+    job = jobs.run(script)
     assert job.state.value == "succeeded", jobs.logs(job.ref)
+    assert job.stored_bytes == len(b"weights") + len(b"notes")
     artifact = jobs.folder(job.ref) / "artifact"
     found = sorted(str(p.relative_to(artifact)) for p in artifact.rglob("*"))
     assert found == ["model.safetensors", "sub", "sub/notes.txt"]
     assert all(not p.is_symlink() and p.stat().st_uid == 0 for p in artifact.rglob("*"))
+    assert {p.stat().st_mode & 0o7777 for p in artifact.rglob("*")} == {0o755, 0o644}
     assert (artifact / "model.safetensors").read_bytes() == b"weights"
-    assert "2 files, 4 links or special files dropped" in "\n".join(jobs.logs(job.ref))
+    assert "artifact: 2 files, 12 bytes" in "\n".join(jobs.logs(job.ref))
     # Mounted at /model for an evaluation, nothing points outside either.
     probe = (
         REPORT
@@ -165,6 +187,39 @@ report(entries=sorted(entries))
     ]
 
 
+def test_a_name_that_is_not_utf8_fails_the_job_with_its_reason_not_the_supervisor(
+    jobs: Jobs,
+) -> None:
+    # Finding 1 of issue 41: this crashed collection (UnicodeEncodeError) halfway.
+    script = """
+    with open(b"/data/outputs/\\xff\\xfe-x", "w") as fh:
+        fh.write("x")
+    open("/data/outputs/zz-after", "w").write("after")
+    """
+    job = jobs.run(script)
+    assert job.state.value == "failed", jobs.logs(job.ref)
+    assert "supervisor failed" not in job.message
+    assert "/data/outputs/\\xff\\xfe-x: its name is not UTF-8" in job.message
+    assert job.outputs_refused is not None and job.outputs_refused.type.value == "not_allowed"
+    assert list((jobs.folder(job.ref) / "artifact").iterdir()) == []
+
+
+def test_a_sparse_output_takes_host_disk_only_for_its_data_and_counts_its_apparent_size(
+    jobs: Jobs,
+) -> None:
+    # Finding 2 of issue 41: a sparse file was copied dense onto the host.
+    script = """
+    with open("/data/outputs/big.bin", "wb") as fh:
+        fh.write(b"data")
+        fh.truncate(3 << 20)
+    """
+    job = jobs.run(script)
+    assert job.state.value == "succeeded", jobs.logs(job.ref)
+    copy = jobs.folder(job.ref) / "artifact" / "big.bin"
+    assert job.stored_bytes == copy.stat().st_size == 3 << 20
+    assert copy.stat().st_blocks * 512 <= 64 << 10
+
+
 def test_a_job_filling_its_outputs_is_stopped_at_the_artifact_cap(jobs: Jobs) -> None:
     script = """
     import itertools
@@ -175,7 +230,9 @@ def test_a_job_filling_its_outputs_is_stopped_at_the_artifact_cap(jobs: Jobs) ->
     """
     job = jobs.run(script)
     assert job.state.value == "failed"
-    assert "over this job's cap of 4194304 bytes" in job.message
+    assert "over this job's artifact cap of 4194304 bytes; nothing was kept" in job.message
+    assert job.outputs_refused is not None and job.outputs_refused.cap == "artifact"
+    assert job.stored_bytes == 0
     assert list((jobs.folder(job.ref) / "artifact").iterdir()) == []
 
 

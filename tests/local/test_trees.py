@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.backends.local.jobfiles import collect_artifact, usage
 from activities.backends.local.scratch import remove_tree
-from posttrain_env.limits import MAX_ARTIFACT_DEPTH
 
 
 @pytest.fixture
@@ -77,39 +75,3 @@ def test_remove_tree_does_not_clobber_a_job_file_named_like_its_own_moves(tmp_pa
     (root / ".remove-0" / "x").write_text("x")
     remove_tree(root)
     assert not root.exists()
-
-
-def test_collecting_a_deep_tree_keeps_what_a_checkpoint_needs_and_counts_the_rest(
-    tmp_path: Path, scratch: Path
-) -> None:
-    outputs = deep_tree(scratch / "outputs", 1500)
-    (outputs / "model.safetensors").write_bytes(b"weights")
-    (outputs / "sub").mkdir()
-    (outputs / "sub" / "notes.txt").write_text("notes")
-    os.symlink("/etc/passwd", outputs / "sub" / "link")
-    os.mkfifo(outputs / "fifo")
-    long_name = outputs / ("n" * 200)
-    path = long_name
-    for _ in range(6):  # 6 x 201 bytes: past the 1,024-byte path limit, far from the depth one
-        path.mkdir()
-        path = path / ("n" * 200)
-    _, entries = usage(outputs, 100_000)
-    assert entries > 1500  # usage walks it all, iteratively
-    artifact = tmp_path / "artifact"
-    collected = collect_artifact(outputs, artifact)
-    assert collected.files == 2 and collected.bytes == len(b"weights") + len(b"notes")
-    assert collected.dropped == 2  # the link and the fifo
-    assert collected.too_deep == 2  # the 65th "d" and the sixth long name
-    assert (artifact / ("d/" * MAX_ARTIFACT_DEPTH)).is_dir()
-    assert not (artifact / ("d/" * (MAX_ARTIFACT_DEPTH + 1))).exists()
-    assert (artifact / "sub" / "notes.txt").read_text() == "notes"
-    modes = {stat.S_IMODE(p.lstat().st_mode) for p in artifact.rglob("*")}
-    assert modes <= {0o755, 0o644}
-    assert not any(p.is_symlink() for p in artifact.rglob("*"))
-
-
-def test_collecting_outputs_that_are_a_link_gives_an_empty_artifact(tmp_path: Path) -> None:
-    os.symlink("/etc", tmp_path / "outputs")
-    collected = collect_artifact(tmp_path / "outputs", tmp_path / "artifact")
-    assert collected.files == 0 and collected.dropped == 1
-    assert list((tmp_path / "artifact").iterdir()) == []

@@ -218,8 +218,9 @@ def test_as_an_ordinary_user_jobs_run_under_a_mapped_uid_without_capabilities(
     assert grader["weights"] == "weights" and grader["seed"] == "seed"
     assert grader["uid"] != agent["uid"]
     assert result["cancel"][0] == "cancelled" and result["cancel"][1] > 0.3
-    # A job sharing our uid may replace its outputs folder by a link: nothing is followed.
-    assert result["swap"] == ["succeeded", False, []]
+    # A job sharing our uid may replace its outputs folder by a link: nothing is followed,
+    # and the outputs are refused (an artifact is no link).
+    assert result["swap"] == ["failed", False, []]
     # Without root, no limit is held by the kernel; each stand-in is named, and the disk is
     # measured (so a job filling /tmp is stopped at the cap), and deep trees still go.
     gaps = result["not_enforced"]

@@ -283,6 +283,9 @@ class LocalBackend:
             },
             "watch": {
                 "artifact_cap_bytes": artifact_cap,
+                # What its episode may still keep, and the episode's whole storage cap.
+                "storage_bytes": request.storage_allowance_bytes,
+                "storage_cap_bytes": request.storage_cap_bytes,
                 "disk_cap_bytes": resources.disk_bytes,
                 "max_files": resources.files,
             },

@@ -40,8 +40,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from activities.backends.local import collection, scratch
 from activities.backends.local import jobfiles as jf
-from activities.backends.local import scratch
 from activities.backends.local.cgroups import CgroupError, GroupLimits, JobGroups
 from activities.backends.local.sandbox import INFO_FD
 from activities.backends.local.scratch import describe_bytes as _size
@@ -139,6 +139,10 @@ class Supervisor:
         self.mounted = False
         # Limits the job met while it ran (sticky: a job may free the space again).
         self.disk_full = self.files_full = self.shm_full = False
+        # What collection kept ({"files", "bytes"} and "refused" when it kept nothing).
+        self.outputs: dict[str, Any] | None = None
+        # The limits the job met, as `explain` names them ("memory", "processes", ...).
+        self.limits: list[str] = []
         jf.write_json(folder / jf.STATUS, {"started_at": self.started})
 
     def say(self, text: str) -> None:
@@ -167,13 +171,8 @@ class Supervisor:
                 usage = self.groups.usage()
             self.look_at_filesystems()
             if self.spec.get("collect"):
-                try:
-                    state, message, collected = self.collect(state, message)
-                    notes.append(collected)
-                except OSError as exc:
-                    state, message = "failed", f"collecting the job's outputs failed: {exc}"
-                    scratch.remove_tree(self.folder / jf.ARTIFACT)
-                    os.mkdir(self.folder / jf.ARTIFACT, 0o755)  # empty, never half
+                state, message, collected = self.collect(state, message)
+                notes.append(collected)
         except BaseException as exc:  # whatever happened, the job gets a result
             state, message = "failed", f"the job's supervisor failed: {type(exc).__name__}: {exc}"
             traceback.print_exc()
@@ -198,6 +197,9 @@ class Supervisor:
                 "message": message,
                 "phases": phases,  # wall times per phase (bench/episode_wall.py)
                 "usage": usage,
+                # Agent jobs: what the artifact holds (apparent bytes), or why it holds nothing.
+                "outputs": self.outputs,
+                "limits": self.limits,
             },
         )
 
@@ -404,12 +406,16 @@ class Supervisor:
         self.next_size_check = now + float(self.spec.get("size_every_s", 0.5))
         watch = self.spec["watch"]
         max_files = int(watch["max_files"])
+        caps = self.caps()
         out_bytes, out_files = jf.usage(self.folder / scratch.FS / "data" / "outputs", max_files)
-        if out_bytes > watch["artifact_cap_bytes"] or out_files > max_files:
+        over = collection.over_a_cap(out_bytes, caps)
+        if over is not None or out_files > max_files:
+            held = f"{out_bytes} bytes in {out_files} entries"
             raise Stop(
                 "failed",
-                f"outputs reached {out_bytes} bytes in {out_files} entries, over this job's cap "
-                f"of {watch['artifact_cap_bytes']} bytes and {max_files} entries; stopped",
+                f"outputs reached {held}, over what this job may keep "
+                f"({min(caps.artifact_bytes, caps.storage_bytes or caps.artifact_bytes)} bytes, "
+                f"{max_files} entries); stopped",
             )
         if self.spec.get("filesystem"):
             return
@@ -446,27 +452,45 @@ class Supervisor:
 
     # -- the end -----------------------------------------------------------------------------------
 
-    def collect(self, state: str, message: str) -> tuple[str, str, str]:
-        """Copy the outputs to the artifact (agent jobs). Returns (state, message, log note)."""
-        outputs = self.folder / scratch.FS / "data" / "outputs"
+    def caps(self) -> collection.Caps:
+        """What this job's artifact may hold: its own cap, and what its episode may still keep."""
         watch = self.spec["watch"]
-        cap, max_files = int(watch["artifact_cap_bytes"]), int(watch["max_files"])
-        size, files = jf.usage(outputs, max_files)
-        if size > cap or files > max_files:
-            if state != "failed" or not message.startswith("outputs"):
-                message = (
-                    f"outputs reached {size} bytes in {files} entries, over this job's cap of "
-                    f"{cap} bytes and {max_files} entries"
-                )
-            state = "failed"
-            scratch.remove_tree(outputs)
-        collected = jf.collect_artifact(outputs, self.folder / jf.ARTIFACT)
-        note = f"; artifact: {collected.files} files"
-        if collected.dropped:
-            note += f", {collected.dropped} links or special files dropped"
-        if collected.too_deep:
-            note += f", {collected.too_deep} entries too deep or with too long a path dropped"
-        return state, message, note
+        storage = watch.get("storage_bytes")
+        whole = watch.get("storage_cap_bytes")
+        return collection.Caps(
+            artifact_bytes=int(watch["artifact_cap_bytes"]),
+            entries=int(watch["max_files"]),
+            storage_bytes=None if storage is None else int(storage),
+            storage_cap_bytes=None if whole is None else int(whole),
+        )
+
+    def collect(self, state: str, message: str) -> tuple[str, str, str]:
+        """Copy the outputs to the artifact whole, or keep none of them (agent jobs). Returns
+        (state, message, log note). Never raises: a copy that fails fails the job, with an
+        empty artifact."""
+        outputs = self.folder / scratch.FS / "data" / "outputs"
+        artifact = self.folder / jf.ARTIFACT
+        try:
+            collected = collection.collect(outputs, artifact, self.caps())
+        except OSError as exc:
+            for leftover in (
+                artifact,
+                artifact.with_name(artifact.name + collection.PARTIAL_SUFFIX),
+            ):
+                scratch.remove_tree(leftover)
+            os.mkdir(artifact, 0o755)  # empty, never half
+            self.outputs = {"files": 0, "bytes": 0}
+            reason = f"collecting the job's outputs failed, nothing was kept: {exc}"
+            return "failed", reason, "; artifact: none (the copy failed)"
+        self.outputs = {"files": collected.files, "bytes": collected.bytes}
+        refusal = collected.refusal
+        if refusal is None:
+            return state, message, f"; artifact: {collected.files} files, {collected.bytes} bytes"
+        self.outputs["refused"] = refusal.as_dict()
+        note = "; artifact: none (refused)"
+        if state == "succeeded" or message.startswith("outputs reached"):
+            return "failed", refusal.message, note
+        return state, f"{message}; {refusal.message}", note
 
     def explain(self, state: str, message: str, exit_code: int, usage: dict[str, int]) -> str:
         """The job's message, saying which limit it met (if any)."""
@@ -477,6 +501,7 @@ class Supervisor:
             peak = usage.get("memory_peak_bytes", 0)
             own = usage.get("memory_limit_bytes") or resources["memory_bytes"]
             if peak >= own - (1 << 20):
+                self.limits.append("memory")
                 met.append(
                     f"it went over its memory limit of {_size(resources['memory_bytes'])} "
                     f"({resources['flavor']} on this machine) and the kernel killed "
@@ -484,25 +509,30 @@ class Supervisor:
                 )
             else:
                 jobs = self.spec["jobs_limits"]["memory_bytes"]
+                self.limits.append("jobs_memory")
                 met.append(
                     f"all local jobs together reached their memory limit of {_size(jobs)} and "
                     f"the kernel killed {oom} of its processes"
                 )
         refused = usage.get("fork_refusals", 0)
         if refused:
+            self.limits.append("processes")
             met.append(
                 f"it reached its limit of {resources['processes']} processes and threads "
                 f"({refused} forks refused)"
             )
         if self.disk_full:
             disk = _size(resources["disk_bytes"])
+            self.limits.append("disk")
             met.append(f"it ran out of disk: /data, /tmp and its packages share {disk} (ENOSPC)")
         if self.files_full:
+            self.limits.append("files")
             met.append(
                 f"it ran out of files: /data, /tmp and its packages hold at most "
                 f"{resources['files']} files and folders (ENOSPC)"
             )
         if self.shm_full:
+            self.limits.append("shm")
             met.append(
                 f"/dev/shm was full (at most {_size(shm_bytes(resources))} and "
                 f"{resources['files']} files; ENOSPC)"

@@ -12,9 +12,12 @@ A job folder `<state>/local/jobs/<ref>/` holds:
                      `child-pid`); killing it ends every process of the phase
     cancel           present once a cancellation was asked for
     result.json      {"state", "exit_code", "started_at", "finished_at", "running_s", "message",
-                     "phases", "usage"}: written exactly once (the first writer wins), the job's
+                     "phases", "usage", "limits", "outputs"}: written exactly once (the first
+                     writer wins), the job's
                      end; `usage` is what its control groups counted (memory peak, OOM kills,
-                     processes peak, refused forks)
+                     processes peak, refused forks); `limits` the limits it met; `outputs`
+                     what its artifact holds ({"files", "bytes"}, and "refused" when nothing
+                     was kept)
     log              stdout and stderr of every phase, in order (through the supervisor, which
                      stops the job at its log cap)
     job/             the launcher or evaluator script (read-only at /job)
@@ -23,8 +26,8 @@ A job folder `<state>/local/jobs/<ref>/` holds:
                      leaves), tmp/ (/tmp), env/ (the venv: read-write during install, read-only
                      at /env afterwards); gone when the job ends
     shm/             /dev/shm (a tmpfs while the job runs)
-    artifact/        a copy of data/outputs after the job, without links or special files
-                     (/model of its evaluations)
+    artifact/        data/outputs after the job, copied whole or not at all
+                     (activities/backends/local/collection.py; /model of its evaluations)
 """
 
 from __future__ import annotations
@@ -33,11 +36,10 @@ import json
 import os
 import signal
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posttrain_env.limits import MAX_ARTIFACT_DEPTH, MAX_ARTIFACT_PATH_BYTES, MAX_LOG_READ_BYTES
+from posttrain_env.limits import MAX_LOG_READ_BYTES
 
 JOB = "job.json"
 SUPERVISOR = "supervisor.json"
@@ -176,103 +178,3 @@ def tail_lines(path: Path, n: int, max_bytes: int = MAX_LOG_READ_BYTES) -> list[
     if size > max_bytes and lines:
         lines = lines[1:]  # the first line read is probably cut
     return lines[-n:]
-
-
-@dataclass
-class Collected:
-    """What collect_artifact kept and left out."""
-
-    files: int = 0
-    bytes: int = 0
-    dropped: int = 0  # links, fifos, sockets, devices: never followed, never copied
-    too_deep: int = 0  # entries deeper than MAX_ARTIFACT_DEPTH or with too long a path
-
-
-def collect_artifact(outputs: Path, artifact: Path) -> Collected:
-    """Copy a finished job's outputs to `artifact` (which must not exist) and make them inert:
-    only folders and regular files, folders 0755 and files 0644, owned by us; symlinks, fifos,
-    sockets and devices are left out (never followed), and so is anything more than
-    MAX_ARTIFACT_DEPTH folders deep or with a path over MAX_ARTIFACT_PATH_BYTES.
-
-    Iterative (an explicit stack, no recursion on the job's depth). Run only after every
-    process of the job is gone, so nothing changes under it, and after checking the outputs
-    against the artifact cap (`usage`), which bounds what is copied. An `outputs` that is not a
-    real folder gives an empty artifact.
-    """
-    done = Collected()
-    os.mkdir(artifact, 0o755)
-    os.chmod(artifact, 0o755)
-    try:
-        st = os.lstat(outputs)
-    except FileNotFoundError:
-        return done
-    if not stat.S_ISDIR(st.st_mode):
-        done.dropped += 1
-        return done
-    todo: list[tuple[str, int]] = [("", 0)]  # (path relative to outputs, depth)
-    while todo:
-        relative, depth = todo.pop()
-        source = os.path.join(outputs, relative)
-        try:
-            _open_folder_for_us(source)
-            with os.scandir(source) as entries:
-                names = sorted(entry.name for entry in entries)
-        except OSError:
-            done.dropped += 1
-            continue
-        for name in names:
-            child = os.path.join(relative, name)
-            if depth + 1 > MAX_ARTIFACT_DEPTH or len(child.encode()) > MAX_ARTIFACT_PATH_BYTES:
-                done.too_deep += 1
-                continue
-            path = os.path.join(outputs, child)
-            try:
-                st = os.lstat(path)
-            except OSError:
-                done.dropped += 1
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                os.mkdir(os.path.join(artifact, child), 0o755)
-                os.chmod(os.path.join(artifact, child), 0o755)
-                todo.append((child, depth + 1))
-            elif stat.S_ISREG(st.st_mode):
-                done.bytes += _copy_file(path, os.path.join(artifact, child))
-                done.files += 1
-            else:
-                done.dropped += 1
-    return done
-
-
-def _open_folder_for_us(folder: str) -> None:
-    """A job sharing our uid (no root) may have made a folder unreadable to hide it."""
-    st = os.lstat(folder)
-    if stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) & 0o500 != 0o500:
-        os.chmod(folder, stat.S_IMODE(st.st_mode) | 0o500)
-
-
-def _copy_file(source: str, target: str) -> int:
-    """Copy one regular file (opened without following links, created anew). Returns bytes."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    try:
-        src = os.open(source, flags)
-    except PermissionError:
-        os.chmod(source, 0o600)  # ours (no root): made unreadable by the job
-        src = os.open(source, flags)
-    try:
-        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        try:
-            copied = 0
-            while True:
-                chunk = os.read(src, 1 << 20)
-                if not chunk:
-                    break
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(dst, view) :]
-                copied += len(chunk)
-            os.fchmod(dst, 0o644)
-            return copied
-        finally:
-            os.close(dst)
-    finally:
-        os.close(src)

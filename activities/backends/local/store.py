@@ -20,9 +20,10 @@ from typing import Any
 from activities.backends.local import jobfiles as jf
 from activities.backends.local import scratch
 from activities.backends.local.cgroups import JobGroups, Placement
+from activities.backends.local.collection import PARTIAL_SUFFIX
 from activities.backends.local.job_runner import ALREADY_SUPERVISED
 from activities.backends.local.plan import JobPlan
-from posttrain_common.contracts.jobs import BackendJob
+from posttrain_common.contracts.jobs import BackendJob, OutputsRefusal
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.models import JobState
 
@@ -32,6 +33,8 @@ START_GRACE_S = 30.0
 # What `_reconcile` records as a job's supervisor when none came within START_GRACE_S.
 NEVER_SUPERVISED = {"never_started": True}
 CANCEL_WAIT_S = 10.0
+# Counting an artifact stops past this many entries (a job's own file limit is far below it).
+MAX_COUNTED = 10_000_000
 # The folder that holds the `activities` package: as many levels up as this module is deep.
 PROJECT_ROOT = Path(__file__).resolve().parents[len(__name__.split(".")) - 1]
 
@@ -174,6 +177,7 @@ class JobStore:
                     "finished_at": _time(result["finished_at"]),
                     "running_s": float(result["running_s"]),
                     "message": result["message"],
+                    **_outputs_of(folder, spec, result),
                 }
             )
         status = jf.read_json(folder / jf.STATUS)
@@ -250,7 +254,8 @@ def release_leftovers(folder: Path, spec: dict[str, Any], wait_s: float = 2.0) -
     placements = spec.get("cgroups") or []
     if placements:
         problems += JobGroups.from_spec(placements, folder.name).remove(timeout_s=wait_s)
-    for name in (scratch.FS, scratch.SHM, scratch.IMAGE):
+    # A copy of the outputs cut short by the supervisor's death is never an artifact.
+    for name in (scratch.FS, scratch.SHM, scratch.IMAGE, jf.ARTIFACT + PARTIAL_SUFFIX):
         try:
             scratch.remove_tree(folder / name)
         except OSError as exc:
@@ -271,3 +276,21 @@ def _result(state: str, started: float, finished: float, message: str) -> dict[s
 
 def _time(value: float) -> datetime:
     return datetime.fromtimestamp(value, UTC)
+
+
+def _outputs_of(folder: Path, spec: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """An ended job's outputs, limits and refusal as the BackendJob fields say them. An agent
+    job whose supervisor died before it recorded its outputs keeps what its artifact holds
+    (the copy is renamed into place only when whole)."""
+    fields: dict[str, Any] = {"limits_met": [str(n) for n in result.get("limits") or []]}
+    if spec.get("role") != "agent":
+        return fields
+    outputs = result.get("outputs")
+    if isinstance(outputs, dict):
+        fields["stored_bytes"] = int(outputs.get("bytes") or 0)
+        refused = outputs.get("refused")
+        if isinstance(refused, dict):
+            fields["outputs_refused"] = OutputsRefusal.model_validate(refused)
+    else:
+        fields["stored_bytes"] = jf.usage(folder / jf.ARTIFACT, MAX_COUNTED)[0]
+    return fields
