@@ -18,6 +18,7 @@ import pytest
 
 from activities.backends.interface import JobRequest
 from activities.backends.local.backend import LocalBackend, LocalLimits
+from activities.ports import JobToWatch
 from job_launcher.trusted_lines import NONCE_ENV
 from posttrain_common.contracts.jobs import BackendJob, JobRole, RepoRef
 from tasks.registry import TASKS_DIR, evaluator_script, load_task
@@ -36,6 +37,13 @@ SMALL = LocalLimits(
     poll_s=0.05,
     size_every_s=0.1,
 )
+
+
+class NoWatch:
+    """The jobs activities' watcher port for calls that must reach no watcher."""
+
+    async def watch(self, job: JobToWatch) -> None:
+        raise AssertionError("the activity registered a job with the watcher")
 
 
 def now() -> datetime:

@@ -25,11 +25,17 @@ from activities.backends.local.cgroups import JobGroups, Placement
 from activities.backends.local.containment import Containment
 from activities.backends.local.jobfiles import is_alive, read_json
 from activities.backends.local.resources import Capacity, jobs_memory_bytes
+from activities.jobs.activities import JobsActivities
+from job_launcher.trusted_lines import NONCE_ENV
+from posttrain_common.contracts.jobs import ObserveJobs
+from posttrain_common.keys import ServerKey
+from tasks.registry import TASKS_DIR
 from tests.local.conftest import (
     JOB_PYTHON,
     SMALL,
     TEST_BWRAP,
     Jobs,
+    NoWatch,
     job_uid,
     leftovers,
     logged,
@@ -549,3 +555,24 @@ def test_a_new_backend_releases_what_an_ended_job_left_behind(jobs: Jobs, state_
         assert not any(os.path.exists(p.parent) for p in elsewhere)
     finally:
         JobGroups(elsewhere, job.ref).remove(timeout_s=1)
+
+
+def test_a_memory_kill_reaches_the_agent_as_the_memory_limit_not_as_a_signal(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    # Finding 4 of issue 41: the activity replaced the backend's account of the limit with the
+    # launcher's "the script was killed by signal 9".
+    jobs = make_jobs(state_dir, tmp_path, memory_bytes=256 * MIB)
+    key = ServerKey(b"k" * 32)
+    job_key = f"test/job/{secrets.token_hex(6)}"
+    hog = jobs.submit(
+        "held = []\nwhile True:\n    held.append(bytearray(32 << 20))\n",
+        key=job_key,
+        env={NONCE_ENV: key.job_nonce(job_key)},
+    )
+    ended = jobs.wait_end(hog.ref, timeout=60)
+    assert ended.state.value == "failed" and ended.limits_met == ["memory"]
+    activities = JobsActivities(jobs.backend, key, NoWatch(), TASKS_DIR)
+    seen = asyncio.run(activities.observe_jobs(ObserveJobs(refs=[hog.ref], now=now())))[hog.ref]
+    assert seen.message.startswith("it went over its memory limit of 256 MiB"), seen.message
+    assert "killed by signal" not in seen.message

@@ -13,7 +13,6 @@ import pytest
 
 from activities.backends.local.backend import LocalBackend, job_ref
 from activities.jobs.activities import JobsActivities
-from activities.ports import JobToWatch
 from job_launcher.trusted_lines import read_score
 from posttrain_common.contracts.jobs import JobLogs
 from posttrain_common.keys import ServerKey
@@ -25,6 +24,7 @@ from tests.local.conftest import (
     SMALL,
     TEST_BWRAP,
     Jobs,
+    NoWatch,
     job_uid,
     leftovers,
     now,
@@ -288,13 +288,6 @@ def test_logs_of_an_unknown_job_are_an_error(jobs: Jobs) -> None:
     with pytest.raises(ToolError):
         asyncio.run(jobs.backend.logs("local-" + "0" * 24, 10, now()))
     assert asyncio.run(jobs.backend.observe(["local-" + "0" * 24, "../x"], now())) == {}
-
-
-class NoWatch:
-    """job_logs reaches no watcher."""
-
-    async def watch(self, job: JobToWatch) -> None:
-        raise AssertionError("job_logs registered a job with the watcher")
 
 
 def test_a_loud_jobs_logs_are_answered_within_the_log_limits(
