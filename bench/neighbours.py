@@ -197,7 +197,7 @@ def server(state_dir: Path) -> Iterator[str]:
     env = dict(os.environ, POSTTRAIN_STATE_DIR=str(state_dir), POSTTRAIN_BACKEND="local")
     for name in ("TEMPORAL_ADDRESS", "POSTTRAIN_API_KEYS", "POSTTRAIN_TEMPORAL_METRICS_PORT"):
         env.pop(name, None)
-    log = open(state_dir / "server.log", "wb")  # noqa: SIM115 (closed below)
+    log = open(state_dir / "server.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "posttrain_server.cli", "server", "--port", str(port)],
         cwd=ROOT,
@@ -332,7 +332,9 @@ def row(name: str, idle: Phase, busy: Phase, note: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--hogs", default=",".join(HOGS), help="comma-separated, of: " + ", ".join(HOGS))
+    parser.add_argument(
+        "--hogs", default=",".join(HOGS), help="comma-separated, of: " + ", ".join(HOGS)
+    )
     parser.add_argument("--rounds", type=int, default=3, help="small jobs per phase")
     parser.add_argument("--calls", type=int, default=40, help="tool calls per phase")
     args = parser.parse_args()
@@ -342,7 +344,10 @@ def main() -> None:
         parser.error(f"unknown hogs: {', '.join(unknown)}")
     if os.geteuid() != 0:
         parser.error("run as root: the local backend's containment needs it")
-    with tempfile.TemporaryDirectory(prefix="posttrain-neighbours-") as tmp, server(Path(tmp)) as url:
+    with (
+        tempfile.TemporaryDirectory(prefix="posttrain-neighbours-") as tmp,
+        server(Path(tmp)) as url,
+    ):
         print(f"load average at start: {Path('/proc/loadavg').read_text().split()[0]}")
         print(
             f"{'hog':<12} {'job s':>6} {'+hog':>6} {'ratio':>6}  {'p50 ms':>6} {'+hog':>6} "

@@ -33,6 +33,8 @@ from posttrain_env.limits import (
     LOCAL_JOB_FILES,
     LOCAL_JOB_PROCESSES,
     LOCAL_MEMORY_SHARE,
+    STORAGE_DAYS_WHEN_KEPT_FOREVER,
+    STORAGE_USD_PER_TB_MONTH,
 )
 from posttrain_env.models import MICRO
 
@@ -191,6 +193,13 @@ class Settings(BaseSettings):
     submitted_retention_days: float = Field(
         default=90, ge=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False
     )
+    # The price of an artifact's storage, in USD per TB and 30-day month (docs/deployment.md,
+    # "Storage"): the Hub's list price of pay-as-you-go private storage by default; simulated
+    # on the local backend. Each agent job's artifact is charged once, when it ends, for
+    # `job_retention_days` (kept forever: a year).
+    storage_usd_per_tb_month: float = Field(
+        default=STORAGE_USD_PER_TB_MONTH, ge=0, le=1_000_000, allow_inf_nan=False
+    )
     # Folders one sweep acts on at most (a sweep runs every hour; the rest waits for the next).
     retention_max_folders: int = Field(default=DEFAULT_MAX_FOLDERS, ge=1, le=100_000)
     # Prometheus metrics (posttrain_common/metrics.py). Off (POSTTRAIN_METRICS=off): the
@@ -313,6 +322,16 @@ class Settings(BaseSettings):
                 "submitted artifacts are kept at least as long as other job folders"
             )
         return self
+
+    @property
+    def audit_folder(self) -> Path:
+        """Where audit records are written (POSTTRAIN_AUDIT_DIR, else `<state dir>/audit`)."""
+        return self.audit_dir or self.state_dir / "audit"
+
+    @property
+    def storage_billed_days(self) -> float:
+        """The days an artifact is charged for: as long as job folders are kept."""
+        return self.job_retention_days or float(STORAGE_DAYS_WHEN_KEPT_FOREVER)
 
     @property
     def retention_policy(self) -> RetentionPolicy:

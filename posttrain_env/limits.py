@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -304,9 +305,53 @@ LOCAL_JOB_DISK_BYTES = 8 * GIB  # /data, /tmp and the venv: one filesystem of th
 LOCAL_JOB_FILES = 100_000  # that filesystem's inodes (and /dev/shm's)
 LOCAL_JOB_LOG_BYTES = 1 * GIB  # the job's log (stdout and stderr of every phase)
 LOCAL_ARTIFACT_CAP_BYTES = 2 * GIB  # /data/outputs, unless the task sets its own cap
-# The artifact keeps at most this many folder levels below outputs/ (deeper entries are
-# dropped and counted): nothing a checkpoint needs, and no walk over it can go deep.
+# An artifact holds at most this many folder levels below outputs/ (deeper ones refuse the
+# outputs whole): nothing a checkpoint needs, and no walk over it can go deep.
 MAX_ARTIFACT_DEPTH = 64
 # ... and no path (relative to outputs/) longer than this, so every path it holds stays far
 # below PATH_MAX for whoever reads it.
 MAX_ARTIFACT_PATH_BYTES = 1024
+
+# -- storage: what one episode's artifacts may hold, and what they cost (DESIGN §12) ------------
+# Every agent job's artifact counts against its episode's storage cap (a task's
+# `storage_cap_bytes`, else its backend's default below) by apparent size; a job may keep at
+# most what its episode has left when it starts (reserved like money, settled at what it kept).
+HF_ARTIFACT_CAP_BYTES = 20 * GIB  # one job's outputs on Hugging Face, unless the task sets one
+HF_EPISODE_STORAGE_BYTES = 100 * GIB  # five artifacts at their cap
+LOCAL_EPISODE_STORAGE_BYTES = 8 * GIB  # four local artifacts at their cap
+# The price of storage: the Hub's list price of pay-as-you-go private storage
+# (hf.co/docs/hub/billing, "$25/TB/month"), a setting (POSTTRAIN_STORAGE_USD_PER_TB_MONTH);
+# simulated on the local backend, as its job prices are. An artifact is charged once, when its
+# job ends, for the days job folders are kept (POSTTRAIN_JOB_RETENTION_DAYS; kept forever:
+# STORAGE_DAYS_WHEN_KEPT_FOREVER, a year, the bound a budget can reserve).
+STORAGE_USD_PER_TB_MONTH = 25.0
+STORAGE_DAYS_WHEN_KEPT_FOREVER = 365
+
+
+def artifact_over_cap(
+    size: int, artifact_cap: int, storage_left: int | None = None, storage_cap: int | None = None
+) -> dict[str, Any] | None:
+    """Whether an artifact of `size` apparent bytes goes over the job's `artifact_cap` or what
+    its episode may still keep (`storage_left` of its `storage_cap`; None: not counted): None
+    when it fits, else `{"cap": "artifact" | "storage", "cap_bytes", "over_by_bytes",
+    "message"}`, the cap it meets first (the smaller). One rule for every backend: the local
+    supervisor's collection and the measurement of a Hugging Face job's folder."""
+    if size > artifact_cap and (storage_left is None or artifact_cap <= storage_left):
+        return {
+            "cap": "artifact",
+            "cap_bytes": artifact_cap,
+            "over_by_bytes": size - artifact_cap,
+            "message": f"its outputs hold {size} bytes, {size - artifact_cap} over this job's "
+            f"artifact cap of {artifact_cap} bytes; nothing was kept",
+        }
+    if storage_left is not None and size > storage_left:
+        of = "" if storage_cap is None else f" of its {storage_cap}-byte storage cap"
+        return {
+            "cap": "storage",
+            "cap_bytes": storage_cap,
+            "over_by_bytes": size - storage_left,
+            "message": f"its outputs hold {size} bytes, {size - storage_left} over the "
+            f"{storage_left} bytes this episode could still keep{of} (its other jobs' "
+            "artifacts count); nothing was kept",
+        }
+    return None

@@ -198,6 +198,13 @@ class JobView(BaseModel):
     loopback_tcp: bool | None = None
     loopback_reason: str | None = None
     artifact: str | None = None
+    # An agent job that ended: the bytes its artifact keeps against the episode's storage cap
+    # (apparent sizes). None while it runs, and for jobs whose backend did not say.
+    stored_bytes: int | None = None
+    # Its outputs were not kept (over a cap, or what an artifact cannot hold): the typed error
+    # (`{"type", "message"}`, with `cap`, `cap_bytes` and `over_by_bytes` for a cap) that
+    # `dev_evaluate` and `submit` answer for this job.
+    outputs_error: dict[str, Any] | None = None
     message: str = ""
 
 
@@ -221,12 +228,24 @@ class ReplayedSpend(BaseModel):
     calls: int = 0  # replayed dev evaluations among `settled.calls`
 
 
-class ServiceSpend(BaseModel):
-    """The episode's spend, on every observation (DESIGN §4)."""
+class StorageSpend(BaseModel):
+    """What the episode's artifacts hold against its storage cap, and what they cost. Bytes
+    are apparent sizes (what uploading or mounting them costs)."""
 
-    version: Literal[1] = 1
+    bytes: int = 0  # kept by the artifacts of its ended agent jobs
+    reserved_bytes: int = 0  # held for its live agent jobs: what each may still keep
+    cap_bytes: int | None = None  # None: no cap (an episode started before storage counted)
+    usd: float = 0.0  # the storage part of `settled.usd` (charged when each job ended)
+
+
+class ServiceSpend(BaseModel):
+    """The episode's spend, on every observation (DESIGN §4). Version 2 added `storage`;
+    `settled.usd` and `reserved.usd` include the storage charged and held."""
+
+    version: Literal[1, 2] = 2
     settled: SettledSpend = Field(default_factory=SettledSpend)
     reserved: ReservedSpend = Field(default_factory=ReservedSpend)
+    storage: StorageSpend = Field(default_factory=StorageSpend)
     final: bool = True
     # Present only when some settled job was replayed (never on a backend that runs its jobs).
     replayed: ReplayedSpend | None = None
@@ -447,6 +466,9 @@ class TaskSpec(BaseModel):
     eval_timeout_minutes: int = Field(gt=0)
     # None: the backend's default cap (20 GiB on Hugging Face, 2 GiB local).
     artifact_cap_bytes: int | None = Field(default=None, gt=0)
+    # What all of one episode's artifacts may hold together; None: the backend's default
+    # (100 GiB on Hugging Face, 8 GiB local; posttrain_env/limits.py, "storage").
+    storage_cap_bytes: int | None = Field(default=None, gt=0)
     dataset_denylist: list[str] = Field(default_factory=list)
     # Relative to the task's folder (or to its family's); checked when an evaluation starts.
     evaluator: str = "evaluator.py"

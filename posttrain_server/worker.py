@@ -30,6 +30,7 @@ from activities.records.audit import AuditActivities
 from activities.records.retention import RetentionActivities
 from posttrain_common.keys import ServerKey, ServerKeyError
 from posttrain_common.settings import Settings
+from posttrain_env.models import MICRO
 from posttrain_server.deployment_key import check_deployment, resolve_server_key
 from posttrain_server.full_collections import full_collections_every
 from posttrain_server.reconcile import TemporalStrandedWorkflows
@@ -109,7 +110,7 @@ def build_worker(
     info = backend_info(backend.name)
     capabilities = info.capabilities
     storage = storage or backend.storage()
-    audit_dir = settings.audit_dir or settings.state_dir / "audit"
+    audit_dir = settings.audit_folder
     tasks_dir = tasks_dir or settings.tasks_dir or TASKS_DIR
     namespace = client.namespace
     watcher = WatcherSettings(
@@ -133,6 +134,8 @@ def build_worker(
             continue_as_new_bytes=settings.continue_as_new_bytes,
             deployment=settings.deployment,
             accept_unchecked_rewards=settings.accept_unchecked_rewards,
+            storage_micro_usd_per_tb_month=round(settings.storage_usd_per_tb_month * MICRO),
+            storage_billed_days=settings.storage_billed_days,
         ),
     )
     audit = AuditActivities(TemporalEpisodeTrail(client), backend, key, audit_dir, storage)
@@ -160,6 +163,7 @@ def build_worker(
         jobs.cancel_job,
         jobs.job_logs,
         jobs.read_score,
+        jobs.keep_outputs,
         jobs.resolve_datasets,
         jobs.check_script,
         episodes.prepare_episode,

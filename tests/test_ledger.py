@@ -12,7 +12,13 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.models import FlavorPrice, ServiceSpend
-from workflows.episode.ledger import Ledger, Reservation, Settlement
+from workflows.episode.ledger import (
+    Ledger,
+    Reservation,
+    Settlement,
+    StorageHold,
+    storage_cost_micro_usd,
+)
 
 CPU = FlavorPrice(name="cpu-basic", micro_usd_per_minute=167)
 T4 = FlavorPrice(name="t4-small", micro_usd_per_minute=6_667, accelerators=1, accelerator="T4")
@@ -299,7 +305,7 @@ def test_settled_usd_is_micro_over_a_million() -> None:
     spend = ledger.service_spend(final=False)
     assert spend == ServiceSpend.model_validate(
         {
-            "version": 1,
+            "version": 2,
             "settled": {"usd": 0.013334, "gpu_s": 61.0, "jobs": 1, "calls": 0},
             "reserved": {"usd": 0.01002},
             "final": False,
@@ -312,9 +318,10 @@ def test_settled_usd_is_micro_over_a_million() -> None:
 def test_an_empty_ledger_reports_zero_spend() -> None:
     spend = Ledger(budget_micro_usd=500_000).service_spend(final=True)
     assert spend.model_dump() == {
-        "version": 1,
+        "version": 2,
         "settled": {"usd": 0.0, "gpu_s": 0.0, "jobs": 0, "calls": 0},
         "reserved": {"usd": 0.0},
+        "storage": {"bytes": 0, "reserved_bytes": 0, "cap_bytes": None, "usd": 0.0},
         "final": True,
     }
 
@@ -518,3 +525,66 @@ def test_a_replayed_settlement_is_charged_as_any_and_counted_apart() -> None:
     assert spend.replayed is not None
     assert spend.replayed.model_dump() == {"usd": 3 * 167 / 1e6, "jobs": 1, "calls": 1}
     assert ServiceSpend.model_validate(spend.model_dump()) == spend
+
+
+# -- storage (issue 41: storage is part of the ledger) -------------------------------------------
+
+GB = 10**9
+# $25 per TB and month (the default price), 15 days: half a month.
+HALF_MONTH = {"micro_usd_per_tb_month": 25_000_000, "billed_days": 15.0}
+
+
+def test_storage_cost_is_bytes_times_price_times_days_rounded_up_to_a_micro_usd() -> None:
+    assert storage_cost_micro_usd(10**12, 25_000_000, 30) == 25_000_000  # 1 TB, a month
+    assert storage_cost_micro_usd(2 * GB, 25_000_000, 15) == 25_000  # 2 GB, half a month
+    assert storage_cost_micro_usd(1, 25_000_000, 14) == 1  # anything kept costs at least 1
+    assert storage_cost_micro_usd(0, 25_000_000, 14) == 0
+    for bad in ((-1, 1, 1.0), (1, 1, -1.0), (1, 1, float("nan"))):
+        with pytest.raises(ValueError):
+            storage_cost_micro_usd(*bad)
+
+
+def test_a_job_reserves_its_storage_and_settles_at_what_its_artifact_kept() -> None:
+    ledger = Ledger(budget_micro_usd=1_000_000, storage_cap_bytes=10 * GB)
+    hold = StorageHold(bytes=4 * GB, **HALF_MONTH)
+    reservation = ledger.reserve("job-a", "job", CPU, 10, storage=hold)
+    assert reservation.amount_micro_usd == 167 * 10 + 50_000
+    assert ledger.storage_left_bytes == 6 * GB
+    spend = ledger.service_spend(final=False)
+    assert (spend.storage.reserved_bytes, spend.storage.cap_bytes) == (4 * GB, 10 * GB)
+    assert spend.reserved.usd == (1_670 + 50_000) / 1e6
+    settled = ledger.settle("job-a", 61.0, stored_bytes=GB)
+    assert (settled.stored_bytes, settled.storage_micro_usd) == (GB, 12_500)
+    assert settled.cost_micro_usd == 2 * 167 + 12_500
+    spend = ledger.service_spend(final=True)
+    assert spend.storage.bytes == GB and spend.storage.usd == 0.0125
+    assert spend.settled.usd == (334 + 12_500) / 1e6  # storage is part of the settled spend
+    assert ledger.storage_left_bytes == 9 * GB
+
+
+def test_storage_counts_in_the_budget_rule_and_says_so_when_it_refuses() -> None:
+    ledger = Ledger(budget_micro_usd=40_000, storage_cap_bytes=100 * GB)
+    with pytest.raises(ToolError) as refused:
+        ledger.reserve("job-a", "job", CPU, 10, storage=StorageHold(bytes=4 * GB, **HALF_MONTH))
+    assert refused.value.type is ErrorType.budget_exhausted
+    assert f"for the {4 * GB} bytes its artifact may keep" in refused.value.message
+    assert ledger.reservations == {}
+
+
+def test_a_lost_job_settles_its_storage_at_the_most_it_could_keep() -> None:
+    ledger = Ledger(budget_micro_usd=1_000_000, storage_cap_bytes=10 * GB)
+    ledger.reserve("job-a", "job", CPU, 10, storage=StorageHold(bytes=2 * GB, **HALF_MONTH))
+    settled = ledger.settle_at_reservation("job-a")
+    assert settled.worst_case and settled.stored_bytes == 2 * GB
+    assert ledger.stored_bytes == 2 * GB and ledger.storage_micro_usd == 25_000
+
+
+def test_a_ledger_without_a_storage_cap_counts_no_storage() -> None:
+    ledger = Ledger(budget_micro_usd=1_000_000)
+    ledger.reserve("job-a", "job", CPU, 10)
+    assert ledger.storage_left_bytes is None
+    settled = ledger.settle("job-a", 60.0, stored_bytes=5 * GB)
+    assert (settled.stored_bytes, ledger.stored_bytes, ledger.storage_micro_usd) == (0, 0, 0)
+    with pytest.raises(ValueError):
+        ledger.reserve("job-b", "job", CPU, 10)
+        ledger.settle("job-b", 60.0, stored_bytes=-1)

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from activities.backends.storage import JobStorage
 from posttrain_common.contracts.episodes import JobLimits
-from posttrain_common.contracts.jobs import BackendJob, JobSpec
+from posttrain_common.contracts.jobs import BackendJob, JobSpec, KeepOutputs
 from posttrain_common.contracts.known_runs import KnownRun
 from posttrain_env.models import FlavorPrice
 
@@ -69,6 +69,10 @@ class JobsBackend(Protocol):
     # The Python version agent jobs run ("3.12"): their scripts' syntax is checked for it, by
     # the episode and by the launcher's builder, which every backend calls for an agent job.
     job_python_version: str
+    # What one agent job's artifact, and all of one episode's artifacts together, may hold
+    # where the task sets no cap (posttrain_env/limits.py, "storage").
+    default_artifact_cap_bytes: int
+    default_storage_cap_bytes: int
 
     async def submit(self, request: JobRequest) -> BackendJob:
         """Start a job. Callers look for an existing job with the key first (find_by_key).
@@ -93,6 +97,14 @@ class JobsBackend(Protocol):
         ...
 
     async def logs(self, ref: str, tail: int, now: datetime) -> list[str]: ...
+
+    async def keep_outputs(self, job: KeepOutputs) -> BackendJob:
+        """An ended agent job as it ends, its outputs measured (`stored_bytes`, apparent
+        sizes) and kept within `job`'s caps, or deleted whole (`outputs_refused`; the job then
+        ends `failed` if it had succeeded). Idempotent. A backend whose views of ended jobs
+        carry `stored_bytes` already answers from them. Raises TransientBackendError when a
+        retry may help."""
+        ...
 
     async def hardware(self) -> list[FlavorPrice]: ...
 

@@ -16,12 +16,13 @@ from posttrain_common.contracts.episodes import (
     JobLimits,
     PrepareEpisode,
     ServerSpend,
+    StorageTerms,
 )
 from posttrain_common.contracts.jobs import RepoRef
 from posttrain_common.failures import agent_errors
 from posttrain_env.errors import ErrorType, ToolError
-from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES
-from posttrain_env.models import TaskSpec
+from posttrain_env.limits import CONTINUE_AS_NEW_HISTORY_BYTES, STORAGE_USD_PER_TB_MONTH
+from posttrain_env.models import MICRO, TaskSpec
 from tasks.registry import (
     TaskSpecError,
     fetch_command,
@@ -50,6 +51,10 @@ class EpisodeConfig(BaseModel):
     # The operator accepts rewards the contamination check could not check (its test items
     # are not here): such episodes start, and end with `contamination.skipped: "unchecked"`.
     accept_unchecked_rewards: bool = False
+    # Storage's price (POSTTRAIN_STORAGE_USD_PER_TB_MONTH) and the days an artifact is charged
+    # for (as long as job folders are kept: POSTTRAIN_JOB_RETENTION_DAYS).
+    storage_micro_usd_per_tb_month: int = round(STORAGE_USD_PER_TB_MONTH * MICRO)
+    storage_billed_days: float = 14.0
 
 
 async def pinned_base_model(
@@ -140,6 +145,13 @@ class EpisodeActivities(EpisodesApi):
             known_runs=known_run_source(self._backend) is not None,
             deployment=config.deployment,
             job_limits=self._job_limits(task.flavors, task.eval_flavor),
+            storage=StorageTerms(
+                cap_bytes=task.storage_cap_bytes or self._backend.default_storage_cap_bytes,
+                artifact_cap_bytes=task.artifact_cap_bytes
+                or self._backend.default_artifact_cap_bytes,
+                micro_usd_per_tb_month=config.storage_micro_usd_per_tb_month,
+                billed_days=config.storage_billed_days,
+            ),
         )
 
     def _job_limits(self, flavors: list[str], eval_flavor: str) -> JobLimits | None:

@@ -32,6 +32,7 @@ from posttrain_common.contracts.jobs import (
     JobLogs,
     JobRef,
     JobRole,
+    KeepOutputs,
     LogLines,
     ObserveJobs,
     RepoRef,
@@ -218,6 +219,11 @@ class JobsActivities(JobsApi):
             )
             for repo_id in datasets.repo_ids
         ]
+
+    @activity.defn
+    @agent_errors
+    async def keep_outputs(self, job: KeepOutputs) -> BackendJob:
+        return await self._explained(await self._backend.keep_outputs(job), job.now)
 
     @activity.defn
     @agent_errors

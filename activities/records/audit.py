@@ -55,6 +55,11 @@ class AuditActivities(AuditApi):
                 job.settled_micro_usd = request.settled_micro_usd[job.job_id]
             if request.final_states and job.job_id in request.final_states:
                 job.final_state = request.final_states[job.job_id]
+            if request.stored_bytes and job.job_id in request.stored_bytes:
+                job.stored_bytes = request.stored_bytes[job.job_id]
+            if request.outputs_refused and job.job_id in request.outputs_refused:
+                job.outputs_refused = request.outputs_refused[job.job_id]
+        record.storage = request.storage
         if request.final_spend_micro_usd is not None:
             record.final_spend_micro_usd = request.final_spend_micro_usd
         await self._add_installed(record, request.now)

@@ -35,6 +35,7 @@ from posttrain_common.contracts.jobs import (
     CheckScript,
     JobLogs,
     JobRef,
+    KeepOutputs,
     LogLines,
     ObserveJobs,
     OrphanJob,
@@ -84,6 +85,12 @@ class JobsApi:
 
     @activity.defn
     async def read_score(self, job: JobRef) -> ScoreResult:
+        raise Unimplemented
+
+    @activity.defn
+    async def keep_outputs(self, job: KeepOutputs) -> BackendJob:
+        """Measure an ended agent job's outputs and keep them within its caps (or delete them
+        all): the job as it ends, with `stored_bytes` and any refusal."""
         raise Unimplemented
 
     @activity.defn

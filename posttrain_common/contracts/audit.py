@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from posttrain_common.contracts.contamination import ContaminationReport
 from posttrain_common.contracts.operator import OperatorAction
-from posttrain_env.models import ReplayMiss
+from posttrain_env.models import ReplayMiss, StorageSpend
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("audit.schema.json")
@@ -85,6 +85,18 @@ class AuditJob(BaseModel):
             "run with the same script and inputs (the replay backend)."
         ),
     )
+    stored_bytes: int | None = Field(
+        default=None,
+        description=(
+            "An agent job: the bytes its artifact keeps as the episode's storage counted and "
+            "charged them (apparent sizes); null: not counted (an episode before storage was)."
+        ),
+    )
+    outputs_refused: str | None = Field(
+        default=None,
+        description="Why the job's outputs were not kept (over a cap, or what an artifact "
+        "cannot hold); null: kept.",
+    )
 
 
 class AuditEvaluation(BaseModel):
@@ -136,6 +148,9 @@ class AuditRecord(BaseModel):
     # What operators did to the episode (repairs, a cancel or terminate through Temporal), with
     # who and why, oldest first.
     operator_actions: list[OperatorAction] = Field(default_factory=list)
+    # What the episode's artifacts hold against its storage cap, and their charge (part of
+    # `final_spend_micro_usd`): `service_spend.storage` at its end. None: not counted.
+    storage: StorageSpend | None = None
 
 
 def audit_schema() -> dict[str, Any]:
@@ -162,3 +177,6 @@ class WriteAudit(BaseModel):
     settled_micro_usd: dict[str, int] | None = None
     final_spend_micro_usd: int | None = None
     final_states: dict[str, str] | None = None  # job id -> its final state
+    stored_bytes: dict[str, int] | None = None  # agent job id -> what its artifact keeps
+    outputs_refused: dict[str, str] | None = None  # agent job id -> why nothing was kept
+    storage: StorageSpend | None = None

@@ -45,6 +45,17 @@ class JobLimits(BaseModel):
     not_enforced: list[str] = Field(default_factory=list)
 
 
+class StorageTerms(BaseModel):
+    """What an episode's artifacts may hold and cost (DESIGN §12, "Storage is money"): its
+    storage cap, a job's artifact cap, and the price locked for the episode (micro-USD per TB
+    and month, charged once per artifact for `billed_days`)."""
+
+    cap_bytes: int = Field(gt=0)
+    artifact_cap_bytes: int = Field(gt=0)
+    micro_usd_per_tb_month: int = Field(ge=0)
+    billed_days: float = Field(ge=0)
+
+
 class EpisodeSetup(BaseModel):
     """What an episode is started with (prepared by an activity at reset)."""
 
@@ -79,6 +90,9 @@ class EpisodeSetup(BaseModel):
     # it first and keeps such a job in its table, with no workflow of its own
     # (`workflows/episode/known.py`). False in the setups of episodes started before.
     known_runs: bool = False
+    # None in the setups of episodes started before storage was capped and charged: their jobs
+    # keep what the backend allows, uncounted.
+    storage: StorageTerms | None = None
 
 
 class PrepareEpisode(BaseModel):

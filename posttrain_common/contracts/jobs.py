@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator
 
 from posttrain_env.errors import ErrorType
-from posttrain_env.limits import MAX_SCORE_DETAILS_BYTES
+from posttrain_env.limits import MAX_SCORE_DETAILS_BYTES, artifact_over_cap
 from posttrain_env.models import BoundedText, JobState
 
 
@@ -135,6 +135,22 @@ class JobRef(BaseModel):
 
 class JobLogs(JobRef):
     tail: int
+
+
+class KeepOutputs(JobRef):
+    """An ended agent job's outputs, to be measured and kept within its caps (backends that do
+    not measure them as the job ends: Hugging Face, where they sit in the job's bucket folder)."""
+
+    artifact_cap_bytes: int
+    storage_allowance_bytes: int
+    storage_cap_bytes: int | None = None
+
+    def over(self, size: int) -> OutputsRefusal | None:
+        """The refusal of outputs of `size` apparent bytes, or None when they may be kept."""
+        over = artifact_over_cap(
+            size, self.artifact_cap_bytes, self.storage_allowance_bytes, self.storage_cap_bytes
+        )
+        return None if over is None else OutputsRefusal(type=ErrorType.limit_reached, **over)
 
 
 class LogLines(BaseModel):

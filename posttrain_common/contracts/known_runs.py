@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel
 
-from posttrain_common.contracts.jobs import BackendJob, ScoreResult
+from posttrain_common.contracts.jobs import BackendJob, OutputsRefusal, ScoreResult
 from posttrain_env.models import BoundedText, JobState
 
 
@@ -35,6 +35,11 @@ class KnownRun(BaseModel):
     # An evaluation that ends `succeeded`: the score its log gives (read at the start, as the
     # job's workflow would read it at the end). None for an agent job, or no score line read.
     score: ScoreResult | None = None
+    # An agent job whose storage counts: what its artifact keeps when it ends as known (the
+    # recorded artifact's size), or why its outputs are refused (judged by the caps it started
+    # with, as the backend that ran it judged them). None for both: not counted.
+    stored_bytes: int | None = None
+    outputs_refused: OutputsRefusal | None = None
 
     @property
     def started_at(self) -> datetime:
@@ -79,13 +84,34 @@ class KnownRun(BaseModel):
         else:  # cut by a cancellation: its share of the run
             running_s = ran / self.time_scale if self.time_scale else 0.0
             message = f"replayed job {final.value}"
-        return base.model_copy(
+        ended = base.model_copy(
             update={
                 "state": final,
                 "started_at": start if ran > 0 else None,
                 "finished_at": end,
                 "running_s": running_s,
                 "message": message,
+            }
+        )
+        if self.stored_bytes is None and self.outputs_refused is None:
+            return ended
+        if final is not self.outcome and ended.started_at is None:
+            return ended  # cancelled before it ran: it wrote nothing
+        return self._judged(ended)
+
+    def _judged(self, ended: BackendJob) -> BackendJob:
+        """The ended view with what its artifact keeps, or its outputs refused (a job that
+        would have succeeded then fails, as on the backend that ran it)."""
+        refused = self.outputs_refused
+        if refused is None:
+            return ended.model_copy(update={"stored_bytes": self.stored_bytes})
+        state = JobState.failed if ended.state is JobState.succeeded else ended.state
+        return ended.model_copy(
+            update={
+                "stored_bytes": 0,
+                "outputs_refused": refused,
+                "state": state,
+                "message": refused.message,
             }
         )
 

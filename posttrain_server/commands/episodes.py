@@ -383,7 +383,7 @@ async def export_record(client: Client, settings: Settings, episode_id: str) -> 
 
     if not EPISODE_ID.fullmatch(episode_id):  # it names a file below
         raise MalformedId(f"{episode_id!r} is not an episode id (ep-<16 hex>)")
-    path = record_path(settings.audit_dir or settings.state_dir / "audit", episode_id)
+    path = record_path(settings.audit_folder, episode_id)
     if path.exists():
         record = json.loads(path.read_text())
     else:

@@ -56,7 +56,7 @@ def run_replay(args: argparse.Namespace) -> int:
                     f"{recording.running_s:g} s  {recording.source}"
                 )
         return 0
-    audit_dir = args.audit_dir or settings.audit_dir or settings.state_dir / "audit"
+    audit_dir = args.audit_dir or settings.audit_folder
     if not audit_dir.is_dir():
         print(f"posttrain-env replay-store: no audit folder at {audit_dir}", file=sys.stderr)
         return 1

@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from activities.backends.interface import TransientBackendError
+from activities.backends.interface import JobRequest, TransientBackendError
 from activities.backends.registry import BACKENDS
 from job_launcher.trusted_lines import NONCE_ENV, read_score
 from posttrain_common.contracts.episodes import JobLimits
-from posttrain_common.contracts.jobs import BackendJob, JobRole
+from posttrain_common.contracts.jobs import BackendJob, JobRole, KeepOutputs
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.models import JobState
 from tests.backends.harnesses import (
@@ -217,6 +217,74 @@ async def test_a_transient_failure_of_each_operation_is_a_transient_backend_erro
         await h.backend.cancel(job.ref, h.now())
     await h.backend.cancel(job.ref, h.now())
     assert (await h.wait_end(job.ref)).state is JobState.cancelled
+
+
+# -- storage: what an agent job's artifact keeps (issue 41) -------------------------------------
+
+
+async def measured(h: Harness, job: BackendJob, caps: KeepOutputs) -> BackendJob:
+    """The ended job as the episode gets it: its view, or (a backend that measures outputs
+    after the end) what keep_outputs answers, as the job's workflow asks it."""
+    ended = await h.wait_end(job.ref)
+    if ended.stored_bytes is not None:
+        return ended
+    return await h.backend.keep_outputs(caps.model_copy(update={"ref": job.ref, "now": h.now()}))
+
+
+def caps_of(request: JobRequest) -> KeepOutputs:
+    assert request.storage_allowance_bytes is not None
+    return KeepOutputs(
+        ref="",
+        key=request.key,
+        now=request.now,
+        artifact_cap_bytes=request.artifact_cap_bytes or request.storage_allowance_bytes,
+        storage_allowance_bytes=request.storage_allowance_bytes,
+        storage_cap_bytes=request.storage_cap_bytes,
+    )
+
+
+async def test_an_ended_agent_job_says_what_its_artifact_keeps_against_the_episodes_storage(
+    h: Harness,
+) -> None:
+    request = h.request(
+        "writes_artifact",
+        artifact_cap_bytes=1000 * ARTIFACT_BYTES,
+        storage_allowance_bytes=10 * ARTIFACT_BYTES,
+        storage_cap_bytes=100 * ARTIFACT_BYTES,
+    )
+    job = await measured(h, await h.backend.submit(request), caps_of(request))
+    assert job.state is JobState.succeeded, job
+    assert job.stored_bytes == ARTIFACT_BYTES and job.outputs_refused is None
+    # Asked again (a retried activity), the answer is the same.
+    caps = caps_of(request).model_copy(update={"ref": job.ref, "now": h.now()})
+    again = await h.backend.keep_outputs(caps)
+    assert again.stored_bytes == ARTIFACT_BYTES
+
+
+async def test_outputs_over_what_the_episode_may_keep_are_refused_whole_and_typed(
+    h: Harness,
+) -> None:
+    request = h.request(
+        "writes_artifact",
+        artifact_cap_bytes=1000 * ARTIFACT_BYTES,
+        storage_allowance_bytes=ARTIFACT_BYTES - 1,
+        storage_cap_bytes=100 * ARTIFACT_BYTES,
+    )
+    job = await measured(h, await h.backend.submit(request), caps_of(request))
+    assert job.state is JobState.failed and job.stored_bytes == 0, job
+    refused = job.outputs_refused
+    assert refused is not None and refused.type is ErrorType.limit_reached
+    assert (refused.cap, refused.cap_bytes, refused.over_by_bytes) == (
+        "storage",
+        100 * ARTIFACT_BYTES,
+        1,
+    )
+    assert "nothing was kept" in job.message
+    caps = caps_of(request).model_copy(update={"ref": job.ref, "now": h.now()})
+    again = await h.backend.keep_outputs(caps)
+    assert again.outputs_refused == refused and again.stored_bytes == 0  # idempotent
+    if "artifact_bytes" not in h.cannot:
+        assert await h.backend.storage().artifact_bytes(job.ref) in (0, None)
 
 
 # -- the artifact and its evaluation --------------------------------------------------------------

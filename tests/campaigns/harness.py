@@ -208,6 +208,8 @@ async def running_campaigns(
     tasks_dir = tmp_path / "tasks"
     for task_id, options in (tasks or {"t_a": {}, "t_b": {}}).items():
         write_task(tasks_dir, task_id, **options)
+    # Storage is free here unless a test prices it (tests/workflows/test_storage.py).
+    settings.setdefault("storage_usd_per_tb_month", 0.0)
     config = Settings(
         state_dir=tmp_path / "state",
         backend="fake",

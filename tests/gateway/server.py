@@ -86,6 +86,9 @@ class ServerProcess:
                 "POSTTRAIN_WATCH_INTERVAL_S": "1",
                 "POSTTRAIN_TEMPORAL_PORT": str(self.temporal_port),
                 "POSTTRAIN_TEMPORAL_UI_PORT": str(self.ui_port),
+                # Storage is free here unless a test prices it: these tests' money figures are
+                # their jobs' (tests/workflows/test_storage.py prices it).
+                "POSTTRAIN_STORAGE_USD_PER_TB_MONTH": "0",
                 **self.extra_env,
             }
         )

@@ -170,6 +170,7 @@ class FakeJob:
     folder: str | None
     cancel_at: datetime | None = None
     forced_stage: str | None = None
+    outputs_written: bool = False  # a job writes its outputs once (they may be deleted later)
 
 
 @dataclass
@@ -413,7 +414,8 @@ class FakeHub:
             return "SCHEDULING", None, None, None
         if now < end:
             return "RUNNING", start, None, None
-        if stage == "COMPLETED" and job.folder:
+        if stage == "COMPLETED" and job.folder and not job.outputs_written:
+            job.outputs_written = True
             bucket = job.spec["volumes"][-1]["source"]
             for path, size in plan.outputs.items():
                 self.buckets.setdefault(bucket, {})[f"{job.folder}/outputs/{path}"] = size

@@ -71,6 +71,8 @@ async def hf_worker(
     write_task(tasks_dir)
     follow_server_time(env, hub)
     backend = backend or make_backend(hub)
+    # Storage is free here unless a test prices it (tests/workflows/test_storage.py).
+    settings.setdefault("storage_usd_per_tb_month", 0.0)
     config = Settings(state_dir=tmp_path / "state", backend="fake", **settings)
     task_queue = task_queue or f"tq-{uuid.uuid4().hex[:12]}"
     key = ServerKey.load_or_create(config.server_key_path)

@@ -121,25 +121,28 @@ async def test_a_stuck_cancellation_retries_visibly_with_the_job_id_and_fails_re
     assert hub.jobs[hf_id].cancel_at is not None
 
 
-async def test_outputs_over_the_cap_score_0_as_invalid_never_unscored(
+async def test_outputs_over_the_cap_are_measured_refused_deleted_and_typed_at_submit(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path, hub: FakeHub
 ) -> None:
-    """An artifact over the task's cap is the agent's fault: dev_evaluate answers score 0 with
-    `artifact_valid: false` and charges nothing, and submit ends `submitted` with reward 0,
-    never `score_failed` (which would turn a losing rollout into an unscored one)."""
+    """A Hugging Face job writes its outputs into its bucket folder as it runs; once it ended
+    its job workflow measures them (issue 41): over the 20 GiB cap they are deleted whole, the
+    job ends `failed` saying by how much, and dev_evaluate and submit answer `limit_reached`
+    (the agent may submit another job), never not_ready and never an unscored end."""
     huge = 21 * 1024**3  # the default cap on Hugging Face is 20 GiB
     plans(hub, JobPlan(scheduling_s=5, running_s=30, outputs={"model.safetensors": huge}))
     async with hf_worker(time_skipping_env, tmp_path, hub) as h:
         ep = await h.episode()
         job_id = await ep.submit_job()
-        assert (await ep.wait_job(job_id)).data["state"] == "succeeded"
-        dev = await ep.call("dev_evaluate", job_id=job_id)
-        assert dev.data["score"] == 0.0 and dev.data["valid"] is True
-        assert dev.data["details"]["artifact_valid"] is False
-        assert "over this task's cap" in dev.data["reason"] and dev.data["cost_usd"] == 0.0
-        final = await ep.call("submit", job_id=job_id)
-        assert final.done and final.reward == 0.0
-        assert final.metadata["episode_end"]["reason"] == "submitted"
-        assert final.data["details"]["artifact_valid"] is False
+        ended = await ep.wait_job(job_id)
+        assert ended.data["state"] == "failed" and ended.data["stored_bytes"] == 0
+        error = ended.data["outputs_error"]
+        assert error["type"] == "limit_reached" and error["cap"] == "artifact"
+        assert error["over_by_bytes"] == 1024**3
+        for tool in ("dev_evaluate", "submit"):
+            answer = await ep.call(tool, job_id=job_id)
+            assert answer.data["error"]["type"] == "limit_reached" and not answer.done
+        # Nothing over the cap is kept: the folder holds no outputs any more.
+        kept = [path for bucket in hub.buckets.values() for path in bucket if "/outputs/" in path]
+        assert kept == []
     # No evaluation job was ever started for it.
     assert [c.args["labels"]["posttrain-role"] for c in hub.calls_to("run_uv_job")] == ["agent"]

@@ -152,7 +152,7 @@ def test_an_outcome_reads_a_steps_metadata_and_an_episodes_answer() -> None:
 
 @pytest.mark.parametrize(
     "answer",
-    [{}, {"service_spend": {"version": 2}}, {"service_spend": {}, "episode_end": {"reason": "?"}}],
+    [{}, {"service_spend": {"version": 3}}, {"service_spend": {}, "episode_end": {"reason": "?"}}],
 )
 def test_an_answer_without_a_readable_spend_or_end_is_refused(answer: dict[str, Any]) -> None:
     with pytest.raises(OutcomeError):

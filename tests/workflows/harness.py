@@ -62,7 +62,9 @@ def write_task(
     max_dev_evaluations: int = 2,
     evaluator: bool = True,
     max_concurrent_jobs: int = 2,
+    extra: str = "",
 ) -> None:
+    """`extra`: more top-level keys of the task (TOML lines)."""
     folder = tasks_dir / task_id
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "task.toml").write_text(
@@ -73,7 +75,9 @@ def write_task(
             time_limit_s=time_limit_s,
             max_timeout_minutes=max_timeout_minutes,
             max_dev_evaluations=max_dev_evaluations,
-        ).replace("max_concurrent_jobs = 2", f"max_concurrent_jobs = {max_concurrent_jobs}")
+        )
+        .replace("\n[base_model]", f"{extra}\n\n[base_model]" if extra else "\n[base_model]")
+        .replace("max_concurrent_jobs = 2", f"max_concurrent_jobs = {max_concurrent_jobs}")
     )
     if evaluator:
         (folder / "evaluator.py").write_text("print('the fake backend never runs this')\n")
@@ -266,10 +270,15 @@ async def running_worker(
     tmp_path: Path,
     scenario: FakeScenario | None = None,
     backend_class: type[FakeBackend] = FakeBackend,
+    task_extra: str = "",
     **settings: Any,
 ) -> AsyncIterator[Harness]:
+    """`task_extra`: more keys of the task `t_test` (TOML lines, see `write_task`)."""
     tasks_dir = tmp_path / "tasks"
-    write_task(tasks_dir)
+    write_task(tasks_dir, extra=task_extra)
+    # Storage is free here unless a test prices it (tests/workflows/test_storage.py): the money
+    # figures of the other tests are their jobs' alone. Its bytes are counted all the same.
+    settings.setdefault("storage_usd_per_tb_month", 0.0)
     config = Settings(state_dir=tmp_path / "state", backend="fake", **settings)
     backend = backend_class(config.state_dir / "fake", scenario or FakeScenario())
     task_queue = f"tq-{uuid.uuid4().hex[:12]}"

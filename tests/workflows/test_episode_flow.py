@@ -37,9 +37,11 @@ async def test_a_job_runs_and_submit_rewards_the_hidden_score(
         spend = final.metadata["service_spend"]
         # 60 s of running is one minute of cpu-basic; the grader is free.
         assert spend == {
-            "version": 1,
+            "version": 2,
             "settled": {"usd": CPU_PRICE / 1e6, "gpu_s": 0.0, "jobs": 1, "calls": 0},
             "reserved": {"usd": 0.0},
+            # The fake's job wrote nothing; its episode may keep the fake's default 100 GiB.
+            "storage": {"bytes": 0, "reserved_bytes": 0, "cap_bytes": 100 << 30, "usd": 0.0},
             "final": True,
         }
         assert await h.client.get_workflow_handle(ep.handle.id).result() is not None

@@ -240,10 +240,11 @@ async def test_a_worker_killed_mid_episode_and_a_new_one_finish_the_same_episode
             spend = first_submit.metadata["service_spend"]
             # 6 s of cpu-basic at 167 micro-USD/min settles as one minute; the grader is free.
             assert spend == {
-                "version": 1,
+                "version": 2,
                 "final": True,
                 "reserved": {"usd": 0.0},
                 "settled": {"usd": 0.000167, "gpu_s": 0.0, "jobs": 1, "calls": 0},
+                "storage": {"bytes": 0, "reserved_bytes": 0, "cap_bytes": 100 << 30, "usd": 0.0},
             }
             assert again == first_submit  # the same request id is answered once, after restart
             assert status.done and status.end is not None and status.end.reward == 0.5

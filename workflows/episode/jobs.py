@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
     from posttrain_env.models import JobState
     from workflows.cancellation import unawaited_child
     from workflows.episode.known import known_snapshot, live_known, next_known_change
+    from workflows.episode.ledger import StorageHold
     from workflows.episode.operator import outside_job_action, remember_action
     from workflows.episode.rules import check_room_for_a_job, take_snapshot
     from workflows.episode.state import EpisodeCarry, JobRecord
@@ -106,9 +107,11 @@ class EpisodeJobs:
         if price is None:
             raise ToolError(ErrorType.flavor_not_allowed, f"no price is known for {flavor!r}")
         reserved = 0
+        hold = self._storage_hold() if role is JobRole.agent else None
         if reserve:
             kind = "job" if role is JobRole.agent else "dev"
-            reserved = self._s.ledger.reserve(job_id, kind, price, timeout_minutes).amount_micro_usd
+            reservation = self._s.ledger.reserve(job_id, kind, price, timeout_minutes, hold)
+            reserved = reservation.amount_micro_usd
             try:
                 await self._account_reserve()
             except ToolError:
@@ -126,6 +129,7 @@ class EpisodeJobs:
             base_model_revision=self._setup.base_model.revision,
         )
         self._s.jobs[job_id] = record
+        storage = self._setup.storage
         job_input = JobInput(
             job_id=job_id,
             role=role,
@@ -138,6 +142,9 @@ class EpisodeJobs:
             dependencies=dependencies or [],
             datasets=datasets or [],
             artifact_ref=artifact_ref,
+            artifact_cap_bytes=storage.artifact_cap_bytes if storage else None,
+            storage_allowance_bytes=hold.bytes if hold else None,
+            storage_cap_bytes=storage.cap_bytes if storage and hold else None,
             parent_workflow_id=workflow.info().workflow_id,
             watcher_workflow_id=self.watcher_of(record.workflow_id),
             visible=self.visible,
@@ -240,6 +247,19 @@ class EpisodeJobs:
     def _known_poke_since(self, poked: int) -> Callable[[], bool]:
         """True once a known job was started or cancelled after `poked`, or none is live."""
         return lambda: self._known_poked != poked or not live_known(self._s)
+
+    def _storage_hold(self) -> StorageHold | None:
+        """What a new agent job's artifact may keep: the episode's storage left, at most the
+        job's artifact cap, at the episode's storage price (None: storage is not counted)."""
+        terms = self._setup.storage
+        left = self._s.ledger.storage_left_bytes
+        if terms is None or left is None:
+            return None
+        return StorageHold(
+            bytes=min(terms.artifact_cap_bytes, left),
+            micro_usd_per_tb_month=terms.micro_usd_per_tb_month,
+            billed_days=terms.billed_days,
+        )
 
     def _visibility_at_start(self, job: JobInput) -> dict[str, Any]:
         """A visible job's memo and first search attributes, given at its start."""

@@ -8,6 +8,12 @@ the backend's own billed running time (on Hugging Face, the Hub's `durations.run
 `activities/backends/hf/stages.py`); a job the backend lost is settled at its whole reservation.
 Grader
 evaluations are free and never enter the ledger.
+
+Storage (DESIGN §12) follows the same rule: an agent job's reservation also holds what its
+artifact may keep (`StorageHold`: the episode's storage left, at most the job's artifact cap)
+and that much storage's cost at the price locked for the episode; when the job ends it is
+settled at the bytes its artifact really keeps. An artifact's storage is charged once, as
+`bytes × price per TB-month × billed days / 30`, rounded up to a whole micro-USD.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from posttrain_env.models import (
     ReservedSpend,
     ServiceSpend,
     SettledSpend,
+    StorageSpend,
     usd,
 )
 
@@ -43,8 +50,32 @@ def billed_minutes(running_s: float) -> int:
     return math.ceil(Fraction(running_s) / 60)
 
 
+TB = 10**12
+
+
+def storage_cost_micro_usd(stored_bytes: int, micro_usd_per_tb_month: int, days: float) -> int:
+    """What keeping `stored_bytes` for `days` costs at a price per TB and 30-day month, rounded
+    up to a whole micro-USD (exact rational arithmetic, as for minutes). Raises ValueError for
+    a negative size or a negative or non-finite number of days."""
+    if stored_bytes < 0 or not math.isfinite(days) or days < 0:
+        raise ValueError(f"cannot price {stored_bytes} bytes for {days!r} days")
+    return math.ceil(Fraction(stored_bytes) * micro_usd_per_tb_month * Fraction(days) / (30 * TB))
+
+
+class StorageHold(BaseModel):
+    """What an agent job's artifact may keep, and the price it is charged at (locked)."""
+
+    bytes: int = Field(ge=0)
+    micro_usd_per_tb_month: int = Field(ge=0)
+    billed_days: float = Field(ge=0)
+
+    def cost_micro_usd(self, stored_bytes: int) -> int:
+        return storage_cost_micro_usd(stored_bytes, self.micro_usd_per_tb_month, self.billed_days)
+
+
 class Reservation(BaseModel):
-    """Money held for one live agent job or dev evaluation."""
+    """Money held for one live agent job or dev evaluation (and, for an agent job, the storage
+    its artifact may keep)."""
 
     key: str  # our job_id or dev-evaluation id
     kind: LedgerKind
@@ -52,10 +83,23 @@ class Reservation(BaseModel):
     micro_usd_per_minute: int  # locked at reservation: later price changes never reach this job
     timeout_minutes: int
     accelerators: int = 0
+    storage: StorageHold | None = None  # None: no storage counted (reserved before it was)
+
+    @property
+    def compute_micro_usd(self) -> int:
+        return self.micro_usd_per_minute * self.timeout_minutes
+
+    @property
+    def storage_bytes(self) -> int:
+        return self.storage.bytes if self.storage else 0
+
+    @property
+    def storage_micro_usd(self) -> int:
+        return self.storage.cost_micro_usd(self.storage.bytes) if self.storage else 0
 
     @property
     def amount_micro_usd(self) -> int:
-        return self.micro_usd_per_minute * self.timeout_minutes
+        return self.compute_micro_usd + self.storage_micro_usd
 
 
 class Settlement(BaseModel):
@@ -71,6 +115,9 @@ class Settlement(BaseModel):
     # Settled at the whole reservation because the real running time cannot be known (the
     # backend lost the job): see `Ledger.settle_at_reservation`.
     worst_case: bool = False
+    # An agent job's artifact: the bytes it keeps and their storage cost (part of the cost).
+    stored_bytes: int = 0
+    storage_micro_usd: int = 0
 
 
 class Ledger(BaseModel):
@@ -87,6 +134,23 @@ class Ledger(BaseModel):
     replayed_micro_usd: int = 0
     replayed_jobs: int = 0
     replayed_calls: int = 0
+    # Storage: the episode's cap (None: not counted, an episode started before it was), the
+    # bytes its ended jobs' artifacts keep, and their charge (part of `settled_micro_usd`).
+    storage_cap_bytes: int | None = None
+    stored_bytes: int = 0
+    storage_micro_usd: int = 0
+
+    @property
+    def reserved_storage_bytes(self) -> int:
+        return sum(r.storage_bytes for r in self.reservations.values())
+
+    @property
+    def storage_left_bytes(self) -> int | None:
+        """What a new job's artifact may still keep: the cap less what is kept and held (None:
+        no cap)."""
+        if self.storage_cap_bytes is None:
+            return None
+        return max(0, self.storage_cap_bytes - self.stored_bytes - self.reserved_storage_bytes)
 
     @property
     def reserved_micro_usd(self) -> int:
@@ -106,9 +170,15 @@ class Ledger(BaseModel):
         return self.committed_micro_usd + amount_micro_usd <= self.budget_micro_usd
 
     def reserve(
-        self, key: str, kind: LedgerKind, price: FlavorPrice, timeout_minutes: int
+        self,
+        key: str,
+        kind: LedgerKind,
+        price: FlavorPrice,
+        timeout_minutes: int,
+        storage: StorageHold | None = None,
     ) -> Reservation:
-        """Hold `price × timeout_minutes` for `key` at `price`, locked from now on.
+        """Hold `price × timeout_minutes` for `key` at `price`, locked from now on, and with
+        `storage` (an agent job) the bytes its artifact may keep and their cost.
 
         Raises ToolError(budget_exhausted) when it does not fit (reaching the budget exactly is
         allowed), ValueError on a key already reserved or `timeout_minutes <= 0`. Nothing changes
@@ -125,6 +195,7 @@ class Ledger(BaseModel):
             micro_usd_per_minute=price.micro_usd_per_minute,
             timeout_minutes=timeout_minutes,
             accelerators=price.accelerators,
+            storage=storage,
         )
         amount = reservation.amount_micro_usd
         if not self.can_reserve(amount):
@@ -140,19 +211,37 @@ class Ledger(BaseModel):
         self.reservations[key] = reservation
         return reservation
 
-    def settle(self, key: str, running_s: float, *, replayed: bool = False) -> Settlement:
+    def settle(
+        self,
+        key: str,
+        running_s: float,
+        *,
+        replayed: bool = False,
+        stored_bytes: int | None = None,
+    ) -> Settlement:
         """Release `key`'s reservation and charge its real cost at the locked price
-        (`replayed`: the job's outcome, running time included, was replayed from a recording).
+        (`replayed`: the job's outcome, running time included, was replayed from a recording),
+        with the storage of `stored_bytes` for a job that held storage (None: what it held, the
+        worst case, as for a backend that did not say).
 
         Raises KeyError for a key not reserved (never reserved, or already settled) and ValueError
-        for a negative or non-finite `running_s`; nothing changes when it raises.
+        for a negative or non-finite `running_s` or a negative size; nothing changes when it
+        raises.
         """
         minutes = billed_minutes(running_s)
         if key not in self.reservations:
             raise KeyError(key)
+        if stored_bytes is not None and stored_bytes < 0:
+            raise ValueError(f"stored_bytes must be >= 0, got {stored_bytes}")
         reservation = self.reservations.pop(key)
-        cost = reservation.micro_usd_per_minute * minutes
+        kept, storage_cost = 0, 0
+        if reservation.storage is not None:
+            kept = reservation.storage.bytes if stored_bytes is None else stored_bytes
+            storage_cost = reservation.storage.cost_micro_usd(kept)
+        cost = reservation.micro_usd_per_minute * minutes + storage_cost
         reserved = reservation.amount_micro_usd
+        self.stored_bytes += kept
+        self.storage_micro_usd += storage_cost
         self.settled_micro_usd += cost
         self.settled_gpu_s += reservation.accelerators * running_s
         if reservation.kind == "job":
@@ -171,6 +260,8 @@ class Ledger(BaseModel):
             cost_micro_usd=cost,
             reserved_micro_usd=reserved,
             overrun_micro_usd=max(0, cost - reserved),
+            stored_bytes=kept,
+            storage_micro_usd=storage_cost,
         )
 
     def settle_late(
@@ -198,9 +289,10 @@ class Ledger(BaseModel):
     def settle_at_reservation(self, key: str) -> Settlement:
         """Settle `key` at its worst case, as if it ran its whole timeout: the cost is the
         reservation. For a job whose backend lost it (it may have run, and may still run, up to
-        its timeout), which must never settle at 0. Raises KeyError for a key not reserved."""
+        its timeout), which must never settle at 0; its artifact at the most it could keep.
+        Raises KeyError for a key not reserved."""
         reservation = self.reservations[key]
-        settlement = self.settle(key, reservation.timeout_minutes * 60)
+        settlement = self.settle(key, reservation.timeout_minutes * 60, stored_bytes=None)
         return settlement.model_copy(update={"worst_case": True})
 
     def release(self, key: str) -> Reservation:
@@ -218,6 +310,12 @@ class Ledger(BaseModel):
                 calls=self.settled_calls,
             ),
             reserved=ReservedSpend(usd=usd(self.reserved_micro_usd)),
+            storage=StorageSpend(
+                bytes=self.stored_bytes,
+                reserved_bytes=self.reserved_storage_bytes,
+                cap_bytes=self.storage_cap_bytes,
+                usd=usd(self.storage_micro_usd),
+            ),
             final=final,
             replayed=ReplayedSpend(
                 usd=usd(self.replayed_micro_usd), jobs=self.replayed_jobs, calls=self.replayed_calls
@@ -230,16 +328,23 @@ class Ledger(BaseModel):
         remaining = self.remaining_micro_usd
         price = reservation.micro_usd_per_minute
         what = "this job" if reservation.kind == "job" else "a dev evaluation"
+        storage = ""
+        if reservation.storage_micro_usd:
+            storage = (
+                f" and {_dollars(reservation.storage_micro_usd)} for the "
+                f"{reservation.storage_bytes} bytes its artifact may keep"
+            )
         message = (
             f"budget exhausted: {what} needs {_dollars(reservation.amount_micro_usd)} reserved "
             f"({reservation.timeout_minutes} min of {reservation.flavor} at "
-            f"{_dollars(price)}/min) but only {_dollars(remaining)} of the "
+            f"{_dollars(price)}/min{storage}) but only {_dollars(remaining)} of the "
             f"{_dollars(self.budget_micro_usd)} budget remains "
             f"({_dollars(self.settled_micro_usd)} settled, "
             f"{_dollars(self.reserved_micro_usd)} reserved by live jobs)."
         )
         release = "wait for a live job to end (or cancel one) to release its reservation."
-        affordable = remaining // price if price > 0 else 0
+        compute_room = remaining - reservation.storage_micro_usd
+        affordable = max(0, compute_room) // price if price > 0 else 0
         if reservation.kind == "dev":
             return f"{message} To evaluate, {release}"
         if affordable > 0:

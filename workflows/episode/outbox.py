@@ -85,6 +85,17 @@ class EpisodeOutbox:
                     final_states={
                         r.job_id: r.state.value for r in self._s.jobs.values() if r.final
                     },
+                    stored_bytes={
+                        r.job_id: r.stored_bytes
+                        for r in self._s.jobs.values()
+                        if r.stored_bytes is not None
+                    },
+                    outputs_refused={
+                        r.job_id: r.outputs_refused.message
+                        for r in self._s.jobs.values()
+                        if r.outputs_refused is not None
+                    },
+                    storage=self._s.ledger.service_spend(final=True).storage,
                 ),
                 start_to_close_timeout=AUDIT_TIMEOUT,
                 retry_policy=AUDIT_RETRY,

@@ -112,8 +112,20 @@ def agent_job(carry: EpisodeCarry, job_id: str) -> JobRecord:
 
 
 def succeeded_agent_job(carry: EpisodeCarry, job_id: str) -> JobRecord:
-    """The agent job `job_id`, which must have succeeded. Raises ToolError(not_ready)."""
+    """The agent job `job_id`, which must have succeeded. Raises ToolError: the type of its
+    outputs' refusal (`limit_reached`, `not_allowed`) when they were not kept, else
+    `not_ready`."""
     record = agent_job(carry, job_id)
+    refused = record.outputs_refused
+    if refused is not None:
+        details = refused.model_dump(mode="json", exclude_none=True, exclude={"type", "message"})
+        raise ToolError(
+            refused.type,
+            f"job {job_id}'s outputs were not kept, so there is nothing to evaluate or submit: "
+            f"{refused.message}. Run a job whose outputs fit, and evaluate that one",
+            job_id=job_id,
+            **details,
+        )
     if record.state is not JobState.succeeded:
         raise ToolError(
             ErrorType.not_ready,
@@ -166,14 +178,31 @@ def take_snapshot(carry: EpisodeCarry, record: JobRecord, snap: JobSnapshot) -> 
     if snap.final:
         record.score = snap.score
         record.final = True
+        if record.role is JobRole.agent and snap.backend is not None:
+            record.outputs_refused = snap.backend.outputs_refused
+            record.stored_bytes = snap.backend.stored_bytes
         if record.role is not JobRole.grader:
             if snap.backend is not None and snap.backend.vanished:
                 # Its real running time is unknown: never 0, always the worst case.
                 record.settlement = carry.ledger.settle_at_reservation(record.job_id)
             else:
                 record.settlement = carry.ledger.settle(
-                    record.job_id, record.running_s, replayed=record.replayed
+                    record.job_id,
+                    record.running_s,
+                    replayed=record.replayed,
+                    stored_bytes=_kept(record),
                 )
+            if record.role is JobRole.agent and record.settlement.stored_bytes:
+                record.stored_bytes = record.settlement.stored_bytes
+
+
+def _kept(record: JobRecord) -> int | None:
+    """What an ended agent job's artifact keeps, as its settlement counts it: nothing when its
+    outputs were refused, or when it never started; what the backend measured; else None (the
+    most it could keep: the backend did not say)."""
+    if record.outputs_refused is not None or record.started_at is None:
+        return 0
+    return record.stored_bytes
 
 
 # -- views -------------------------------------------------------------------------------------
@@ -209,8 +238,18 @@ def job_view(episode_id: str, record: JobRecord, now: datetime) -> JobView:
         artifact=f"openenv-artifact://{episode_id}/{record.job_id}/outputs"
         if record.role is JobRole.agent
         else None,
+        stored_bytes=record.stored_bytes if record.final and record.role is JobRole.agent else None,
+        outputs_error=outputs_error(record),
         message=record.message,
     )
+
+
+def outputs_error(record: JobRecord) -> dict[str, Any] | None:
+    """The typed error for a job whose outputs were refused (None: they were kept)."""
+    refused = record.outputs_refused
+    if refused is None:
+        return None
+    return refused.model_dump(mode="json", exclude_none=True)
 
 
 def deadline(setup: EpisodeSetup, carry: EpisodeCarry) -> datetime:

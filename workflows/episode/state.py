@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from posttrain_common.contracts.contamination import ContaminationReport
 from posttrain_common.contracts.episode_calls import ToolResult
-from posttrain_common.contracts.jobs import JobRole, ScoreResult
+from posttrain_common.contracts.jobs import JobRole, OutputsRefusal, ScoreResult
 from posttrain_common.contracts.known_runs import KnownRun
 from posttrain_common.contracts.operator import OperatorAction
 from posttrain_env.models import BoundedText, EpisodeEnd, JobState
@@ -55,6 +55,10 @@ class JobRecord(BaseModel):
     # and its state follows from this (`workflows/episode/known.py`). Dropped once it is final
     # (the record then holds all it ended with), so the carry holds only live jobs' runs.
     known: KnownRun | None = None
+    # An ended agent job: the bytes its artifact keeps, and why its outputs were refused (then
+    # it keeps nothing, and it can be neither evaluated nor submitted).
+    stored_bytes: int | None = None
+    outputs_refused: OutputsRefusal | None = None
 
     @property
     def live(self) -> bool:

@@ -78,8 +78,13 @@ class EpisodeWorkflow:
     def __init__(self, inp: EpisodeInput) -> None:
         self._setup = inp.setup
         budget = inp.setup.task.budget_micro_usd
+        storage = inp.setup.storage
         self._s = inp.carry or EpisodeCarry(
-            started_at=workflow.now(), ledger=Ledger(budget_micro_usd=budget)
+            started_at=workflow.now(),
+            ledger=Ledger(
+                budget_micro_usd=budget,
+                storage_cap_bytes=storage.cap_bytes if storage else None,
+            ),
         )
         self._jobs = EpisodeJobs(self._setup, self._s)
         self._tools = EpisodeTools(self._setup, self._s, self._jobs, self._end)

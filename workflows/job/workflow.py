@@ -21,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
         JobRef,
         JobRole,
         JobSpec,
+        KeepOutputs,
         ScoreResult,
         SubmitJob,
     )
@@ -156,6 +157,7 @@ class JobWorkflow:
             return await self._run()
         await self._follow_until_terminal()
         await self._let_the_watcher_see_the_end()
+        await self._keep_outputs()
         score = await self._score() if self._state is JobState.succeeded else None
         return await self._finish(self._snapshot(final=True, score=score))
 
@@ -195,6 +197,7 @@ class JobWorkflow:
         self._watcher_has_it = held
         await self._follow_until_terminal()
         await self._let_the_watcher_see_the_end()
+        await self._keep_outputs()
         score = await self._score() if self._state is JobState.succeeded else None
         return await self._finish(self._snapshot(final=True, score=score))
 
@@ -368,6 +371,43 @@ class JobWorkflow:
         self._show()
         if changed and not job.state.terminal:
             await self._report(self._snapshot(final=False))
+
+    async def _keep_outputs(self) -> None:
+        """An ended agent job whose backend did not measure its outputs as it ended (Hugging
+        Face, where they sit in the job's bucket folder): measured now, and kept within its
+        caps or deleted whole. Only jobs whose input carries their storage allowance (those of
+        episodes that count storage) take it, so histories recorded before replay unchanged;
+        a backend that measures at the end (local) needs no activity. When it cannot be
+        measured, the episode settles the job's storage at the most it could keep."""
+        inp, job = self._inp, self._job
+        allowance = inp.storage_allowance_bytes
+        if inp.role is not JobRole.agent or allowance is None or job is None:
+            return
+        if job.stored_bytes is not None or job.started_at is None:
+            return  # measured already, or it never ran (it wrote nothing)
+        try:
+            kept = await workflow.execute_activity_method(
+                JobsApi.keep_outputs,
+                KeepOutputs(
+                    ref=job.ref,
+                    key=workflow.info().workflow_id,
+                    now=workflow.now(),
+                    artifact_cap_bytes=inp.artifact_cap_bytes or allowance,
+                    storage_allowance_bytes=allowance,
+                    storage_cap_bytes=inp.storage_cap_bytes,
+                ),
+                start_to_close_timeout=READ_TIMEOUT,
+                retry_policy=SCORE_READ_RETRY,
+            )
+        except ActivityError as err:
+            reraise_cancel(err, OUTSIDE_CANCEL_PATCH)
+            self._message = (
+                f"the job's outputs could not be measured ({tool_error_of(err).message}); its "
+                "storage is charged at the most it could keep"
+            )
+            return
+        self._job = kept
+        self._state = kept.state
 
     async def _score(self) -> ScoreResult | None:
         if self._inp.role is JobRole.agent or self._job is None:

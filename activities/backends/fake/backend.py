@@ -30,8 +30,9 @@ from activities.contamination.dataset_bytes import outputs_order, read_until
 from job_launcher.builder import build_launcher
 from job_launcher.trusted_lines import LAUNCHER_TAG, NONCE_ENV, SCORE_TAG, format_trusted_line
 from posttrain_common.contracts.episodes import JobLimits
-from posttrain_common.contracts.jobs import BackendJob, JobRole
+from posttrain_common.contracts.jobs import BackendJob, JobRole, KeepOutputs, OutputsRefusal
 from posttrain_env.errors import ErrorType, ToolError
+from posttrain_env.limits import HF_ARTIFACT_CAP_BYTES, HF_EPISODE_STORAGE_BYTES
 from posttrain_env.models import FlavorPrice, JobState
 
 EvalOutput = Literal["valid", "none", "several", "garbage", "out_of_range", "no_nonce"]
@@ -79,6 +80,12 @@ class FakeJobScript(BaseModel):
     # What an agent job leaves under /data/outputs/: path -> text (the contamination check
     # reads it).
     outputs: dict[str, str] = Field(default_factory=dict)
+    # The apparent bytes those outputs take (None: the size of `outputs`' texts), as the job's
+    # bucket folder would hold them when `keep_outputs` measures it.
+    outputs_bytes: int | None = None
+    # True: the outputs are measured as the job ends (its ended views carry them, as local
+    # jobs' do); False: only when `keep_outputs` is asked, as on Hugging Face.
+    outputs_measured_at_end: bool = True
     score: float = 0.5
     # More keys of the evaluator's score line (its details).
     eval_details: dict[str, Any] = Field(default_factory=dict)
@@ -110,12 +117,20 @@ class FakeScenario(BaseModel):
         return FakeJobScript()
 
 
+class _Kept(BaseModel):
+    """What `keep_outputs` decided of an ended agent job's outputs."""
+
+    stored_bytes: int
+    refused: OutputsRefusal | None = None
+
+
 class _FakeJob(BaseModel):
     ref: str
     request: JobRequest
     rule: FakeJobScript
     created_at: datetime
     cancel_requested_at: datetime | None = None
+    kept: _Kept | None = None
 
 
 class _FakeState(BaseModel):
@@ -130,6 +145,9 @@ class FakeBackend:
     name = "fake"
     prices_simulated = True
     uses_local_models = False
+    # It stands in for Hugging Face: its caps.
+    default_artifact_cap_bytes = HF_ARTIFACT_CAP_BYTES
+    default_storage_cap_bytes = HF_EPISODE_STORAGE_BYTES
 
     def __init__(
         self, state_dir: Path, scenario: FakeScenario | None = None, *, job_python: str = "3.12"
@@ -195,6 +213,18 @@ class FakeBackend:
             if job.cancel_requested_at is None and not _view(job, now).state.terminal:
                 job.cancel_requested_at = now
             return _view(job, now)
+
+    async def keep_outputs(self, job: KeepOutputs) -> BackendJob:
+        """As Hugging Face's: the outputs measured once the job ended, kept within the caps
+        or deleted whole (a failed job's too)."""
+        with self._state() as state:
+            fake = self._job(state, job.ref)
+            self._maybe_fail(state, fake.rule, fake.request.key, "keep_outputs")
+            if not _view(fake, job.now).state.terminal:
+                raise TransientBackendError(f"job {job.ref} has not ended; its outputs may grow")
+            if fake.kept is None:
+                fake.kept = _measure(fake, job)
+            return _view(fake, job.now)
 
     async def logs(self, ref: str, tail: int, now: datetime) -> list[str]:
         with self._state() as state:
@@ -262,7 +292,8 @@ class FakeBackend:
             job = state.jobs.get(ref)
             if job is None:
                 raise ToolError(ErrorType.not_allowed, f"no job {ref}")
-            files = sorted((path, text.encode()) for path, text in job.rule.outputs.items())
+            kept = job.rule.outputs if job.kept is None or job.kept.refused is None else {}
+            files = sorted((path, text.encode()) for path, text in kept.items())
         readers = [(path, lambda n, b=data: b[:n]) for path, data in files]
         return read_until(outputs_order(readers), max_bytes)
 
@@ -327,6 +358,31 @@ class FakeBackend:
         return served == 0
 
 
+def _measure(job: _FakeJob, caps: KeepOutputs) -> _Kept:
+    rule = job.rule
+    size = rule.outputs_bytes
+    if size is None:
+        size = sum(len(text.encode()) for text in rule.outputs.values())
+    refused = caps.over(size)
+    return _Kept(stored_bytes=0 if refused else size, refused=refused)
+
+
+def _caps(job: _FakeJob, now: datetime) -> KeepOutputs | None:
+    """The caps an agent job's request carries (None: an evaluation, or no storage counted)."""
+    request = job.request
+    allowance = request.storage_allowance_bytes
+    if request.role is not JobRole.agent or allowance is None:
+        return None
+    return KeepOutputs(
+        ref=job.ref,
+        key=request.key,
+        now=now,
+        artifact_cap_bytes=request.artifact_cap_bytes or allowance,
+        storage_allowance_bytes=allowance,
+        storage_cap_bytes=request.storage_cap_bytes,
+    )
+
+
 def _view(job: _FakeJob, now: datetime) -> BackendJob:
     """The job's state at workflow time `now`, from its rule and its history."""
     rule, created = job.rule, job.created_at
@@ -358,13 +414,24 @@ def _view(job: _FakeJob, now: datetime) -> BackendJob:
             }
         )
     ran = max(0.0, (end - start).total_seconds())
+    message = rule.message if rule.message is not None else f"fake job {final.value}"
+    fields: dict[str, Any] = {}
+    caps = _caps(job, now)
+    if job.kept is None and rule.outputs_measured_at_end and caps is not None and ran > 0:
+        job.kept = _measure(job, caps)  # kept with the state: the views that follow agree
+    if job.kept is not None:
+        fields = {"stored_bytes": job.kept.stored_bytes, "outputs_refused": job.kept.refused}
+        if job.kept.refused is not None:
+            message = job.kept.refused.message
+            final = JobState.failed if final is JobState.succeeded else final
     return base.model_copy(
         update={
             "state": final,
             "started_at": start if ran > 0 else None,
             "finished_at": end,
             "running_s": ran,
-            "message": rule.message if rule.message is not None else f"fake job {final.value}",
+            "message": message,
+            **fields,
         }
     )
 

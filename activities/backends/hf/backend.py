@@ -44,7 +44,7 @@ from huggingface_hub.errors import HfHubHTTPError, JobNotFoundError
 from temporalio import activity
 
 from activities.backends.hf import inputs
-from activities.backends.hf.artifacts import GIB, evaluated_outputs
+from activities.backends.hf.artifacts import evaluated_outputs
 from activities.backends.hf.calls import HubCalls
 from activities.backends.hf.errors import status_of, translate
 from activities.backends.hf.http import HubHttpLimits
@@ -59,6 +59,7 @@ from activities.backends.hf.labels import (
     job_labels,
     key_label,
     label_value,
+    outputs_caps,
 )
 from activities.backends.hf.listing_reuse import LISTING_REUSE_S, RecentListings
 from activities.backends.hf.missing import LookOrder, MissingJobs
@@ -68,18 +69,21 @@ from activities.backends.hf.stages import LIVE_STAGES, backend_job, stage_of, va
 from activities.backends.hf.storage import HfJobStorage
 from activities.backends.hf.submission import check_request, input_volumes, job_file, job_name
 from activities.backends.interface import DatasetBytes, JobRequest, LiveJob, TransientBackendError
+from activities.backends.storage import StorageRefused
 from job_launcher.builder import LauncherConfig
 from posttrain_common.contracts.episodes import JobLimits
-from posttrain_common.contracts.jobs import BackendJob, JobRole
+from posttrain_common.contracts.jobs import BackendJob, JobRole, KeepOutputs
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.limits import (
+    HF_ARTIFACT_CAP_BYTES,
+    HF_EPISODE_STORAGE_BYTES,
     SUBMIT_LOOK_INTERVAL_S,
     SUBMIT_SETTLE_LOOKS,
     SUBMIT_SETTLE_S,
     VANISHED_AFTER_LOOKS,
     VANISHED_AFTER_S,
 )
-from posttrain_env.models import FlavorPrice
+from posttrain_env.models import FlavorPrice, JobState
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +97,8 @@ class HfBackendConfig:
     # (its start-to-close timeout is 15 s); then the activity fails and is retried.
     cancel_confirm_looks: int = 3
     cancel_confirm_interval_s: float = 2.0
-    artifact_cap_bytes: int = 20 * GIB  # DESIGN §9: the default cap on Hugging Face
+    artifact_cap_bytes: int = HF_ARTIFACT_CAP_BYTES  # DESIGN §9: the default cap on Hugging Face
+    storage_cap_bytes: int = HF_EPISODE_STORAGE_BYTES  # an episode's artifacts together
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     submit_settle_looks: int = SUBMIT_SETTLE_LOOKS
     submit_look_interval_s: float = SUBMIT_LOOK_INTERVAL_S
@@ -146,6 +151,8 @@ class HfBackend:
         )
         self._looks = LookOrder()
         self.job_python_version = self._config.python
+        self.default_artifact_cap_bytes = self._config.artifact_cap_bytes
+        self.default_storage_cap_bytes = self._config.storage_cap_bytes
 
     # -- JobsBackend ---------------------------------------------------------------------------
 
@@ -263,6 +270,8 @@ class HfBackend:
                     left_out += 1
                     continue
                 job = self._seen(ref, hf, namespace, info)
+                if job is not None and info is not None:
+                    job = await self._with_outputs(job, info)
                 if job is not None:
                     seen[ref] = job
             await self._cancel_duplicates(namespace, live, watched_ids)
@@ -325,6 +334,38 @@ class HfBackend:
             tail=tail,
         )
         return lines[-tail:]
+
+    async def keep_outputs(self, job: KeepOutputs) -> BackendJob:
+        """The job's outputs in its bucket folder, measured once it ended (a Hugging Face job
+        writes them there as it runs: nothing can stop it at a cap), kept within the caps or
+        deleted whole. The look that first sees an agent job ended does this already, from
+        the caps its labels carry (`_with_outputs`); this is the job workflow's fallback."""
+        view = (await self.observe([job.ref], job.now)).get(job.ref)
+        if view is None or not view.state.terminal:
+            raise TransientBackendError(f"job {job.ref} is not seen ended yet; measuring later")
+        if view.stored_bytes is not None:
+            return view
+        try:
+            size = await self.storage().keep_outputs(job.ref, job.over)
+        except StorageRefused as exc:
+            raise ToolError(ErrorType.hf_error, str(exc)) from None
+        return kept(view, size, job)
+
+    async def _with_outputs(self, job: BackendJob, info: JobInfo) -> BackendJob:
+        """An agent job seen ended, its outputs measured and kept within the caps its labels
+        carry (or deleted whole). Left unmeasured when that fails now: its job workflow asks
+        `keep_outputs` then."""
+        caps = outputs_caps(info.labels, job.ref, self._clock())
+        if caps is None or not job.state.terminal or job.started_at is None:
+            return job
+        if self._calls.call_seconds() <= 0:
+            return job
+        try:
+            size = await self.storage().keep_outputs(job.ref, caps.over)
+        except (StorageRefused, ToolError, TransientBackendError) as err:
+            log.warning("the outputs of job %s are measured later: %s", job.ref, err)
+            return job
+        return kept(job, size, caps)
 
     async def hardware(self, flavors: Sequence[str] = ()) -> list[FlavorPrice]:
         """Current prices (cached); a flavor in `flavors` the cache lacks forces a refresh."""
@@ -560,6 +601,23 @@ class HfBackend:
             )
         except JobNotFoundError:
             return None
+
+
+def kept(job: BackendJob, size: int, caps: KeepOutputs) -> BackendJob:
+    """`job` with its outputs of `size` bytes judged by `caps`: kept, or refused (the job then
+    fails if it had succeeded)."""
+    refused = caps.over(size)
+    if refused is None:
+        return job.model_copy(update={"stored_bytes": size})
+    state = JobState.failed if job.state is JobState.succeeded else job.state
+    return job.model_copy(
+        update={
+            "stored_bytes": 0,
+            "outputs_refused": refused,
+            "state": state,
+            "message": refused.message,
+        }
+    )
 
 
 def _is_a_retry() -> bool:

@@ -15,10 +15,12 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from datetime import datetime
 
 from huggingface_hub import JobInfo, constants
 
 from activities.backends.interface import JobRequest
+from posttrain_common.contracts.jobs import JobRole, KeepOutputs
 from posttrain_common.keys import ServerKey
 
 LABEL_DEPLOYMENT = "posttrain-deployment"
@@ -28,6 +30,11 @@ LABEL_TASK = "posttrain-task"
 LABEL_ROLE = "posttrain-role"
 LABEL_JOB = "posttrain-job"
 LABEL_TIMEOUT = "posttrain-timeout-s"
+# An agent job's caps on what its outputs may keep (bytes), so that the look that sees it ended
+# measures them (activities/backends/hf/backend.py, `observe`) with no activity of its own.
+LABEL_ARTIFACT_CAP = "posttrain-artifact-cap"
+LABEL_STORAGE_LEFT = "posttrain-storage-left"
+LABEL_STORAGE_CAP = "posttrain-storage-cap"
 
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9_-]{1,100}")
 _JOB_ID = re.compile(r"[A-Za-z0-9]{1,64}")
@@ -59,7 +66,7 @@ def deployment_id(key: ServerKey) -> str:
 
 
 def job_labels(request: JobRequest, deployment: str) -> dict[str, str]:
-    return {
+    labels = {
         LABEL_DEPLOYMENT: deployment,
         LABEL_KEY: key_label(request.key),
         LABEL_EPISODE: label_value(request.episode_id),
@@ -68,6 +75,31 @@ def job_labels(request: JobRequest, deployment: str) -> dict[str, str]:
         LABEL_JOB: label_value(request.job_id),
         LABEL_TIMEOUT: str(int(request.timeout_s)),
     }
+    allowance = request.storage_allowance_bytes
+    if request.role is JobRole.agent and allowance is not None:
+        labels[LABEL_ARTIFACT_CAP] = str(request.artifact_cap_bytes or allowance)
+        labels[LABEL_STORAGE_LEFT] = str(allowance)
+        if request.storage_cap_bytes is not None:
+            labels[LABEL_STORAGE_CAP] = str(request.storage_cap_bytes)
+    return labels
+
+
+def outputs_caps(labels: dict[str, str] | None, ref: str, now: datetime) -> KeepOutputs | None:
+    """The caps an agent job's labels carry (None: not an agent job's, or no storage counted)."""
+    labels = labels or {}
+    try:
+        cap, left = int(labels[LABEL_ARTIFACT_CAP]), int(labels[LABEL_STORAGE_LEFT])
+        whole = int(labels[LABEL_STORAGE_CAP]) if LABEL_STORAGE_CAP in labels else None
+    except (KeyError, ValueError):
+        return None
+    return KeepOutputs(
+        ref=ref,
+        key=labels.get(LABEL_KEY, ""),
+        now=now,
+        artifact_cap_bytes=cap,
+        storage_allowance_bytes=left,
+        storage_cap_bytes=whole,
+    )
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,9 @@ from posttrain_env.errors import ErrorType, ToolError
 
 # Paths per delete request: one job's folder rarely holds more; a larger one takes several.
 DELETE_BATCH = 500
+# Beside a job's outputs, once they were refused and deleted: `<folder>/<this><size>`, so that
+# a retried measurement finds the same verdict though the outputs are gone.
+REFUSED_MARKER = ".posttrain-outputs-refused-"
 
 
 class HfJobStorage:
@@ -66,6 +69,39 @@ class HfJobStorage:
                 in_namespace=bucket.split("/")[0],
             )
         return sum(files.values())
+
+    async def keep_outputs(self, ref: str, over: Callable[[int], object | None]) -> int:
+        """The apparent bytes the job's outputs hold, as `over` judges them: when it refuses
+        them (not None), they are deleted whole, after a marker that keeps their size for a
+        retried call; the size is returned either way. Raises StorageRefused."""
+        bucket, folder = await self._where(ref)
+        files = await self._files(bucket, folder + "/")
+        marker = folder + "/" + REFUSED_MARKER
+        for path in files:
+            if path.startswith(marker) and path[len(marker) :].isdigit():
+                return int(path[len(marker) :])  # refused and deleted already
+        prefix = outputs_prefix(folder) + "/"
+        outputs = sorted(path for path in files if path.startswith(prefix))
+        size = sum(files[path] for path in outputs)
+        if over(size) is None:
+            return size
+        where = bucket.split("/")[0]
+        await self._calls.call(
+            f"marking the outputs of job {ref} refused",
+            self._api.batch_bucket_files,
+            bucket,
+            add=[(b"", f"{marker}{size}")],
+            in_namespace=where,
+        )
+        for start in range(0, len(outputs), DELETE_BATCH):
+            await self._calls.call(
+                f"deleting the refused outputs of job {ref}",
+                self._api.batch_bucket_files,
+                bucket,
+                delete=outputs[start : start + DELETE_BATCH],
+                in_namespace=where,
+            )
+        return size
 
     async def read_outputs(self, ref: str, max_bytes: int) -> DatasetBytes:
         """The job's `outputs/` files (the contamination check), listed by their exact prefix

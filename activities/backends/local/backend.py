@@ -44,14 +44,19 @@ from activities.backends.local.resources import (
     machine_capacity,
 )
 from activities.backends.local.sandbox import find_bwrap
+from activities.backends.local.scratch import Retention
 from activities.backends.local.storage import LocalJobStorage
 from activities.backends.local.store import JobStore, job_ref
 from activities.backends.storage import StorageRefused
 from activities.contamination.dataset_bytes import read_folder
 from posttrain_common.contracts.episodes import FlavorLimits, JobLimits
-from posttrain_common.contracts.jobs import BackendJob, JobRole
+from posttrain_common.contracts.jobs import BackendJob, JobRole, KeepOutputs
 from posttrain_env.errors import ErrorType, ToolError
-from posttrain_env.limits import LOCAL_JOB_CPU_WEIGHT, LOCAL_JOBS_CPU_WEIGHT
+from posttrain_env.limits import (
+    LOCAL_EPISODE_STORAGE_BYTES,
+    LOCAL_JOB_CPU_WEIGHT,
+    LOCAL_JOBS_CPU_WEIGHT,
+)
 from posttrain_env.models import FlavorPrice
 
 __all__ = ["LOCAL_PRICES", "LocalBackend", "LocalLimits", "job_ref"]
@@ -105,6 +110,7 @@ class LocalBackend:
         supervisor_python: str | None = None,
         capacity: Capacity | None = None,
         warm_evaluators: bool = True,
+        retention: Retention | None = None,
     ) -> None:
         """`state_dir` is the backend's own folder (`<POSTTRAIN_STATE_DIR>/local`).
         `warm_evaluators`: evaluations share one venv per evaluator, built once
@@ -112,11 +118,15 @@ class LocalBackend:
         `find_links`: folders of wheels that installs use besides PyPI (the server's
         POSTTRAIN_LOCAL_FIND_LINKS); `no_index`: those folders only (tests). Never anything
         an agent sets. `capacity`: what jobs may share (default: what this server may use
-        of the machine)."""
+        of the machine). `retention`: where ended episodes' records are and how long their job
+        folders are kept, so that a job refused for host disk is told what holds it."""
         self.state_dir = state_dir
+        self.retention = retention
         self.jobs_dir = state_dir / "jobs"
         self.hub = LocalHub(state_dir / "hub")
         self.limits = limits or LocalLimits()
+        self.default_artifact_cap_bytes = self.limits.artifact_cap_bytes
+        self.default_storage_cap_bytes = LOCAL_EPISODE_STORAGE_BYTES
         self.store = JobStore(self.jobs_dir, supervisor_python or sys.executable)
         self.job_python_version = python_version(job_python)
         self.capacity = capacity or machine_capacity()
@@ -158,6 +168,13 @@ class LocalBackend:
 
     async def cancel(self, ref: str, now: datetime) -> BackendJob:
         return await asyncio.to_thread(self.store.cancel, ref)
+
+    async def keep_outputs(self, job: KeepOutputs) -> BackendJob:
+        """The supervisor measured and kept (or refused) the outputs as the job ended."""
+        view = await asyncio.to_thread(self.store.view, job.ref)
+        if view is None:
+            raise ToolError(ErrorType.hf_error, f"no local job {job.ref!r}")
+        return view
 
     async def logs(self, ref: str, tail: int, now: datetime) -> list[str]:
         folder = self.store.known(ref)
@@ -275,6 +292,7 @@ class LocalBackend:
             "niceness": 0 if "cpu" in contained else FALLBACK_NICENESS,
             # The host disk jobs never take: checked by the supervisor before the job starts.
             "host_disk_reserve_bytes": limits.host_disk_reserve_bytes,
+            "retention": dataclasses.asdict(self.retention) if self.retention else None,
             # rlimits: memory and processes only where no control group holds them.
             "limits": {
                 "nproc": None if "pids" in contained else resources.processes,

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posttrain_env.limits import MAX_ARTIFACT_DEPTH, MAX_ARTIFACT_PATH_BYTES
+from posttrain_env.limits import MAX_ARTIFACT_DEPTH, MAX_ARTIFACT_PATH_BYTES, artifact_over_cap
 
 PARTIAL_SUFFIX = ".partial"
 COPY_CHUNK = 8 << 20
@@ -251,30 +251,8 @@ def _not_allowed(relative: str, problem: str) -> Refusal:
 
 def over_a_cap(size: int, caps: Caps) -> Refusal | None:
     """The refusal of `size` apparent bytes by the job's or the episode's cap, or None."""
-    if size > caps.artifact_bytes and (
-        caps.storage_bytes is None or caps.artifact_bytes <= caps.storage_bytes
-    ):
-        return Refusal(
-            "limit_reached",
-            f"its outputs hold {size} bytes, {size - caps.artifact_bytes} over this job's "
-            f"artifact cap of {caps.artifact_bytes} bytes; nothing was kept",
-            cap="artifact",
-            cap_bytes=caps.artifact_bytes,
-            over_by_bytes=size - caps.artifact_bytes,
-        )
-    if caps.storage_bytes is not None and size > caps.storage_bytes:
-        whole = caps.storage_cap_bytes
-        others = "" if whole is None else f" of its {whole}-byte storage cap"
-        return Refusal(
-            "limit_reached",
-            f"its outputs hold {size} bytes, {size - caps.storage_bytes} over the "
-            f"{caps.storage_bytes} bytes this episode could still keep{others} (its other "
-            "jobs' artifacts count); nothing was kept",
-            cap="storage",
-            cap_bytes=whole,
-            over_by_bytes=size - caps.storage_bytes,
-        )
-    return None
+    over = artifact_over_cap(size, caps.artifact_bytes, caps.storage_bytes, caps.storage_cap_bytes)
+    return None if over is None else Refusal("limit_reached", **over)
 
 
 def _make_folder(path: Path) -> None:

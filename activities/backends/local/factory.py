@@ -8,6 +8,7 @@ import os
 
 from activities.backends.local.backend import LocalBackend
 from activities.backends.local.resources import LimitsError, LocalLimits, describe_bytes
+from activities.backends.local.scratch import Retention
 from posttrain_common.keys import ServerKey
 from posttrain_common.settings import Settings
 from posttrain_env.limits import GIB
@@ -38,6 +39,10 @@ def build(settings: Settings, key: ServerKey) -> LocalBackend:
             job_python=python,
             limits=limits,
             find_links=settings.local_find_link_list,
+            retention=Retention(
+                audit_dir=str(settings.audit_folder),
+                job_days=settings.job_retention_days or None,
+            ),
         )
     except LimitsError as exc:
         raise SystemExit(f"POSTTRAIN_LOCAL_*: {exc}") from None

@@ -226,11 +226,18 @@ class Supervisor:
         """The job's host disk, control groups and filesystems, before anything of it runs."""
         resources = self.spec["resources"]
         filesystem = self.spec.get("filesystem")
+        retention = self.spec.get("retention")
+        caps = self.caps()
+        artifact = 0
+        if self.spec.get("collect"):
+            artifact = min(caps.artifact_bytes, caps.storage_bytes or caps.artifact_bytes)
         scratch.claim_host_disk(
             self.folder,
             disk_bytes=resources["disk_bytes"],
             reserve_bytes=int(self.spec.get("host_disk_reserve_bytes") or 0),
             image=bool(filesystem),
+            artifact_bytes=artifact,
+            holders=scratch.Retention(**retention) if retention else None,
         )
         placements = self.spec.get("cgroups") or []
         if placements:

@@ -26,8 +26,11 @@ the top before emptying it.
 from __future__ import annotations
 
 import ctypes
+import datetime
 import fcntl
+import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -93,12 +96,22 @@ def enter_private_mount_namespace() -> None:
         raise ScratchError(f"making / private: {os.strerror(ctypes.get_errno())}")
 
 
-def claim_host_disk(folder: Path, disk_bytes: int, reserve_bytes: int, image: bool) -> None:
-    """Let job `folder` start only if the host can hold its disk: the free space where the jobs
-    live, less what the other jobs' images may still grow into (their size less what they
-    already take), must hold `disk_bytes` and `reserve_bytes` more. With `image`, make the
-    job's sparse image, under the same lock as the check, so that two jobs starting together
-    each count the other's. Raises HostDiskError (the job must not start)."""
+def claim_host_disk(
+    folder: Path,
+    disk_bytes: int,
+    reserve_bytes: int,
+    image: bool,
+    artifact_bytes: int = 0,
+    holders: Retention | None = None,
+) -> None:
+    """Let job `folder` start only if the host can hold all it may take: its disk, and for an
+    agent job the copy of its artifact (`artifact_bytes`, what it may keep) made when it ends.
+    The free space where the jobs live, less what the other running jobs may still take (their
+    images' growth and their artifacts to come), must hold those and `reserve_bytes` more.
+    With `image`, make the job's sparse image, under the same lock as the check, so that two
+    jobs starting together each count the other's. Raises HostDiskError (the job must not
+    start), saying what holds the space (`holders`: where ended episodes' records are, to tell
+    their artifacts, kept for retention, from live episodes')."""
     jobs = folder.parent
     # The lock: flock on the jobs folder itself (no file of its own among the job folders).
     lock = os.open(jobs, os.O_RDONLY | os.O_DIRECTORY)
@@ -106,14 +119,20 @@ def claim_host_disk(folder: Path, disk_bytes: int, reserve_bytes: int, image: bo
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the descriptor closes
         st = os.statvfs(jobs)
         free = st.f_bavail * st.f_frsize
-        promised = sum(_growth(other / IMAGE) for other in jobs.iterdir() if other != folder)
-        if free - promised < disk_bytes + reserve_bytes:
+        promised = sum(_promised(other) for other in jobs.iterdir() if other != folder)
+        needed = disk_bytes + artifact_bytes
+        if free - promised < needed + reserve_bytes:
+            held = describe_holders(jobs, folder, promised, holders)
+            artifact = (
+                f" and its artifact of up to {describe_bytes(artifact_bytes)}"
+                if artifact_bytes
+                else ""
+            )
             raise HostDiskError(
                 f"not started: the host's disk cannot hold this job's disk of "
-                f"{describe_bytes(disk_bytes)} (/data, /tmp and its packages) beside the "
-                f"host's reserve of {describe_bytes(reserve_bytes)}: {describe_bytes(free)} is "
-                f"free, {describe_bytes(promised)} of it held for other running jobs' disks; "
-                "try again when other jobs have ended"
+                f"{describe_bytes(disk_bytes)} (/data, /tmp and its packages){artifact} beside "
+                f"the host's reserve of {describe_bytes(reserve_bytes)}: "
+                f"{describe_bytes(free)} is free; {held}"
             )
         if image:
             with open(folder / IMAGE, "wb") as fh:
@@ -123,6 +142,24 @@ def claim_host_disk(folder: Path, disk_bytes: int, reserve_bytes: int, image: bo
         os.close(lock)
 
 
+def _promised(job: Path) -> int:
+    """What a running job (one with an image) may still take of the host's disk: its image's
+    growth, and for an agent job its artifact to come (what it may keep)."""
+    growth = _growth(job / IMAGE)
+    if not os.path.lexists(job / IMAGE):
+        return 0
+    try:
+        spec = json.loads((job / "job.json").read_text())
+    except (OSError, ValueError):
+        return growth
+    if spec.get("role") != "agent" or os.path.lexists(job / "artifact"):
+        return growth
+    watch = spec.get("watch") or {}
+    cap = int(watch.get("artifact_cap_bytes") or 0)
+    left = watch.get("storage_bytes")
+    return growth + (cap if left is None else min(cap, int(left)))
+
+
 def _growth(image: Path) -> int:
     """How much more host disk a job's sparse image may take (0: none, or no image)."""
     try:
@@ -130,6 +167,96 @@ def _growth(image: Path) -> int:
     except (FileNotFoundError, NotADirectoryError):
         return 0
     return max(0, st.st_size - st.st_blocks * 512)
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Where the records of ended episodes are (`<audit dir>/<episode_id>.json`, each with its
+    `ended_at`) and how long an ended episode's job folders are kept (days; None: forever)."""
+
+    audit_dir: str
+    job_days: float | None
+
+
+_EPISODE_OF_KEY = re.compile(r"episode-(?P<episode>[A-Za-z0-9_-]{1,100})/job/[0-9]{1,9}")
+
+
+def describe_holders(jobs: Path, folder: Path, promised: int, retention: Retention | None) -> str:
+    """What holds the host's disk, for a refusal: running jobs, artifacts of live episodes,
+    artifacts kept for retention (and when the first of those frees). Walks every job folder:
+    only when a job is refused."""
+    running = sum(1 for other in jobs.iterdir() if other != folder and (other / IMAGE).exists())
+    live: dict[str, int] = {}
+    kept: dict[str, int] = {}
+    frees: list[datetime.datetime] = []
+    for other in jobs.iterdir():
+        artifact = other / "artifact"
+        if other == folder or not artifact.is_dir() or artifact.is_symlink():
+            continue
+        size = allocated_bytes(artifact)
+        episode = _episode_of(other)
+        ended = _ended_at(retention, episode) if episode else None
+        if ended is None:
+            live[episode or other.name] = live.get(episode or other.name, 0) + size
+            continue
+        kept[episode or other.name] = kept.get(episode or other.name, 0) + size
+        if retention is not None and retention.job_days is not None:
+            frees.append(ended + datetime.timedelta(days=retention.job_days))
+    parts = [
+        f"{describe_bytes(promised)} may still be taken by {running} running job(s)",
+        f"{describe_bytes(sum(live.values()))} is held by the artifacts of {len(live)} live "
+        "episode(s) (freed by retention once they end)",
+    ]
+    retained = (
+        f"{describe_bytes(sum(kept.values()))} by the artifacts of {len(kept)} ended "
+        "episode(s) kept for retention"
+    )
+    if frees:
+        first = min(frees).strftime("%Y-%m-%d %H:%M UTC")
+        retained += f" (the first is due for deletion at {first}, by the hourly retention run)"
+    elif kept:
+        retained += " (kept forever: POSTTRAIN_JOB_RETENTION_DAYS is 0)"
+    parts.append(retained)
+    return "; ".join(parts) + "; try again when jobs have ended or retention has run"
+
+
+def allocated_bytes(root: Path) -> int:
+    """Host disk a folder's files take (allocated blocks, never following links)."""
+    total = 0
+    todo = [str(root)]
+    while todo:
+        current = todo.pop()
+        try:
+            with os.scandir(current) as entries:
+                for entry in entries:
+                    st = entry.stat(follow_symlinks=False)
+                    total += st.st_blocks * 512
+                    if stat.S_ISDIR(st.st_mode):
+                        todo.append(entry.path)
+        except OSError:
+            continue
+    return total
+
+
+def _episode_of(job: Path) -> str | None:
+    try:
+        spec = json.loads((job / "job.json").read_text())
+    except (OSError, ValueError):
+        return None
+    found = _EPISODE_OF_KEY.fullmatch(str(spec.get("key", "")))
+    return found["episode"] if found else None
+
+
+def _ended_at(retention: Retention | None, episode: str) -> datetime.datetime | None:
+    """When `episode` ended, from its audit record; None: no record (it is live)."""
+    if retention is None:
+        return None
+    try:
+        record = json.loads((Path(retention.audit_dir) / f"{episode}.json").read_text())
+        ended = datetime.datetime.fromisoformat(str(record["ended_at"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return ended if ended.tzinfo else ended.replace(tzinfo=datetime.UTC)
 
 
 def describe_bytes(size: int) -> str:

@@ -51,7 +51,7 @@ from activities.backends.storage import JobStorage
 from job_launcher.builder import build_launcher
 from job_launcher.trusted_lines import NONCE_ENV
 from posttrain_common.contracts.episodes import JobLimits
-from posttrain_common.contracts.jobs import BackendJob, JobRole
+from posttrain_common.contracts.jobs import BackendJob, JobRole, KeepOutputs, OutputsRefusal
 from posttrain_common.contracts.known_runs import KnownRun
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.limits import MAX_LOG_TAIL
@@ -82,6 +82,11 @@ class _Job(BaseModel):
     # Test control: a cancellation asked for is not confirmed until released.
     hold_cancel: bool = False
     storage_deleted: bool = False
+    # A replayed job whose recorded outputs its caps refused: its artifact keeps nothing.
+    outputs_refused: bool = False
+    # An agent job's caps on its outputs (None: an evaluation, or storage not counted): a
+    # replayed one is judged by them as it ends, in its views, as a local job is.
+    caps: KeepOutputs | None = None
 
 
 @dataclass
@@ -128,6 +133,8 @@ class ReplayBackend:
         self.prices_simulated = inner.prices_simulated
         self.uses_local_models = inner.uses_local_models
         self.job_python_version = inner.job_python_version
+        self.default_artifact_cap_bytes = inner.default_artifact_cap_bytes
+        self.default_storage_cap_bytes = inner.default_storage_cap_bytes
         self._jobs = state_dir / "jobs"
         self._jobs.mkdir(parents=True, exist_ok=True)
         self._storage = ReplayStorage(self)
@@ -194,6 +201,7 @@ class ReplayBackend:
             timeout_s=request.timeout_s,
             nonce=request.env.get(NONCE_ENV, ""),
             recording_key=recording_key,
+            caps=_caps_of(request),
         )
         replays = recording is not None and refusal is None
         return _Admission(
@@ -237,6 +245,18 @@ class ReplayBackend:
             job.cancel_requested_at = now
             self._save(job)
         return self._replayed_view(job, now)
+
+    async def keep_outputs(self, job: KeepOutputs) -> BackendJob:
+        """A job that ran: its backend's measure. A replayed one: its recorded artifact's size
+        (what its recorded run kept), judged by this job's caps, as that backend would."""
+        ours = self._job(job.ref)
+        if ours.inner_ref is not None:
+            inner = await self.inner.keep_outputs(job.model_copy(update={"ref": ours.inner_ref}))
+            return await self._inner_view(ours, inner, job.now)
+        if ours.caps is None:
+            ours.caps = job
+            self._save(ours)
+        return self._replayed_view(ours, job.now)
 
     async def logs(self, ref: str, tail: int, now: datetime) -> list[str]:
         job = self._job(ref)
@@ -449,6 +469,7 @@ class ReplayBackend:
         ran_s, outcome = recording.running_s, JobState(recording.state)
         if ran_s > job.timeout_s:  # the request's timeout is shorter than the recorded run
             ran_s, outcome = float(job.timeout_s), JobState.timed_out
+        stored, refused = self._judged(job, recording.artifact_bytes or 0)
         return KnownRun(
             ref=job.ref,
             key=job.key,
@@ -458,7 +479,21 @@ class ReplayBackend:
             outcome=outcome,
             time_scale=self.time_scale,
             message=recording.message,
+            stored_bytes=stored,
+            outputs_refused=refused,
         )
+
+    def _judged(self, job: _Job, size: int) -> tuple[int | None, OutputsRefusal | None]:
+        """A replayed agent job's recorded outputs judged by its caps: what its artifact keeps,
+        or why they are refused (the verdict kept, so that its storage answers alike). None
+        and None: its storage is not counted (an evaluation, or no caps)."""
+        if job.caps is None:
+            return None, None
+        refused = job.caps.over(size)
+        if refused is not None and not job.outputs_refused:
+            job.outputs_refused = True
+            self._save(job)
+        return (0, refused) if refused is not None else (size, None)
 
     def _job(self, ref: str) -> _Job:
         job = self._load(ref)
@@ -488,6 +523,20 @@ class ReplayBackend:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(job.model_dump_json())
         os.replace(tmp, path)
+
+
+def _caps_of(request: JobRequest) -> KeepOutputs | None:
+    allowance = request.storage_allowance_bytes
+    if request.role is not JobRole.agent or allowance is None:
+        return None
+    return KeepOutputs(
+        ref="",
+        key=request.key,
+        now=request.now,
+        artifact_cap_bytes=request.artifact_cap_bytes or allowance,
+        storage_allowance_bytes=allowance,
+        storage_cap_bytes=request.storage_cap_bytes,
+    )
 
 
 def job_ref(key: str) -> str:
@@ -521,7 +570,7 @@ class ReplayStorage:
         recording = self._backend.store.get(job.recording_key)
         if job.storage_deleted or recording is None:
             return None
-        return recording.artifact_bytes
+        return 0 if job.outputs_refused else recording.artifact_bytes
 
     async def delete(self, ref: str, *, keep_artifact: bool) -> int:
         job = self._backend._load(ref)
