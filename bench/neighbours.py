@@ -276,6 +276,7 @@ class Episode:
 async def measure(url: str, rounds: int, calls: int) -> Phase:
     """A fresh baseline episode: `rounds` small jobs, then `calls` tool calls."""
     phase = Phase()
+    job_id = ""
     async with Episode(url) as baseline:
         for _ in range(rounds):
             started = time.monotonic()
