@@ -103,6 +103,14 @@ ENDED_EPISODE_RESERVATIONS = Gauge(
     "Episodes that ended (PtState ended, or the workflow closed) and still hold a reservation "
     "(PtReservedMicroUsd > 0): money held for nothing.",
 )
+STORED_BYTES = Gauge(
+    "posttrain_stored_bytes",
+    "Host disk the backend's job folders hold, by holder: running (what running jobs may still "
+    "take), live (artifacts of live episodes), retained (artifacts of ended episodes kept for "
+    "retention). Only where the backend keeps its folders on this host (local). Per episode: "
+    "its service_spend's storage block, `posttrain-env episodes show`.",
+    ["holder"],
+)
 VISIBILITY_ERRORS = Counter(
     "posttrain_visibility_errors_total",
     "Failed reads of Temporal visibility by the metrics collector, by kind (the RPC status).",

@@ -299,6 +299,13 @@ LOCAL_CPU_SHARE = 1.0
 # same as every other, so one job cannot crowd out another episode's.
 LOCAL_JOBS_CPU_WEIGHT = 100
 LOCAL_JOB_CPU_WEIGHT = 100
+# A job that has used this much CPU time weighs LOCAL_BUSY_JOB_CPU_WEIGHT from then on: under
+# contention a busy job (a training, a fork storm, a CPU hog) yields to jobs that have used
+# little (a small job, an evaluation, another episode's first minute), which then run within
+# 1.25x of their time alone instead of 2x; alone, a job still takes every CPU it can use, and
+# two busy jobs still share equally. As the schedulers of old Unix decayed a CPU hog's priority.
+LOCAL_BUSY_JOB_AFTER_CPU_S = 10.0
+LOCAL_BUSY_JOB_CPU_WEIGHT = 25
 # Per job, whatever its flavor:
 LOCAL_JOB_PROCESSES = 1024  # processes and threads (its pids group; RLIMIT_NPROC without one)
 LOCAL_JOB_DISK_BYTES = 8 * GIB  # /data, /tmp and the venv: one filesystem of this size

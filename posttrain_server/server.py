@@ -108,7 +108,9 @@ async def serve(host: str, port: int, *, with_worker: bool) -> None:
             every_s = settings.worker_full_collection_every_s
             await stack.enter_async_context(full_collections_every(every_s))
             # Its series are served with the gateway's, on /metrics.
-            await stack.enter_async_context(serving_worker_metrics(settings, client, backend.name))
+            await stack.enter_async_context(
+                serving_worker_metrics(settings, client, backend.name, storage=backend.storage())
+            )
             await stack.enter_async_context(worker)
             log.info("worker on task queue %r (backend %s)", settings.task_queue, backend.name)
         deadline = ShutdownDeadline("the server")

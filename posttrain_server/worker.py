@@ -267,7 +267,9 @@ async def run_worker() -> None:
     )
     port = settings.worker_metrics_port
     try:
-        async with serving_worker_metrics(settings, client, backend.name, port=port) as url:
+        async with serving_worker_metrics(
+            settings, client, backend.name, port=port, storage=backend.storage()
+        ) as url:
             log_metrics_endpoints(settings, url)
             async with full_collections_every(settings.worker_full_collection_every_s), worker:
                 await stop.wait()

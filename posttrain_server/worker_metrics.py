@@ -33,6 +33,7 @@ from temporalio.worker import (
     Interceptor,
 )
 
+from activities.backends.storage import JobStorage
 from posttrain_common import metrics
 from posttrain_common.settings import Settings
 from posttrain_env.models import JobState
@@ -234,6 +235,20 @@ def metrics_url(host: str, port: int) -> str:
     return f"http://{shown}:{port}/metrics"
 
 
+async def count_stored_bytes(storage: JobStorage, every_s: float) -> None:
+    """`posttrain_stored_bytes`, every `every_s` (a walk of the job folders: never at scrape
+    time). A backend that keeps no folders here leaves the gauge unset."""
+    while True:
+        try:
+            held = await storage.held_bytes()
+        except OSError as exc:
+            log.warning("could not count the job folders' bytes: %s", exc)
+            held = None
+        for holder, size in (held or {}).items():
+            metrics.STORED_BYTES.labels(holder).set(size)
+        await asyncio.sleep(every_s)
+
+
 @contextlib.asynccontextmanager
 async def serving_worker_metrics(
     settings: Settings,
@@ -242,6 +257,7 @@ async def serving_worker_metrics(
     *,
     port: int | None = None,
     every_s: float = VISIBILITY_EVERY_S,
+    storage: JobStorage | None = None,
 ) -> AsyncIterator[str | None]:
     """The worker's series while inside: its info gauge, the visibility collector, and the HTTP
     endpoint on `port` (None: none; `server` serves them on the gateway's /metrics). Yields the
@@ -259,12 +275,16 @@ async def serving_worker_metrics(
         url = metrics_url(settings.metrics_host, port)
     metrics.WORKER_INFO.labels(backend).set(1)
     collector = asyncio.create_task(VisibilityCollector(client, backend, every_s).run())
+    stored = asyncio.create_task(count_stored_bytes(storage, every_s)) if storage else None
     try:
         yield url
     finally:
-        collector.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await collector
+        for task in (collector, stored):
+            if task is None:
+                continue
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         metrics.WORKER_INFO.remove(backend)
         if server is not None:
             await asyncio.to_thread(server.shutdown)  # waits out its poll (0.5 s)

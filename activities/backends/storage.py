@@ -33,6 +33,13 @@ class JobStorage(Protocol):
         StorageRefused; TransientBackendError or ToolError when the backend fails."""
         ...
 
+    async def held_bytes(self) -> dict[str, int] | None:
+        """What this backend's job folders hold on this host, by holder: `running` (what
+        running jobs may still take), `live` (artifacts of live episodes), `retained`
+        (artifacts of ended episodes kept for retention). None where the host's disk is not
+        this backend's to count (its folders live elsewhere)."""
+        ...
+
 
 class NoStorage:
     """A backend that keeps no folders (the fake): nothing to measure or delete."""
@@ -45,3 +52,6 @@ class NoStorage:
 
     async def delete(self, ref: str, *, keep_artifact: bool) -> int:
         return 0
+
+    async def held_bytes(self) -> dict[str, int] | None:
+        return None

@@ -278,6 +278,8 @@ async def episode_summary(client: Client, settings: Settings, episode_id: str) -
         # The query's time is the workflow's last task's: the time left is as of now.
         live = live.as_of(now)
         summary["live"] = live.model_dump(mode="json", exclude={"metadata"})
+        # What the episode's artifacts keep (its spend's storage block, DESIGN §12).
+        summary["stored_bytes"] = live.service_spend.storage.bytes
     except (RPCError, WorkflowQueryFailedError) as err:
         summary["live"] = None
         summary["live_error"] = f"no worker answered the status query ({err})"
@@ -337,6 +339,12 @@ def render_summary(s: dict[str, Any]) -> str:
             f"  spend settled {spend['settled']['usd']:.6f} USD, reserved "
             f"{spend['reserved']['usd']:.6f} USD, final {spend['final']}"
         )
+        storage = spend.get("storage") or {}
+        if storage.get("cap_bytes") is not None:
+            lines.append(
+                f"  storage {storage['bytes']} bytes kept, {storage['reserved_bytes']} held for "
+                f"live jobs, of a cap of {storage['cap_bytes']} ({storage['usd']:.6f} USD)"
+            )
         end = live.get("end")
         if end:
             lines.append(f"  end: {end['reason']}, reward {end['reward']}")

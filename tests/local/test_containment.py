@@ -576,3 +576,42 @@ def test_a_memory_kill_reaches_the_agent_as_the_memory_limit_not_as_a_signal(
     seen = asyncio.run(activities.observe_jobs(ObserveJobs(refs=[hog.ref], now=now())))[hog.ref]
     assert seen.message.startswith("it went over its memory limit of 256 MiB"), seen.message
     assert "killed by signal" not in seen.message
+
+
+def test_a_busy_job_weighs_less_once_it_used_its_cpu_and_a_new_job_comes_first(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    # Finding 3 of issue 41: a fork storm (or any hog) kept its full weight and slowed another
+    # episode's small job; now a job that has used its share of CPU yields to new ones.
+    jobs = make_jobs(state_dir, tmp_path, busy_job_after_cpu_s=1.0)
+    hog = jobs.submit("while True:\n    pass\n", timeout_s=120)
+    wait_until(lambda: logged(jobs, hog.ref, "CPU-seconds: it now weighs 25"), 60, "the demotion")
+    sleeper = jobs.submit(SLEEPER)
+    wait_until(lambda: logged(jobs, sleeper.ref, "started"), 30, "the sleeper's start")
+    cpu = placements(jobs)["cpu"]
+    shares = {
+        ref: read_int(Path(cpu.job(ref)) / ("cpu.shares" if cpu.version == 1 else "cpu.weight"))
+        for ref in (hog.ref, sleeper.ref)
+    }
+    full = 1024 if cpu.version == 1 else 100
+    assert shares == {hog.ref: full // 4, sleeper.ref: full}
+    for ref in (hog.ref, sleeper.ref):
+        asyncio.run(jobs.backend.cancel(ref, now()))
+    assert leftovers(jobs, hog.ref) == [] and leftovers(jobs, sleeper.ref) == []
+
+
+def test_a_jobs_disk_is_written_with_direct_io_so_no_host_page_cache_piles_up(
+    jobs: Jobs,
+) -> None:
+    job = jobs.submit(SLEEPER)
+    wait_until(lambda: logged(jobs, job.ref, "started"), 30, "the job's start")
+    image = str(jobs.folder(job.ref) / "fs.img")
+    devices = {
+        loop.name: (loop / "loop" / "dio").read_text().strip()
+        for loop in Path("/sys/block").glob("loop*")
+        if (loop / "loop" / "backing_file").exists()
+        and (loop / "loop" / "backing_file").read_text().strip() == image
+    }
+    assert list(devices.values()) == ["1"], devices
+    asyncio.run(jobs.backend.cancel(job.ref, now()))
+    assert leftovers(jobs, job.ref) == []

@@ -91,6 +91,12 @@ async def test_the_reservation_is_shown_and_falls_to_zero_at_the_close(tmp_path:
         assert "RESERVED_USD" in header.split() and f"{reserved:.6f}" in line.split()
         shown_json = (await op.run("episodes", "show", episode_id, "--json")).json()
         assert shown_json["reserved_usd"] == reserved
+        # What its artifacts keep so far (its job is still running: nothing), and the hold.
+        assert shown_json["stored_bytes"] == 0
+        storage = shown_json["live"]["service_spend"]["storage"]
+        assert storage["reserved_bytes"] > 0 and storage["cap_bytes"] > 0
+        shown_text = (await op.run("episodes", "show", episode_id)).stdout
+        assert f"held for live jobs, of a cap of {storage['cap_bytes']}" in shown_text
 
         assert (await op.cli("episodes", "cancel", episode_id)).status == 0
 

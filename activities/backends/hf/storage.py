@@ -53,6 +53,9 @@ class HfJobStorage:
         # empty folders).
         return sum((await self._files(bucket, outputs_prefix(folder) + "/")).values())
 
+    async def held_bytes(self) -> dict[str, int] | None:
+        return None  # its folders are not on this host's disk
+
     async def delete(self, ref: str, *, keep_artifact: bool) -> int:
         bucket, folder = await self._where(ref)
         files = await self._files(bucket, folder + "/")

@@ -53,6 +53,7 @@ from posttrain_common.contracts.episodes import FlavorLimits, JobLimits
 from posttrain_common.contracts.jobs import BackendJob, JobRole, KeepOutputs
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.limits import (
+    LOCAL_BUSY_JOB_CPU_WEIGHT,
     LOCAL_EPISODE_STORAGE_BYTES,
     LOCAL_JOB_CPU_WEIGHT,
     LOCAL_JOBS_CPU_WEIGHT,
@@ -226,7 +227,7 @@ class LocalBackend:
             raise ToolError(ErrorType.dataset_not_allowed, str(exc), dataset=repo_id) from None
 
     def storage(self) -> LocalJobStorage:
-        return LocalJobStorage(self.store)
+        return LocalJobStorage(self.store, self.retention)
 
     async def read_dataset(self, repo_id: str, revision: str, max_bytes: int) -> DatasetBytes:
         try:
@@ -284,6 +285,10 @@ class LocalBackend:
                 "cpu_weight": LOCAL_JOBS_CPU_WEIGHT,
             },
             "job_cpu_weight": LOCAL_JOB_CPU_WEIGHT,
+            "busy_job": {
+                "after_cpu_s": limits.busy_job_after_cpu_s,
+                "cpu_weight": LOCAL_BUSY_JOB_CPU_WEIGHT,
+            },
             "filesystem": (
                 dataclasses.asdict(self.containment.filesystem)
                 if self.containment.filesystem

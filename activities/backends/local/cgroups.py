@@ -32,7 +32,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-CONTROLLERS = ("memory", "pids", "cpu")
+CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
+# Controllers that only count (no limit of a job's is held by them): cgroup v1's `cpuacct`,
+# the CPU time a job used (v2 counts it in `cpu.stat`). Never a gap when absent.
+COUNTING_ONLY = frozenset({"cpuacct"})
 V1_SHARES_PER_WEIGHT = 1024 / 100  # v1 cpu.shares 1024 == v2 cpu.weight 100 (the defaults)
 CPU_PERIOD_US = 100_000
 
@@ -82,6 +85,8 @@ def find_placements(parent_name: str) -> tuple[list[Placement], dict[str, str]]:
     v2 = mounts.get("")
     v2_available = _read_words(os.path.join(v2[0], "cgroup.controllers")) if v2 else set()
     for controller in CONTROLLERS:
+        if controller in COUNTING_ONLY and controller not in mounts:
+            continue  # v1 only: on v2 the cpu controller counts the CPU time itself
         if controller in mounts:
             mountpoint, root = mounts[controller]
             group = _inside(mountpoint, root, own.get(controller))
@@ -205,7 +210,36 @@ class JobGroups:
                 usec = _read_keyed(folder, "cpu.stat").get("usage_usec")
                 if usec is not None:
                     out["cpu_usec"] = usec
+            elif placement.controller == "cpuacct":
+                nsec = _read_int(folder, "cpuacct.usage")
+                if nsec is not None:
+                    out["cpu_usec"] = nsec // 1000
         return out
+
+    def cpu_used_s(self) -> float | None:
+        """The CPU time the job's processes have used, in seconds (None: no group counts it)."""
+        for placement in self.placements:
+            folder = placement.job(self.name)
+            if placement.controller == "cpuacct" and placement.version == 1:
+                used = _read_int(folder, "cpuacct.usage")
+                if used is not None:
+                    return used / 1e9
+            elif placement.controller == "cpu" and placement.version == 2:
+                usec = _read_keyed(folder, "cpu.stat").get("usage_usec")
+                if usec is not None:
+                    return usec / 1e6
+        return None
+
+    def set_cpu_weight(self, weight: int) -> None:
+        """Change the job's CPU weight (v2 units) while it runs. Raises CgroupError."""
+        for placement in self.placements:
+            if placement.controller != "cpu":
+                continue
+            folder = placement.job(self.name)
+            if placement.version == 1:
+                _write(folder, "cpu.shares", str(round(weight * V1_SHARES_PER_WEIGHT)))
+            else:
+                _write(folder, "cpu.weight", str(weight))
 
     def remove(self, timeout_s: float = 10.0) -> list[str]:
         """Kill whatever is left in the job's groups, remove them, and remove the parent when

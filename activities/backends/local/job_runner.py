@@ -28,6 +28,7 @@ inside; removing the job's groups kills anything left in them. The backend only 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import resource
@@ -51,6 +52,9 @@ DRAIN_WAIT_S = 10.0
 READ_CHUNK = 1 << 16
 # At most this much output is copied to the log per look, so the checks stay timely.
 READ_PER_LOOK = 4 << 20
+# The job's output pipe: what it may print between two looks (fcntl F_SETPIPE_SZ).
+PIPE_BYTES = 1 << 20
+F_SETPIPE_SZ = 1031
 
 
 # The first process's exit status when another supervisor already has the job (its starter
@@ -134,6 +138,8 @@ class Supervisor:
         self.log_fd = os.open(folder / jf.LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.log_cap = int(self.spec.get("resources", {}).get("log_bytes") or 1 << 62)
         self.next_size_check = 0.0
+        self.last_pump = 0.0
+        self.busy = False  # its CPU weight was lowered (`weigh_busy_job`)
         self.groups: JobGroups | None = None
         self.tools: scratch.Tools | None = None
         self.mounted = False
@@ -303,6 +309,7 @@ class Supervisor:
         env.update(self.secret_env.get(phase["name"], {}))
         info_r, info_w = os.pipe()
         out_r, out_w = os.pipe()
+        _widen(out_w)
         argv = [str(info_w) if a == INFO_FD else a for a in phase["argv"]]
         rlimits = self.spec["limits"] if phase.get("limits") else None
         groups = self.groups
@@ -361,7 +368,15 @@ class Supervisor:
         return code
 
     def pump(self, out_r: int, timeout: float) -> None:
-        """Copy what the phase printed to the log, waiting up to `timeout` for it."""
+        """Copy what the phase printed to the log, waiting up to `timeout` for it. At most one
+        copy per `timeout`: a job that prints in tiny writes would otherwise wake this process
+        (which runs outside the job's control groups, on the server's share of the CPU) once
+        per write; the pipe (PIPE_BYTES) holds what it prints meanwhile, and a job that fills
+        it waits, on its own CPU share."""
+        wait = self.last_pump + timeout - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        self.last_pump = time.monotonic()
         ready, _, _ = select.select([out_r], [], [], timeout)
         copied = 0
         while ready and copied < READ_PER_LOOK:
@@ -411,6 +426,7 @@ class Supervisor:
         if now < self.next_size_check:
             return
         self.next_size_check = now + float(self.spec.get("size_every_s", 0.5))
+        self.weigh_busy_job()
         watch = self.spec["watch"]
         max_files = int(watch["max_files"])
         caps = self.caps()
@@ -444,6 +460,27 @@ class Supervisor:
                 f"the job wrote {total} bytes (/data, /tmp, /dev/shm and its packages), over "
                 f"the disk cap of {watch['disk_cap_bytes']} bytes; stopped",
             )
+
+    def weigh_busy_job(self) -> None:
+        """Once the job has used `busy_job.after_cpu_s` of CPU, lower its CPU weight to
+        `busy_job.cpu_weight` (posttrain_env/limits.py, LOCAL_BUSY_JOB_AFTER_CPU_S): jobs that
+        have used little then come first under contention."""
+        busy = self.spec.get("busy_job")
+        if self.busy or not busy or self.groups is None:
+            return
+        used = self.groups.cpu_used_s()
+        if used is None or used < float(busy["after_cpu_s"]):
+            return
+        self.busy = True
+        try:
+            self.groups.set_cpu_weight(int(busy["cpu_weight"]))
+        except CgroupError as exc:
+            self.say(f"could not lower the job's CPU weight: {exc}")
+            return
+        self.say(
+            f"the job has used {used:.0f} CPU-seconds: it now weighs {busy['cpu_weight']} "
+            f"against a new job's {self.spec['job_cpu_weight']} when the CPUs are contended"
+        )
 
     def look_at_filesystems(self) -> None:
         """Note whether the job's filesystems are full (it will have met ENOSPC)."""
@@ -549,6 +586,15 @@ class Supervisor:
         if state == "failed" and exit_code > 0:
             return "; ".join(met) + f": {message}"
         return f"{message}; " + "; ".join(met)
+
+
+def _widen(pipe: int) -> None:
+    """Give the job's output pipe PIPE_BYTES (Linux's unprivileged maximum, 1 MiB by default):
+    what it may print between two looks of the supervisor."""
+    try:
+        fcntl.fcntl(pipe, F_SETPIPE_SZ, PIPE_BYTES)
+    except OSError:
+        pass  # a host with a lower pipe-max-size: the default 64 KiB, the job waits sooner
 
 
 def shm_bytes(resources: dict[str, Any]) -> int:

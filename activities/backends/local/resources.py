@@ -20,6 +20,7 @@ from posttrain_env.limits import (
     GIB,
     HF_CPU_FLAVORS,
     LOCAL_ARTIFACT_CAP_BYTES,
+    LOCAL_BUSY_JOB_AFTER_CPU_S,
     LOCAL_CPU_SHARE,
     LOCAL_JOB_DISK_BYTES,
     LOCAL_JOB_FILES,
@@ -67,6 +68,8 @@ class LocalLimits:
     poll_s: float = 0.1
     size_every_s: float = 0.5
     host_disk_reserve_bytes: int = HOST_DISK_RESERVE_BYTES
+    # A job weighs less once it used this much CPU (posttrain_env/limits.py).
+    busy_job_after_cpu_s: float = LOCAL_BUSY_JOB_AFTER_CPU_S
 
     def __post_init__(self) -> None:
         for name in ("artifact_cap_bytes", "disk_cap_bytes", "max_files", "nproc"):

@@ -181,40 +181,73 @@ class Retention:
 _EPISODE_OF_KEY = re.compile(r"episode-(?P<episode>[A-Za-z0-9_-]{1,100})/job/[0-9]{1,9}")
 
 
-def describe_holders(jobs: Path, folder: Path, promised: int, retention: Retention | None) -> str:
-    """What holds the host's disk, for a refusal: running jobs, artifacts of live episodes,
-    artifacts kept for retention (and when the first of those frees). Walks every job folder:
-    only when a job is refused."""
-    running = sum(1 for other in jobs.iterdir() if other != folder and (other / IMAGE).exists())
+@dataclass(frozen=True)
+class Holders:
+    """What holds the host's disk beside the free space: running jobs (what they may still
+    take), and the artifacts of live episodes and of ended ones kept for retention (allocated
+    bytes, by episode count), and when the first of those is due for deletion."""
+
+    running_jobs: int
+    promised_bytes: int
+    live_bytes: int
+    live_episodes: int
+    kept_bytes: int
+    kept_episodes: int
+    first_due: datetime.datetime | None
+
+
+def holders(jobs: Path, retention: Retention | None, exclude: Path | None = None) -> Holders:
+    """Walks every job folder of `jobs` (but `exclude`): for a refusal and for the metric."""
+    running = promised = 0
     live: dict[str, int] = {}
     kept: dict[str, int] = {}
-    frees: list[datetime.datetime] = []
-    for other in jobs.iterdir():
+    due: list[datetime.datetime] = []
+    for other in jobs.iterdir() if jobs.is_dir() else []:
+        if other == exclude:
+            continue
+        if (other / IMAGE).exists():
+            running += 1
+            promised += _promised(other)
         artifact = other / "artifact"
-        if other == folder or not artifact.is_dir() or artifact.is_symlink():
+        if not artifact.is_dir() or artifact.is_symlink():
             continue
         size = allocated_bytes(artifact)
-        episode = _episode_of(other)
-        ended = _ended_at(retention, episode) if episode else None
+        episode = _episode_of(other) or other.name
+        ended = _ended_at(retention, episode)
         if ended is None:
-            live[episode or other.name] = live.get(episode or other.name, 0) + size
+            live[episode] = live.get(episode, 0) + size
             continue
-        kept[episode or other.name] = kept.get(episode or other.name, 0) + size
+        kept[episode] = kept.get(episode, 0) + size
         if retention is not None and retention.job_days is not None:
-            frees.append(ended + datetime.timedelta(days=retention.job_days))
+            due.append(ended + datetime.timedelta(days=retention.job_days))
+    return Holders(
+        running_jobs=running,
+        promised_bytes=promised,
+        live_bytes=sum(live.values()),
+        live_episodes=len(live),
+        kept_bytes=sum(kept.values()),
+        kept_episodes=len(kept),
+        first_due=min(due) if due else None,
+    )
+
+
+def describe_holders(jobs: Path, folder: Path, promised: int, retention: Retention | None) -> str:
+    """What holds the host's disk, for a refusal: running jobs, artifacts of live episodes,
+    artifacts kept for retention (and when the first of those frees)."""
+    held = holders(jobs, retention, exclude=folder)
     parts = [
-        f"{describe_bytes(promised)} may still be taken by {running} running job(s)",
-        f"{describe_bytes(sum(live.values()))} is held by the artifacts of {len(live)} live "
-        "episode(s) (freed by retention once they end)",
+        f"{describe_bytes(promised)} may still be taken by {held.running_jobs} running job(s)",
+        f"{describe_bytes(held.live_bytes)} is held by the artifacts of {held.live_episodes} "
+        "live episode(s) (freed by retention once they end)",
     ]
     retained = (
-        f"{describe_bytes(sum(kept.values()))} by the artifacts of {len(kept)} ended "
+        f"{describe_bytes(held.kept_bytes)} by the artifacts of {held.kept_episodes} ended "
         "episode(s) kept for retention"
     )
-    if frees:
-        first = min(frees).strftime("%Y-%m-%d %H:%M UTC")
+    if held.first_due is not None:
+        first = held.first_due.strftime("%Y-%m-%d %H:%M UTC")
         retained += f" (the first is due for deletion at {first}, by the hourly retention run)"
-    elif kept:
+    elif held.kept_episodes:
         retained += " (kept forever: POSTTRAIN_JOB_RETENTION_DAYS is 0)"
     parts.append(retained)
     return "; ".join(parts) + "; try again when jobs have ended or retention has run"
@@ -280,12 +313,44 @@ def mount_job_filesystems(
     _run([tools.mkfs, *MKFS_OPTIONS, "-N", str(files), "-E", MKFS_EXTENDED, str(image)], "mkfs")
     (folder / FS).mkdir(exist_ok=True)
     _run([tools.mount, "-n", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(folder / FS)])
+    direct_io(folder / FS)
     (folder / SHM).mkdir(exist_ok=True)
     shm_options = f"size={shm_bytes},nr_inodes={files},mode=1777,nosuid,nodev"
     _run([tools.mount, "-n", "-t", "tmpfs", "-o", shm_options, "posttrain-shm", str(folder / SHM)])
     lost = folder / FS / "lost+found"
     if lost.is_dir():
         lost.rmdir()  # one inode back; nothing of the job is ever "found" there
+
+
+def direct_io(mountpoint: Path) -> bool:
+    """Have the loop device under `mountpoint` read and write its image with direct I/O: the
+    job's writes then reach the host's disk through no page cache of the host's, so they never
+    pile up there as dirty pages that another job's or Temporal's fsync must wait behind (the
+    host file system commits its journal with the data of every file it has pending), and its
+    reads never evict the host's cache. Best effort: False where losetup is missing or the
+    device refuses (the job runs buffered, as before)."""
+    losetup = _which("losetup")
+    device = _mount_source(mountpoint)
+    if losetup is None or device is None or not device.startswith("/dev/loop"):
+        return False
+    done = subprocess.run(
+        [losetup, "--direct-io=on", device], capture_output=True, stdin=subprocess.DEVNULL
+    )
+    return done.returncode == 0
+
+
+def _mount_source(mountpoint: Path) -> str | None:
+    """The device mounted at `mountpoint` in this process's mount namespace."""
+    target = os.path.realpath(mountpoint)
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):  # the last mount on a path is the one seen there
+        fields = line.split()
+        if len(fields) > 1 and fields[1].replace("\\040", " ") == target:
+            return fields[0]
+    return None
 
 
 def unmount_job_filesystems(folder: Path, tools: Tools) -> list[str]:

@@ -41,15 +41,27 @@ _METADATA_BYTES = 1 << 20
 class LocalJobStorage:
     name = "local"
 
-    def __init__(self, store: JobStore) -> None:
+    def __init__(self, store: JobStore, retention: scratch.Retention | None = None) -> None:
         self._store = store
         self._root = store.jobs_dir
+        self._retention = retention
 
     async def artifact_bytes(self, ref: str) -> int | None:
         return await asyncio.to_thread(self._artifact_bytes, ref)
 
     async def delete(self, ref: str, *, keep_artifact: bool) -> int:
         return await asyncio.to_thread(self._delete, ref, keep_artifact)
+
+    async def held_bytes(self) -> dict[str, int] | None:
+        def count() -> dict[str, int]:
+            held = scratch.holders(self._root, self._retention)
+            return {
+                "running": held.promised_bytes,
+                "live": held.live_bytes,
+                "retained": held.kept_bytes,
+            }
+
+        return await asyncio.to_thread(count)
 
     async def job_folders(self) -> list[JobFolder]:
         return await asyncio.to_thread(self._job_folders)

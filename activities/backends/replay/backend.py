@@ -572,6 +572,9 @@ class ReplayStorage:
             return None
         return 0 if job.outputs_refused else recording.artifact_bytes
 
+    async def held_bytes(self) -> dict[str, int] | None:
+        return None  # its folders are not on this host's disk
+
     async def delete(self, ref: str, *, keep_artifact: bool) -> int:
         job = self._backend._load(ref)
         if job is None:
