@@ -88,9 +88,10 @@ def allocated_bytes(folder: Path) -> int:
 
 
 def test_this_machine_holds_every_limit_in_the_kernel(jobs: Jobs) -> None:
-    # FACTS.md: cgroup v1 memory, cpu and pids hierarchies, root, loop devices and mkfs.ext4.
-    # If this fails, the host changed and the rest of this file tests stand-ins, not the kernel.
-    assert set(placements(jobs)) == {"memory", "pids", "cpu"}
+    # FACTS.md: cgroup v1 memory, cpu, cpuacct and pids hierarchies (cpuacct mounted apart from
+    # cpu here: it counts a job's CPU time for the busy-job demotion), root, loop devices and
+    # mkfs.ext4. If this fails, the host changed and the rest of this file tests stand-ins.
+    assert set(placements(jobs)) == {"memory", "pids", "cpu", "cpuacct"}
     assert jobs.backend.containment.filesystem is not None
     assert jobs.backend.containment.gaps == ()
     assert jobs.backend.job_limits().not_enforced == []
@@ -315,9 +316,10 @@ def test_a_job_whose_disk_the_host_cannot_hold_beside_the_running_jobs_does_not_
     assert refused.state.value == "failed"
     assert refused.message.startswith(
         "not started: the host's disk cannot hold this job's disk of 40 MiB (/data, /tmp and "
-        "its packages) beside the host's reserve of 10 MiB: "
+        "its packages) and its artifact of up to 4 MiB beside the host's reserve of 10 MiB: "
     ), refused.message
-    assert "of it held for other running jobs' disks" in refused.message
+    # What holds the disk: the two running jobs' disks and artifacts to come (2 x 44 MiB).
+    assert "may still be taken by 2 running job(s)" in refused.message
     assert not logged(jobs, refused.ref, "the script ran")
     assert not (jobs.folder(refused.ref) / "fs.img").exists()
     for job in running:
@@ -548,7 +550,7 @@ def test_a_new_backend_releases_what_an_ended_job_left_behind(jobs: Jobs, state_
         (folder / "job.json").write_text(json.dumps({**spec, "cgroups": cgroups}))
         (folder / "fs" / "tmp").mkdir(parents=True)
         (folder / "fs.img").write_bytes(b"\0" * 4096)
-        assert len(leftovers(jobs, job.ref)) == 8  # 3 groups, 3 parents, filesystem, image
+        assert len(leftovers(jobs, job.ref)) == 10  # 4 groups, 4 parents, filesystem, image
         restarted = LocalBackend(state_dir, job_python=JOB_PYTHON, limits=SMALL, bwrap=TEST_BWRAP)
         assert restarted.containment.placements == jobs.backend.containment.placements
         assert leftovers(jobs, job.ref) == []

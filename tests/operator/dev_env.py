@@ -163,6 +163,8 @@ async def operated(
         tasks_dir: Path | None = tmp_path / "tasks"
         for task_id, limits in (tasks or {"t_test": {}}).items():
             write_task(tmp_path / "tasks", task_id, **limits)
+        # Storage is free here unless a test prices it (tests/workflows/test_storage.py).
+        more_settings.setdefault("storage_usd_per_tb_month", 0.0)
         settings = Settings(
             state_dir=tmp_path / "state",
             backend="local" if local else "fake",

@@ -44,7 +44,8 @@ async def worker_on(
 ) -> AsyncIterator[Harness]:
     """A worker whose jobs backend is `backend` (tests/workflows/harness.py's, for any backend);
     each its own state dir and task queue, one tasks folder for all."""
-    config = Settings(state_dir=tmp_path / name, backend=backend.name)
+    # Storage is free here unless a test prices it (tests/workflows/test_storage.py).
+    config = Settings(state_dir=tmp_path / name, backend=backend.name, storage_usd_per_tb_month=0.0)
     key = ServerKey.load_or_create(config.server_key_path)
     queue = f"tq-{uuid.uuid4().hex[:12]}"
     worker = build_worker(

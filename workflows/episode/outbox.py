@@ -18,6 +18,7 @@ with workflow.unsafe.imports_passed_through():
     from posttrain_common.contracts.audit import AuditEnd, WriteAudit
     from posttrain_common.contracts.episode_calls import EpisodeClosed, ToolAnswered
     from posttrain_common.contracts.episodes import EpisodeSetup
+    from posttrain_common.contracts.jobs import JobRole
     from workflows.cancellation import reraise_cancel
     from workflows.episode.rules import service_spend, unconfirmed
     from workflows.episode.state import EpisodeCarry
@@ -86,9 +87,9 @@ class EpisodeOutbox:
                         r.job_id: r.state.value for r in self._s.jobs.values() if r.final
                     },
                     stored_bytes={
-                        r.job_id: r.stored_bytes
+                        r.job_id: r.settlement.stored_bytes
                         for r in self._s.jobs.values()
-                        if r.stored_bytes is not None
+                        if r.settlement is not None and r.role is JobRole.agent
                     },
                     outputs_refused={
                         r.job_id: r.outputs_refused.message

@@ -178,9 +178,10 @@ def take_snapshot(carry: EpisodeCarry, record: JobRecord, snap: JobSnapshot) -> 
     if snap.final:
         record.score = snap.score
         record.final = True
+        stored: int | None = None
         if record.role is JobRole.agent and snap.backend is not None:
             record.outputs_refused = snap.backend.outputs_refused
-            record.stored_bytes = snap.backend.stored_bytes
+            stored = snap.backend.stored_bytes
         if record.role is not JobRole.grader:
             if snap.backend is not None and snap.backend.vanished:
                 # Its real running time is unknown: never 0, always the worst case.
@@ -190,19 +191,17 @@ def take_snapshot(carry: EpisodeCarry, record: JobRecord, snap: JobSnapshot) -> 
                     record.job_id,
                     record.running_s,
                     replayed=record.replayed,
-                    stored_bytes=_kept(record),
+                    stored_bytes=_kept(record, stored),
                 )
-            if record.role is JobRole.agent and record.settlement.stored_bytes:
-                record.stored_bytes = record.settlement.stored_bytes
 
 
-def _kept(record: JobRecord) -> int | None:
+def _kept(record: JobRecord, measured: int | None) -> int | None:
     """What an ended agent job's artifact keeps, as its settlement counts it: nothing when its
-    outputs were refused, or when it never started; what the backend measured; else None (the
-    most it could keep: the backend did not say)."""
+    outputs were refused, or when it never started; what the backend `measured`; else None
+    (the most it could keep: the backend did not say)."""
     if record.outputs_refused is not None or record.started_at is None:
         return 0
-    return record.stored_bytes
+    return measured
 
 
 # -- views -------------------------------------------------------------------------------------
@@ -238,10 +237,17 @@ def job_view(episode_id: str, record: JobRecord, now: datetime) -> JobView:
         artifact=f"openenv-artifact://{episode_id}/{record.job_id}/outputs"
         if record.role is JobRole.agent
         else None,
-        stored_bytes=record.stored_bytes if record.final and record.role is JobRole.agent else None,
+        stored_bytes=stored_bytes(record),
         outputs_error=outputs_error(record),
         message=record.message,
     )
+
+
+def stored_bytes(record: JobRecord) -> int | None:
+    """What an ended agent job's artifact keeps (None: not ended, or not an agent job)."""
+    if record.role is not JobRole.agent or record.settlement is None:
+        return None
+    return record.settlement.stored_bytes
 
 
 def outputs_error(record: JobRecord) -> dict[str, Any] | None:

@@ -55,9 +55,8 @@ class JobRecord(BaseModel):
     # and its state follows from this (`workflows/episode/known.py`). Dropped once it is final
     # (the record then holds all it ended with), so the carry holds only live jobs' runs.
     known: KnownRun | None = None
-    # An ended agent job: the bytes its artifact keeps, and why its outputs were refused (then
-    # it keeps nothing, and it can be neither evaluated nor submitted).
-    stored_bytes: int | None = None
+    # An ended agent job whose outputs were refused: why (it keeps nothing, and can be neither
+    # evaluated nor submitted). What a job's artifact keeps is in its settlement.
     outputs_refused: OutputsRefusal | None = None
 
     @property

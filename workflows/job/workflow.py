@@ -385,6 +385,8 @@ class JobWorkflow:
             return
         if job.stored_bytes is not None or job.started_at is None:
             return  # measured already, or it never ran (it wrote nothing)
+        if not job.state.terminal:
+            return  # the backend has not seen it end (an operator attested it gone)
         try:
             kept = await workflow.execute_activity_method(
                 JobsApi.keep_outputs,
