@@ -19,6 +19,8 @@ phases together) and beside the hog, and their ratios; the target is at most 2x 
 figure. The hogs (each an agent job of cpu-basic, its whole timeout long):
 
     fork_storm    forks without end (held at the job's process limit), every process spinning
+    fork_classic  the classic bomb: forks until a fork fails, which ends that process
+    fork_memory   forks without end, each child taking 32 MiB (memory and processes at once)
     cpu_threads   64 threads hashing (hashlib releases the GIL: real work on every core)
     memory        grows its memory to the job's limit and keeps touching it
     disk_io       writes and fsyncs 64 MiB files in a loop, rewriting them

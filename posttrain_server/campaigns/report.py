@@ -71,6 +71,10 @@ class Cell(BaseModel):
     replayed: int = 0
     # Of the rollouts not cancelled, those that ended `replay_miss` (counted apart: no reward).
     replay_miss_rate: float | None = None
+    # What every attempt's artifacts keep (apparent bytes) and what that storage cost (a part
+    # of env_usd): service_spend's storage block, summed.
+    stored_bytes: int = 0
+    storage_usd: float = 0.0
 
     @property
     def key(self) -> tuple[str, str]:
@@ -100,6 +104,8 @@ class AttemptRow(BaseModel):
     contamination_flagged: bool | None = None  # None: the attempt's episode was not checked
     contamination_unchecked: bool = False  # rewarded unchecked (its task's items missing)
     replayed: bool = False  # some job of the attempt's episode was replayed, not run
+    stored_bytes: int = 0  # what the attempt's artifacts keep (service_spend.storage.bytes)
+    storage_usd: float = 0.0  # their storage's cost, a part of env_usd
 
 
 class Report(BaseModel):
@@ -189,6 +195,8 @@ def build_report(
             contamination_flagged=r.contamination.flagged if r.contamination else None,
             contamination_unchecked=r.contamination_unchecked,
             replayed=bool(r.replayed),
+            stored_bytes=r.service_spend.storage.bytes,
+            storage_usd=r.service_spend.storage.usd,
         )
         for r in sorted(records, key=lambda r: r.key)
     ]
@@ -243,6 +251,8 @@ def _cell(
         contamination_flagged=sum(1 for r in deciding if r.contamination_flagged),
         contamination_unchecked=sum(1 for r in deciding if r.contamination_unchecked),
         replayed=sum(1 for r in deciding if r.replayed),
+        stored_bytes=sum(r.service_spend.storage.bytes for r in attempts),
+        storage_usd=round(sum(r.service_spend.storage.usd for r in attempts), 6),
     )
 
 

@@ -43,6 +43,8 @@ CELL_COLUMNS = [
     "contamination_flagged",
     "contamination_unchecked",
     "replayed",
+    "stored_bytes",
+    "storage_usd",
 ]
 
 
@@ -69,6 +71,8 @@ def cell_row(cell: Cell) -> dict[str, object]:
         "contamination_flagged": cell.contamination_flagged,
         "contamination_unchecked": cell.contamination_unchecked,
         "replayed": cell.replayed,
+        "stored_bytes": cell.stored_bytes,
+        "storage_usd": cell.storage_usd,
     }
 
 
@@ -131,7 +135,7 @@ def summary_markdown(report: Report) -> str:
     return f"""# Campaign {report.campaign_id}
 
 {report.rollouts} rollouts ({report.attempts} attempts), ${env + llm:.4f} spent
-(environment ${env:.4f}, LLM ${llm:.4f}).{notes}
+(environment ${env:.4f}, LLM ${llm:.4f}).{_storage_line(report)}{notes}
 
 {table_markdown(report)}
 
@@ -168,6 +172,16 @@ def _notes(report: Report) -> str:
         + _unchecked_line(report)
         + _replayed_line(report)
         + _replay_miss_line(report)
+    )
+
+
+def _storage_line(report: Report) -> str:
+    """What the campaign's artifacts keep, and their part of the environment's spend."""
+    stored = sum(c.stored_bytes for c in report.cells)
+    usd = sum(c.storage_usd for c in report.cells)
+    return (
+        f" Its artifacts keep {stored:,} bytes ({stored / 2**20:.1f} MiB), whose storage cost"
+        f" ${usd:.6f} of the environment's spend."
     )
 
 

@@ -31,7 +31,7 @@ from posttrain_common.campaigns.records import (
     RolloutRecord,
     record_line,
 )
-from posttrain_env.models import ContaminationSummary, ServiceSpend, SettledSpend
+from posttrain_env.models import ContaminationSummary, ServiceSpend, SettledSpend, StorageSpend
 from posttrain_server.campaigns.plots import (
     FLAGGED_LABEL,
     REWARD_LABEL,
@@ -321,6 +321,35 @@ def test_the_report_writes_its_tables_plots_and_a_summary_that_embeds_them(
     embedded = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", summary)
     assert embedded == ["reward_vs_usd.png", "pareto.png", "reward_distribution.png"]
     assert "never averaged in" in summary and "mean spend per rollout" in summary
+
+
+def test_the_report_counts_what_every_attempts_artifacts_keep(tmp_path: Path) -> None:
+    """Issue 41: what an episode stores is in service_spend's storage block; the report sums
+    it per cell over every attempt (a retried attempt's artifacts are kept too), per attempt in
+    attempts.csv, and says the campaign's total in its summary."""
+    records = []
+    for n, record in enumerate(mixed_records()):
+        storage = StorageSpend(bytes=(n + 1) << 20, usd=round((n + 1) * 1e-6, 6))
+        spend = record.service_spend.model_copy(update={"storage": storage})
+        records.append(record.model_copy(update={"service_spend": spend}))
+    report = build_report("mixed", records, resamples=200)
+    for cell in report.cells:
+        mine = [r for r in records if (r.task_id, r.agent.name) == cell.key]
+        assert cell.stored_bytes == sum(r.service_spend.storage.bytes for r in mine) > 0
+        assert cell.storage_usd == pytest.approx(sum(r.service_spend.storage.usd for r in mine))
+    total = sum(n + 1 for n in range(len(records))) << 20
+    assert sum(cell.stored_bytes for cell in report.cells) == total
+    write_report(report, tmp_path / "out")
+    with (tmp_path / "out" / ATTEMPTS_CSV).open() as f:
+        attempts = {(a["rollout_id"], int(a["attempt"])): a for a in csv.DictReader(f)}
+    for record in records:
+        row = attempts[(record.rollout_id, record.attempt)]
+        assert int(row["stored_bytes"]) == record.service_spend.storage.bytes
+    with (tmp_path / "out" / CELLS_CSV).open() as f:
+        cells = list(csv.DictReader(f))
+    assert sum(int(c["stored_bytes"]) for c in cells) == total
+    summary = (tmp_path / "out" / SUMMARY_MD).read_text()
+    assert f"Its artifacts keep {total:,} bytes ({total / 2**20:.1f} MiB)" in summary
 
 
 def campaign_like(name: str, seed: int, shift: dict[tuple[str, str], float] | None = None):
