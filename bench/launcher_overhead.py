@@ -73,6 +73,8 @@ def run(launcher: Path, phase: str) -> tuple[float, str]:
         raise SystemExit(f"launcher failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     first = [line for line in proc.stdout.splitlines() if line.startswith("FIRST ")]
     if phase == "run":
+        if not first:
+            raise SystemExit(f"the script printed no FIRST line:\n{proc.stdout}\n{proc.stderr}")
         return float(first[0].split()[1]) - start, proc.stdout
     return elapsed, proc.stdout
 

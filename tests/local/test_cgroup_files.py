@@ -147,8 +147,9 @@ def test_v1_cpu_weight_is_written_as_shares_and_the_quota_per_period(tmp_path: P
 def test_this_processes_own_groups_are_found_from_proc(tmp_path: Path) -> None:
     placements, missing = cgroups.find_placements("posttrain-jobs-test")
     found = {p.controller: p for p in placements}
-    # FACTS.md: memory, cpu and pids are cgroup v1 hierarchies on these machines.
-    assert set(found) | set(missing) == {"memory", "pids", "cpu"}
+    # FACTS.md: memory, cpu and pids are cgroup v1 hierarchies on these machines, and cpuacct
+    # one of its own (where it is mounted with cpu, the cpu placement counts CPU time).
+    assert set(found) | set(missing) == {"memory", "pids", "cpu", "cpuacct"}
     for controller, placement in found.items():
         assert placement.version == 1
         assert placement.parent.startswith(f"/sys/fs/cgroup/{controller}/")

@@ -35,7 +35,7 @@ KEYWORDS = {
     "nan",
 }
 # Every label any of our metrics has: bounded sets, never an id or a secret.
-ALLOWED_LABELS = {"tool", "path", "kind", "state", "backend", "activity_type"}
+ALLOWED_LABELS = {"tool", "path", "kind", "state", "backend", "activity_type", "holder"}
 
 
 def rules() -> list[dict[str, Any]]:

@@ -334,8 +334,10 @@ async def observe_nothing_changed(observe: ObserveJobs) -> dict[str, BackendJob]
 
 
 def on_a_boundary(at: datetime, interval_s: float) -> bool:
+    """A look at a boundary: its timer fires there, and its workflow task (whose time the look
+    carries) runs at most a second later on a loaded machine (85 ms was seen under load)."""
     offset = at.timestamp() % interval_s
-    return min(offset, interval_s - offset) < 0.05
+    return offset < 1.0 or interval_s - offset < 0.05
 
 
 async def test_with_aligned_looks_a_new_job_waits_for_the_boundary_and_look_now_does_not(
@@ -363,13 +365,15 @@ async def test_with_aligned_looks_a_new_job_waits_for_the_boundary_and_look_now_
         assert refs == {"ra", "rb", "rc"}
         assert on_a_boundary(at, 30), f"the new jobs were first looked at {at}, off the boundary"
         assert all(on_a_boundary(at, 30) for at, _ in LOOKS[1:]), LOOKS
+        # Ten seconds past a boundary, look_now: its look is at once, twenty seconds before the
+        # next boundary's.
+        now = (await time_skipping_env.get_current_time()).timestamp()
+        await time_skipping_env.sleep(timedelta(seconds=30 - now % 30 + 10))
         looks = len(LOOKS)
         await shard.signal(WatcherWorkflow.look_now)
         await time_skipping_env.sleep(timedelta(seconds=2))
-        # The two seconds may cross a boundary too, whose look is the aligned one.
-        off_boundary = [at for at, _ in LOOKS[looks:] if not on_a_boundary(at, 30)]
-        assert len(off_boundary) == 1, LOOKS[looks:]  # at once, not at the boundary
-        assert len(LOOKS) - looks <= 2, LOOKS[looks:]  # and at most one boundary's look
+        assert len(LOOKS) == looks + 1, LOOKS[looks:]
+        assert not on_a_boundary(LOOKS[-1][0], 30), LOOKS[-1]  # at once, not at the boundary
         await shard.terminate("test over")
 
 
