@@ -19,7 +19,7 @@ phases together) and beside the hog, and their ratios; the target is at most 2x 
 figure. The hogs (each an agent job of cpu-basic, its whole timeout long):
 
     fork_storm    forks without end (held at the job's process limit), every process spinning
-    fork_classic  the classic bomb: forks until a fork fails, which ends that process
+    fork_classic  the classic bomb: each process forks until a fork fails, which kills it
     fork_memory   forks without end, each child taking 32 MiB (memory and processes at once)
     cpu_threads   64 threads hashing (hashlib releases the GIL: real work on every core)
     memory        grows its memory to the job's limit and keeps touching it
@@ -69,10 +69,19 @@ while True:
         time.sleep(0)
 """,
     "fork_classic": f"""
-import os
+import os, time
 print("{READY}", flush=True)
+# The classic bomb: every process forks until a fork fails, which kills it (an uncaught
+# OSError). The job's first process only restarts it each time the storm dies out, so the
+# churn at the process limit lasts as long as the job.
 while True:
-    os.fork()
+    try:
+        if os.fork() == 0:
+            while True:
+                os.fork()
+        os.wait()
+    except OSError:
+        time.sleep(0)
 """,
     "fork_memory": f"""
 import os
