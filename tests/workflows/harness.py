@@ -271,11 +271,12 @@ async def running_worker(
     scenario: FakeScenario | None = None,
     backend_class: type[FakeBackend] = FakeBackend,
     task_extra: str = "",
+    max_concurrent_jobs: int = 2,
     **settings: Any,
 ) -> AsyncIterator[Harness]:
     """`task_extra`: more keys of the task `t_test` (TOML lines, see `write_task`)."""
     tasks_dir = tmp_path / "tasks"
-    write_task(tasks_dir, extra=task_extra)
+    write_task(tasks_dir, max_concurrent_jobs=max_concurrent_jobs, extra=task_extra)
     # Storage is free here unless a test prices it (tests/workflows/test_storage.py): the money
     # figures of the other tests are their jobs' alone. Its bytes are counted all the same.
     settings.setdefault("storage_usd_per_tb_month", 0.0)

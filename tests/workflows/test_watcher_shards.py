@@ -385,7 +385,9 @@ async def test_a_jobs_wait_asks_only_the_waited_jobs_shard_to_look(
     from activities.backends.fake.backend import FakeJobScript, FakeScenario
 
     slow = FakeJobScript(queue_s=1, run_s=3000)
-    async with running_worker(time_skipping_env, tmp_path, FakeScenario(jobs=[slow])) as h:
+    # Up to six live jobs: the first ones may all hash to one shard (two at once was refused).
+    scenario = FakeScenario(jobs=[slow])
+    async with running_worker(time_skipping_env, tmp_path, scenario, max_concurrent_jobs=6) as h:
         ep = await h.episode()
         stem = watcher_workflow_id(h.client.namespace, h.task_queue)
         shard_of: dict[str, str] = {}
