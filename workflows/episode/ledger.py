@@ -116,8 +116,10 @@ class Settlement(BaseModel):
     # backend lost the job): see `Ledger.settle_at_reservation`.
     worst_case: bool = False
     # An agent job's artifact: the bytes it keeps and their storage cost (part of the cost).
-    stored_bytes: int = 0
-    storage_micro_usd: int = 0
+    # Left out of the encoding at 0 (most settlements: evaluations, calls): the carry of an
+    # episode at its limits holds 256 of them (tests/test_limits.py).
+    stored_bytes: int = Field(default=0, exclude_if=lambda v: v == 0)
+    storage_micro_usd: int = Field(default=0, exclude_if=lambda v: v == 0)
 
 
 class Ledger(BaseModel):

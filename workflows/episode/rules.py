@@ -197,11 +197,14 @@ def take_snapshot(carry: EpisodeCarry, record: JobRecord, snap: JobSnapshot) -> 
 
 def _kept(record: JobRecord, measured: int | None) -> int | None:
     """What an ended agent job's artifact keeps, as its settlement counts it: nothing when its
-    outputs were refused, or when it never started; what the backend `measured`; else None
-    (the most it could keep: the backend did not say)."""
-    if record.outputs_refused is not None or record.started_at is None:
+    outputs were refused; what the backend `measured` (a replayed run at time scale 0 never
+    started, yet keeps its recorded artifact); nothing when it never started; else None (the
+    most it could keep: the backend did not say)."""
+    if record.outputs_refused is not None:
         return 0
-    return measured
+    if measured is not None:
+        return measured
+    return 0 if record.started_at is None else None
 
 
 # -- views -------------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ class JobRecord(BaseModel):
     known: KnownRun | None = None
     # An ended agent job whose outputs were refused: why (it keeps nothing, and can be neither
     # evaluated nor submitted). What a job's artifact keeps is in its settlement.
-    outputs_refused: OutputsRefusal | None = None
+    outputs_refused: OutputsRefusal | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @property
     def live(self) -> bool:
