@@ -306,6 +306,13 @@ LOCAL_JOB_CPU_WEIGHT = 100
 # two busy jobs still share equally. As the schedulers of old Unix decayed a CPU hog's priority.
 LOCAL_BUSY_JOB_AFTER_CPU_S = 10.0
 LOCAL_BUSY_JOB_CPU_WEIGHT = 25
+# What a job may read and write per second on its own disk (its loop device; cgroup v1 blkio
+# throttling, held where a job's own process submits the I/O: its fsyncs, direct writes and
+# reads). A fifth of this machine's disk (about 300 MB/s): a job that fsyncs without end leaves
+# the rest for other episodes' jobs and Temporal's own fsyncs; a 1 GB checkpoint still takes
+# 16 s. Buffered writes the kernel's flusher writes back are not held (v1 cannot charge them).
+LOCAL_JOB_DISK_BYTES_PER_S = 64 << 20
+LOCAL_JOB_DISK_IOPS = 2000
 # Per job, whatever its flavor:
 LOCAL_JOB_PROCESSES = 1024  # processes and threads (its pids group; RLIMIT_NPROC without one)
 LOCAL_JOB_DISK_BYTES = 8 * GIB  # /data, /tmp and the venv: one filesystem of this size

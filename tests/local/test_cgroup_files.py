@@ -148,8 +148,9 @@ def test_this_processes_own_groups_are_found_from_proc(tmp_path: Path) -> None:
     placements, missing = cgroups.find_placements("posttrain-jobs-test")
     found = {p.controller: p for p in placements}
     # FACTS.md: memory, cpu and pids are cgroup v1 hierarchies on these machines, and cpuacct
-    # one of its own (where it is mounted with cpu, the cpu placement counts CPU time).
-    assert set(found) | set(missing) == {"memory", "pids", "cpu", "cpuacct"}
+    # one of its own (where it is mounted with cpu, the cpu placement counts CPU time), and
+    # blkio (a job's disk throttled).
+    assert set(found) | set(missing) == {"memory", "pids", "cpu", "cpuacct", "blkio"}
     for controller, placement in found.items():
         assert placement.version == 1
         assert placement.parent.startswith(f"/sys/fs/cgroup/{controller}/")

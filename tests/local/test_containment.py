@@ -88,10 +88,11 @@ def allocated_bytes(folder: Path) -> int:
 
 
 def test_this_machine_holds_every_limit_in_the_kernel(jobs: Jobs) -> None:
-    # FACTS.md: cgroup v1 memory, cpu, cpuacct and pids hierarchies (cpuacct mounted apart from
-    # cpu here: it counts a job's CPU time for the busy-job demotion), root, loop devices and
-    # mkfs.ext4. If this fails, the host changed and the rest of this file tests stand-ins.
-    assert set(placements(jobs)) == {"memory", "pids", "cpu", "cpuacct"}
+    # FACTS.md: cgroup v1 memory, cpu, cpuacct, blkio and pids hierarchies (cpuacct mounted
+    # apart from cpu here: it counts a job's CPU time for the busy-job demotion; blkio throttles
+    # a job's disk), root, loop devices and mkfs.ext4. If this fails, the host changed and the
+    # rest of this file tests stand-ins.
+    assert set(placements(jobs)) == {"memory", "pids", "cpu", "cpuacct", "blkio"}
     assert jobs.backend.containment.filesystem is not None
     assert jobs.backend.containment.gaps == ()
     assert jobs.backend.job_limits().not_enforced == []
@@ -550,7 +551,7 @@ def test_a_new_backend_releases_what_an_ended_job_left_behind(jobs: Jobs, state_
         (folder / "job.json").write_text(json.dumps({**spec, "cgroups": cgroups}))
         (folder / "fs" / "tmp").mkdir(parents=True)
         (folder / "fs.img").write_bytes(b"\0" * 4096)
-        assert len(leftovers(jobs, job.ref)) == 10  # 4 groups, 4 parents, filesystem, image
+        assert len(leftovers(jobs, job.ref)) == 12  # 5 groups, 5 parents, filesystem, image
         restarted = LocalBackend(state_dir, job_python=JOB_PYTHON, limits=SMALL, bwrap=TEST_BWRAP)
         assert restarted.containment.placements == jobs.backend.containment.placements
         assert leftovers(jobs, job.ref) == []
@@ -617,3 +618,45 @@ def test_a_jobs_disk_is_written_with_direct_io_so_no_host_page_cache_piles_up(
     assert list(devices.values()) == ["1"], devices
     asyncio.run(jobs.backend.cancel(job.ref, now()))
     assert leftovers(jobs, job.ref) == []
+
+
+FSYNC_WRITER = """
+import json, os, time
+data = os.urandom(1 << 20)
+started = time.monotonic()
+fd = os.open("/tmp/written.bin", os.O_WRONLY | os.O_CREAT, 0o600)
+for _ in range(16):  # the same MiB again and again (the job's file size limit is small)
+    os.pwrite(fd, data, 0)
+    os.fsync(fd)
+print("REPORT " + json.dumps({"seconds": time.monotonic() - started}), flush=True)
+"""
+
+
+def test_a_jobs_io_on_its_own_disk_is_held_to_its_rate(
+    jobs: Jobs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41, the disk-I/O hog: a job's reads and writes on its loop device are throttled
+    in its blkio group (here 8 MiB/s, so that 16 MiB written and fsynced take 2 s where this
+    disk writes them in a tenth of that)."""
+    monkeypatch.setattr("activities.backends.local.backend.LOCAL_JOB_DISK_BYTES_PER_S", 8 << 20)
+    assert "blkio" in placements(jobs)
+    sleeper = jobs.submit(SLEEPER)
+    wait_until(lambda: logged(jobs, sleeper.ref, "started"), 30, "the job's start")
+    group = Path(placements(jobs)["blkio"].job(sleeper.ref))
+    rules = (group / "blkio.throttle.write_bps_device").read_text().split()
+    device = next(
+        loop.name
+        for loop in Path("/sys/block").glob("loop*")
+        if (loop / "loop" / "backing_file").exists()
+        and (loop / "loop" / "backing_file").read_text().strip()
+        == str(jobs.folder(sleeper.ref) / "fs.img")
+    )
+    major_minor = (Path("/sys/block") / device / "dev").read_text().strip()
+    assert rules == [major_minor, str(8 << 20)]
+    read_rules = (group / "blkio.throttle.read_bps_device").read_text().split()
+    assert read_rules == [major_minor, str(8 << 20)]
+    asyncio.run(jobs.backend.cancel(sleeper.ref, now()))
+
+    writer = jobs.run(FSYNC_WRITER, timeout=60)
+    assert writer.state.value == "succeeded", "\n".join(jobs.logs(writer.ref)[-6:])
+    assert jobs.report(writer.ref)["seconds"] >= 1.6  # 16 MiB at 8 MiB/s, less its burst

@@ -132,7 +132,7 @@ def test_the_local_settings_reach_the_backend_and_its_start_says_what_holds_each
     assert "local jobs (cpu-basic): 2 CPUs" in text
     assert (
         "held by the kernel: memory (cgroup v1), pids (cgroup v1), cpu (cgroup v1), "
-        "cpuacct (cgroup v1), disk"
+        "cpuacct (cgroup v1), blkio (cgroup v1), disk"
     ) in text
     assert "not enforced" not in text  # this machine gives every limit (FACTS.md)
 

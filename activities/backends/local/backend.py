@@ -56,6 +56,8 @@ from posttrain_env.limits import (
     LOCAL_BUSY_JOB_CPU_WEIGHT,
     LOCAL_EPISODE_STORAGE_BYTES,
     LOCAL_JOB_CPU_WEIGHT,
+    LOCAL_JOB_DISK_BYTES_PER_S,
+    LOCAL_JOB_DISK_IOPS,
     LOCAL_JOBS_CPU_WEIGHT,
 )
 from posttrain_env.models import FlavorPrice
@@ -285,6 +287,7 @@ class LocalBackend:
                 "cpu_weight": LOCAL_JOBS_CPU_WEIGHT,
             },
             "job_cpu_weight": LOCAL_JOB_CPU_WEIGHT,
+            "disk_io": {"bytes_per_s": LOCAL_JOB_DISK_BYTES_PER_S, "iops": LOCAL_JOB_DISK_IOPS},
             "busy_job": {
                 "after_cpu_s": limits.busy_job_after_cpu_s,
                 "cpu_weight": LOCAL_BUSY_JOB_CPU_WEIGHT,

@@ -32,10 +32,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
-# Controllers that only count (no limit of a job's is held by them): cgroup v1's `cpuacct`,
-# the CPU time a job used (v2 counts it in `cpu.stat`). Never a gap when absent.
-COUNTING_ONLY = frozenset({"cpuacct"})
+CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "blkio")
+# cgroup v1 controllers used where they are mounted and never a gap when absent: `cpuacct`
+# counts the CPU time a job used (v2 counts it in `cpu.stat`), `blkio` throttles the job's I/O
+# on its own disk (best effort: a host without it runs the job unthrottled).
+COUNTING_ONLY = frozenset({"cpuacct", "blkio"})
 V1_SHARES_PER_WEIGHT = 1024 / 100  # v1 cpu.shares 1024 == v2 cpu.weight 100 (the defaults)
 CPU_PERIOD_US = 100_000
 
@@ -229,6 +230,22 @@ class JobGroups:
                 if usec is not None:
                     return usec / 1e6
         return None
+
+    def throttle_disk(self, device: int, bytes_per_s: int, iops: int) -> bool:
+        """Hold the job's reads and writes on `device` (a st_rdev: its loop device) to
+        `bytes_per_s` and `iops` each way, where a v1 blkio group of the job's is. False: no
+        such group (nothing is held). Raises CgroupError."""
+        held = False
+        rule = f"{os.major(device)}:{os.minor(device)}"
+        for placement in self.placements:
+            if placement.controller != "blkio" or placement.version != 1:
+                continue
+            folder = placement.job(self.name)
+            for way in ("read", "write"):
+                _write(folder, f"blkio.throttle.{way}_bps_device", f"{rule} {bytes_per_s}")
+                _write(folder, f"blkio.throttle.{way}_iops_device", f"{rule} {iops}")
+            held = True
+        return held
 
     def set_cpu_weight(self, weight: int) -> None:
         """Change the job's CPU weight (v2 units) while it runs. Raises CgroupError."""

@@ -273,11 +273,23 @@ class Supervisor:
                 files=resources["files"],
                 shm_bytes=shm_bytes(resources),
             )
+            self.throttle_disk()
         else:
             (self.folder / scratch.FS).mkdir(exist_ok=True)
             (self.folder / scratch.SHM).mkdir(exist_ok=True)
             os.chmod(self.folder / scratch.SHM, 0o1777)
         scratch.prepare_folders(self.folder / scratch.FS, self.spec.get("data_owner"))
+
+    def throttle_disk(self) -> None:
+        """Hold the job's I/O on its own disk (`disk_io` of its spec: posttrain_env/limits.py,
+        LOCAL_JOB_DISK_BYTES_PER_S), so that a job fsyncing without end leaves the host's disk
+        to other episodes' jobs and to Temporal. Where no blkio group is, the job runs
+        unthrottled."""
+        limits = self.spec.get("disk_io")
+        device = scratch.disk_device(self.folder / scratch.FS)
+        if not limits or device is None or self.groups is None:
+            return
+        self.groups.throttle_disk(device, int(limits["bytes_per_s"]), int(limits["iops"]))
 
     def release(self) -> list[str]:
         """Remove the job's groups and filesystems. Never raises; returns what was left."""

@@ -339,6 +339,18 @@ def direct_io(mountpoint: Path) -> bool:
     return done.returncode == 0
 
 
+def disk_device(mountpoint: Path) -> int | None:
+    """The device number (st_rdev) of the loop device mounted at `mountpoint`; None when it is
+    not a loop device."""
+    device = _mount_source(mountpoint)
+    if device is None or not device.startswith("/dev/loop"):
+        return None
+    try:
+        return os.stat(device).st_rdev
+    except OSError:
+        return None
+
+
 def _mount_source(mountpoint: Path) -> str | None:
     """The device mounted at `mountpoint` in this process's mount namespace."""
     target = os.path.realpath(mountpoint)
