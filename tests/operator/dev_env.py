@@ -29,6 +29,7 @@ from posttrain_server.wiring import make_backend
 from posttrain_server.worker import build_worker
 from tests.conftest import binary
 from tests.gateway.server import command
+from tests.startup import DEV_SERVER_STARTUP
 from tests.workflows.harness import write_task
 from workflows.episode.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
 from workflows.ids import job_workflow_id, watcher_shard_id, watcher_workflow_id
@@ -151,6 +152,7 @@ async def operated(
     `local`: the local backend (real sandboxed jobs) and the shipped tasks instead of the fake
     and `tasks`. `ui_port`: the dev server serves its UI there."""
     env = await WorkflowEnvironment.start_local(
+        dev_server_startup_timeout=DEV_SERVER_STARTUP,
         data_converter=pydantic_data_converter,
         dev_server_existing_path=binary("temporal"),
         runtime=core_runtime(),

@@ -15,6 +15,7 @@ from posttrain_common.keys import write_new_key
 from posttrain_server.temporal.setup import missing_search_attributes, tcld_commands
 from tests.conftest import binary
 from tests.gateway.server import ServerProcess, command
+from tests.startup import DEV_SERVER_STARTUP
 from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
 
@@ -35,7 +36,9 @@ async def test_server_refuses_without_attributes_and_starts_after_temporal_setup
     tmp_path: Path,
 ) -> None:
     env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=binary("temporal"), dev_server_log_level="error"
+        dev_server_startup_timeout=DEV_SERVER_STARTUP,
+        dev_server_existing_path=binary("temporal"),
+        dev_server_log_level="error",
     )
     try:
         address = env.client.service_client.config.target_host

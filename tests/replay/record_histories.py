@@ -54,6 +54,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFai
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from tests.startup import DEV_SERVER_STARTUP
 from tests.waiting import eventually
 
 HERE = Path(__file__).parent
@@ -71,6 +72,7 @@ async def dev_server() -> WorkflowEnvironment:
     from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
     return await WorkflowEnvironment.start_local(
+        dev_server_startup_timeout=DEV_SERVER_STARTUP,
         data_converter=pydantic_data_converter,
         dev_server_existing_path=shutil.which("temporal"),
         runtime=core_runtime(),
