@@ -23,6 +23,7 @@ from posttrain_server.temporal.client import CORE_LOGGER, core_runtime
 from posttrain_server.temporal.setup import add_search_attributes
 from tests.deadline import put_async_tests_under_deadlines
 from tests.payload_limits import payload_limit_violations
+from tests.startup import DEV_SERVER_STARTUP
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -88,6 +89,7 @@ def binary(name: str) -> str:
 @pytest.fixture
 async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
+        test_server_startup_timeout=DEV_SERVER_STARTUP,  # the SDK's 5 s failed under load
         data_converter=pydantic_data_converter,
         test_server_existing_path=binary("temporal-test-server"),
         runtime=core_runtime(),

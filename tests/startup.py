@@ -1,9 +1,10 @@
-"""How long a test waits for a Temporal dev server it starts to answer.
+"""How long a test waits for a Temporal server it starts (a dev server, the time-skipping test
+server) to answer.
 
-The SDK waits 5 s by default (`dev_server_startup_timeout`); beside 16 busy processes
-(scripts/ci-under-load) eleven tests of one loaded default set failed there, "ephemeral server
-... did not start within 5s". How fast a server starts is no test's subject (bench/ measures
-start-up), so the wait is generous."""
+The SDK waits 5 s by default (`dev_server_startup_timeout`, `test_server_startup_timeout`);
+beside 16 busy processes (scripts/ci-under-load) eleven tests of one loaded default set failed
+there, "ephemeral server ... did not start within 5s", and two more at the test server's. How
+fast a server starts is no test's subject (bench/ measures start-up), so the wait is generous."""
 
 from __future__ import annotations
 
