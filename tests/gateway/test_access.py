@@ -20,6 +20,7 @@ from websockets.sync.client import connect as ws_connect
 from posttrain_env.tools import TOOLS
 from tests.gateway.conftest import QUICK
 from tests.gateway.server import ServerProcess, command, frame, ws_url
+from tests.startup import START_REFUSAL_S
 from tests.waiting import wait_until
 
 KEY = "k-" + "a1b2c3d4" * 5
@@ -220,7 +221,7 @@ def test_the_server_refuses_to_start_where_keys_are_required_and_missing(
         env=server.env(),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=START_REFUSAL_S,
         check=False,
     )
     assert done.returncode == 2, done.stderr

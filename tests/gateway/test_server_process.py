@@ -25,6 +25,7 @@ from tests.gateway.production import (
     workflow_task_failing,
 )
 from tests.gateway.server import ServerProcess, command
+from tests.startup import START_REFUSAL_S
 from tests.workflows.test_worker_restart import dev_server
 
 
@@ -80,7 +81,7 @@ def test_a_busy_temporal_port_is_reported_not_reused(tmp_path: Path) -> None:
             env=server.env(),
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=START_REFUSAL_S,
             check=False,
         )
     assert done.returncode == 1
@@ -95,7 +96,7 @@ def test_a_missing_backend_setting_is_a_clear_start_up_error(tmp_path: Path) -> 
         env=server.env(),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=START_REFUSAL_S,
         check=False,
     )
     assert done.returncode == 1 and "HF_TOKEN" in done.stderr
@@ -104,7 +105,11 @@ def test_a_missing_backend_setting_is_a_clear_start_up_error(tmp_path: Path) -> 
 
 def test_uv_run_server_is_the_same_command_with_its_options() -> None:
     done = subprocess.run(
-        [*command("server"), "--help"], capture_output=True, text=True, timeout=60, check=False
+        [*command("server"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=START_REFUSAL_S,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     assert "--host" in done.stdout and "--port" in done.stdout and "--no-worker" in done.stdout
