@@ -198,6 +198,7 @@ async def test_the_scale_benchmark_runs_on_a_temporal_of_your_own(tmp_path: Path
 @pytest.mark.parametrize(
     ("processes", "window"), [("0", None), pytest.param("2", 3, marks=pytest.mark.slow)]
 )
+@pytest.mark.timeout(960)  # a minute idle; past 240 s beside 16 busy processes
 def test_the_watch_scale_benchmark_runs_and_meets_its_targets_at_a_small_level(
     processes: str, window: int | None
 ) -> None:
@@ -216,6 +217,7 @@ def test_the_watch_scale_benchmark_runs_and_meets_its_targets_at_a_small_level(
         "--campaign",
         "6x5",
         *windowed,
+        timeout=900,
     )
     campaign = f"c6x5w{window}" if window else "c6x5"
     assert "watcher shards: 16" in out, out
