@@ -104,6 +104,24 @@ class BackendJob(BaseModel):
 # -- activity inputs and outputs -----------------------------------------------------------------
 
 
+def with_outputs_judged(
+    job: BackendJob, stored_bytes: int | None, refused: OutputsRefusal | None
+) -> BackendJob:
+    """An ended `job` with what its artifact keeps, or with its outputs refused: it then keeps
+    nothing, and a job that would have succeeded fails, its message the refusal's."""
+    if refused is None:
+        return job.model_copy(update={"stored_bytes": stored_bytes})
+    state = JobState.failed if job.state is JobState.succeeded else job.state
+    return job.model_copy(
+        update={
+            "stored_bytes": 0,
+            "outputs_refused": refused,
+            "state": state,
+            "message": refused.message,
+        }
+    )
+
+
 class SubmitJob(JobSpec):
     key: str  # the job workflow's id: the idempotency key
     now: datetime

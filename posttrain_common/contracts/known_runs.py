@@ -14,7 +14,12 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel
 
-from posttrain_common.contracts.jobs import BackendJob, OutputsRefusal, ScoreResult
+from posttrain_common.contracts.jobs import (
+    BackendJob,
+    OutputsRefusal,
+    ScoreResult,
+    with_outputs_judged,
+)
 from posttrain_env.models import BoundedText, JobState
 
 
@@ -97,23 +102,7 @@ class KnownRun(BaseModel):
             return ended
         if final is not self.outcome and ended.started_at is None:
             return ended  # cancelled before it ran: it wrote nothing
-        return self._judged(ended)
-
-    def _judged(self, ended: BackendJob) -> BackendJob:
-        """The ended view with what its artifact keeps, or its outputs refused (a job that
-        would have succeeded then fails, as on the backend that ran it)."""
-        refused = self.outputs_refused
-        if refused is None:
-            return ended.model_copy(update={"stored_bytes": self.stored_bytes})
-        state = JobState.failed if ended.state is JobState.succeeded else ended.state
-        return ended.model_copy(
-            update={
-                "stored_bytes": 0,
-                "outputs_refused": refused,
-                "state": state,
-                "message": refused.message,
-            }
-        )
+        return with_outputs_judged(ended, self.stored_bytes, self.outputs_refused)
 
     def next_change(self, now: datetime, cancel_at: datetime | None = None) -> datetime | None:
         """When the view next changes after `now` (None: it is final)."""

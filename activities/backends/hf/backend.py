@@ -72,7 +72,12 @@ from activities.backends.interface import DatasetBytes, JobRequest, LiveJob, Tra
 from activities.backends.storage import StorageRefused
 from job_launcher.builder import LauncherConfig
 from posttrain_common.contracts.episodes import JobLimits
-from posttrain_common.contracts.jobs import BackendJob, JobRole, KeepOutputs
+from posttrain_common.contracts.jobs import (
+    BackendJob,
+    JobRole,
+    KeepOutputs,
+    with_outputs_judged,
+)
 from posttrain_env.errors import ErrorType, ToolError
 from posttrain_env.limits import (
     HF_ARTIFACT_CAP_BYTES,
@@ -83,7 +88,7 @@ from posttrain_env.limits import (
     VANISHED_AFTER_LOOKS,
     VANISHED_AFTER_S,
 )
-from posttrain_env.models import FlavorPrice, JobState
+from posttrain_env.models import FlavorPrice
 
 log = logging.getLogger(__name__)
 
@@ -606,18 +611,7 @@ class HfBackend:
 def kept(job: BackendJob, size: int, caps: KeepOutputs) -> BackendJob:
     """`job` with its outputs of `size` bytes judged by `caps`: kept, or refused (the job then
     fails if it had succeeded)."""
-    refused = caps.over(size)
-    if refused is None:
-        return job.model_copy(update={"stored_bytes": size})
-    state = JobState.failed if job.state is JobState.succeeded else job.state
-    return job.model_copy(
-        update={
-            "stored_bytes": 0,
-            "outputs_refused": refused,
-            "state": state,
-            "message": refused.message,
-        }
-    )
+    return with_outputs_judged(job, size, caps.over(size))
 
 
 def _is_a_retry() -> bool:
