@@ -314,15 +314,7 @@ LOCAL_BUSY_JOB_CPU_WEIGHT = 25
 LOCAL_JOB_DISK_BYTES_PER_S = 64 << 20
 LOCAL_JOB_DISK_IOPS = 2000
 # Per job, whatever its flavor:
-# Processes and threads of the job's uid (RLIMIT_NPROC; every local job has a uid of its own).
-# The rlimit refuses a fork before the kernel copies the forking process's address space; the
-# pids group refuses it only after (measured: 4.8 us of CPU per refused fork against 9.6 ms for a
-# process of 200 MiB), so a fork storm at its limit spins in refusals that cost nearly nothing
-# instead of copying and freeing address spaces, which slowed another episode's job 8-29x. The
-# job's pids group is the backstop, LOCAL_JOB_PIDS_HEADROOM above it (the sandbox's own
-# processes, which are root's, are in the group but not of the job's uid).
-LOCAL_JOB_PROCESSES = 1024
-LOCAL_JOB_PIDS_HEADROOM = 32
+LOCAL_JOB_PROCESSES = 1024  # processes and threads (its pids group; RLIMIT_NPROC without one)
 LOCAL_JOB_DISK_BYTES = 8 * GIB  # /data, /tmp and the venv: one filesystem of this size
 LOCAL_JOB_FILES = 100_000  # that filesystem's inodes (and /dev/shm's)
 LOCAL_JOB_LOG_BYTES = 1 * GIB  # the job's log (stdout and stderr of every phase)

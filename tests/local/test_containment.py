@@ -29,7 +29,6 @@ from activities.jobs.activities import JobsActivities
 from job_launcher.trusted_lines import NONCE_ENV
 from posttrain_common.contracts.jobs import ObserveJobs
 from posttrain_common.keys import ServerKey
-from posttrain_env.limits import LOCAL_JOB_PIDS_HEADROOM
 from tasks.registry import TASKS_DIR
 from tests.local.conftest import (
     JOB_PYTHON,
@@ -112,9 +111,7 @@ def test_a_running_jobs_processes_are_in_its_own_groups_with_its_limits(jobs: Jo
     parent_limit = read_int(Path(groups["memory"].parent) / "memory.limit_in_bytes")
     expected = jobs_memory_bytes(jobs.backend.capacity, jobs.backend.limits)
     assert abs(parent_limit - expected) < 4096  # the kernel rounds to pages
-    # The pids group is the backstop above the uid's RLIMIT_NPROC (posttrain_env/limits.py).
-    pids_max = read_int(Path(groups["pids"].job(job.ref)) / "pids.max")
-    assert pids_max == SMALL.nproc + LOCAL_JOB_PIDS_HEADROOM
+    assert read_int(Path(groups["pids"].job(job.ref)) / "pids.max") == SMALL.nproc
     cpu = Path(groups["cpu"].job(job.ref))
     period = read_int(cpu / "cpu.cfs_period_us")
     assert read_int(cpu / "cpu.cfs_quota_us") == round(resources["vcpus"] * period)
@@ -426,7 +423,7 @@ def test_a_1500_deep_tree_with_a_large_file_is_refused_whole_and_nothing_of_it_r
     assert allocated_bytes(jobs.folder(job.ref)) < 2 * MIB
 
 
-def test_a_fork_bomb_stops_at_its_process_limit_and_is_accounted_to_the_jobs_group(
+def test_a_fork_bomb_stops_at_the_pids_limit_and_is_accounted_to_the_jobs_group(
     jobs: Jobs,
 ) -> None:
     script = (
@@ -452,17 +449,16 @@ time.sleep(600)
     uid = job_uid(jobs, job.ref)
     group = Path(placements(jobs)["pids"].job(job.ref))
     wait_until(lambda: logged(jobs, job.ref, "REPORT "), 15, "the job's report")
-    # Its uid's RLIMIT_NPROC refused the forks (cheaply: before the kernel copies the
-    # process), short of the job's pids group, the backstop: the group never refused one, and
-    # the job held its limit of processes and never went past it with the sandbox's own few.
-    # (How many it holds at one instant varies: one of the sandbox's may be exiting.)
+    # The job's own pids group refused the forks: it reached its limit and never went past
+    # it. (How many processes it holds at one instant varies: one of the sandbox's may be
+    # exiting; the kernel's counters are what the promise is about.)
     limit = read_int(group / "pids.max")
-    assert limit == SMALL.nproc + LOCAL_JOB_PIDS_HEADROOM
-    assert keyed(group / "pids.events")["max"] == 0  # the backstop was never reached
+    assert limit == SMALL.nproc
+    assert keyed(group / "pids.events")["max"] > 0  # forks refused by this group's limit
     assert read_int(group / "pids.current") <= limit
     counts_peak = (group / "pids.peak").exists()  # newer kernels count it (this one does)
     if counts_peak:
-        assert SMALL.nproc <= read_int(group / "pids.peak") < limit
+        assert read_int(group / "pids.peak") == limit
     # Accounted to the job's group: every process of the job is in it (none escaped to the
     # parent or the host's root group, where no limit would hold it).
     bomb = live_pids_of_uid(uid)
@@ -475,9 +471,8 @@ time.sleep(600)
     assert ended.state.value == "timed_out"
     assert jobs.report(job.ref)["processes"] <= SMALL.nproc
     usage = result_of(jobs, job.ref)["usage"]
-    if counts_peak:
-        assert SMALL.nproc <= usage["processes_peak"] < limit
-    assert usage["fork_refusals"] == 0
+    assert usage.get("processes_peak") == (limit if counts_peak else None)
+    assert usage["fork_refusals"] >= 20
     assert ended.message.startswith(
         f"timed out after 15 s; it reached its limit of {SMALL.nproc} processes and threads ("
     )
@@ -665,40 +660,3 @@ def test_a_jobs_io_on_its_own_disk_is_held_to_its_rate(
     writer = jobs.run(FSYNC_WRITER, timeout=60)
     assert writer.state.value == "succeeded", "\n".join(jobs.logs(writer.ref)[-6:])
     assert jobs.report(writer.ref)["seconds"] >= 1.6  # 16 MiB at 8 MiB/s, less its burst
-
-
-CHEAP_REFUSALS = """
-import json, os, time
-ballast = bytearray(64 << 20)  # an address space a refused fork must not copy
-for i in range(0, len(ballast), 4096):
-    ballast[i] = 1
-kids = 0
-while True:  # up to the limit, each child asleep
-    try:
-        if os.fork() == 0:
-            time.sleep(600)
-        kids += 1
-    except BlockingIOError:
-        break
-started, refused = time.process_time(), 0
-for _ in range(500):
-    try:
-        if os.fork() == 0:
-            os._exit(0)
-    except BlockingIOError:
-        refused += 1
-cpu_us = (time.process_time() - started) / 500 * 1e6
-print("REPORT " + json.dumps({"kids": kids, "refused": refused, "cpu_us": cpu_us}), flush=True)
-"""
-
-
-def test_a_fork_refused_at_the_limit_costs_almost_no_cpu(jobs: Jobs) -> None:
-    """Issue 41, the fork storm: a fork at the job's limit is refused by its uid's
-    RLIMIT_NPROC before the kernel copies the process (the pids group refuses only after: 9.6
-    ms of CPU per refused fork of a 200 MiB process, 4.8 us with the rlimit), so a storm at
-    its limit spins in refusals that cost its neighbours nothing. CPU time, not wall time: a
-    loaded machine slows neither figure."""
-    job = jobs.run(CHEAP_REFUSALS, timeout=60)
-    report = jobs.report(job.ref)
-    assert report["refused"] == 500 and report["kids"] >= SMALL.nproc // 2, report
-    assert report["cpu_us"] < 500, report  # copying 64 MiB of page tables takes milliseconds

@@ -58,7 +58,6 @@ from posttrain_env.limits import (
     LOCAL_JOB_CPU_WEIGHT,
     LOCAL_JOB_DISK_BYTES_PER_S,
     LOCAL_JOB_DISK_IOPS,
-    LOCAL_JOB_PIDS_HEADROOM,
     LOCAL_JOBS_CPU_WEIGHT,
 )
 from posttrain_env.models import FlavorPrice
@@ -288,7 +287,6 @@ class LocalBackend:
                 "cpu_weight": LOCAL_JOBS_CPU_WEIGHT,
             },
             "job_cpu_weight": LOCAL_JOB_CPU_WEIGHT,
-            "pids_headroom": LOCAL_JOB_PIDS_HEADROOM,
             "disk_io": {"bytes_per_s": LOCAL_JOB_DISK_BYTES_PER_S, "iops": LOCAL_JOB_DISK_IOPS},
             "busy_job": {
                 "after_cpu_s": limits.busy_job_after_cpu_s,
@@ -303,10 +301,9 @@ class LocalBackend:
             # The host disk jobs never take: checked by the supervisor before the job starts.
             "host_disk_reserve_bytes": limits.host_disk_reserve_bytes,
             "retention": dataclasses.asdict(self.retention) if self.retention else None,
-            # rlimits: memory only where no control group holds it; processes always (the
-            # rlimit refuses a fork cheaply, before the pids group would: limits.py).
+            # rlimits: memory and processes only where no control group holds them.
             "limits": {
-                "nproc": resources.processes,
+                "nproc": None if "pids" in contained else resources.processes,
                 "memory_bytes": None if "memory" in contained else resources.memory_bytes,
                 "file_bytes": limits.file_bytes or resources.disk_bytes,
             },

@@ -257,8 +257,7 @@ class Supervisor:
                 ),
                 GroupLimits(
                     memory_bytes=resources["memory_bytes"],
-                    # The backstop: the job's uid meets its RLIMIT_NPROC first (limits.py).
-                    processes=resources["processes"] + int(self.spec.get("pids_headroom", 0)),
+                    processes=resources["processes"],
                     cpus=resources["vcpus"],
                     cpu_weight=self.spec["job_cpu_weight"],
                 ),
@@ -572,14 +571,11 @@ class Supervisor:
                     f"the kernel killed {oom} of its processes"
                 )
         refused = usage.get("fork_refusals", 0)
-        peak = usage.get("processes_peak", 0)
-        if refused or peak >= resources["processes"]:
-            # Its uid's RLIMIT_NPROC refuses first and the kernel counts no such refusal: the
-            # group's peak (the job's processes and the sandbox's few) says it got there.
+        if refused:
             self.limits.append("processes")
-            count = f"{refused} forks refused by the backstop" if refused else f"{peak} at once"
             met.append(
-                f"it reached its limit of {resources['processes']} processes and threads ({count})"
+                f"it reached its limit of {resources['processes']} processes and threads "
+                f"({refused} forks refused)"
             )
         if self.disk_full:
             disk = _size(resources["disk_bytes"])
