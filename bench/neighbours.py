@@ -34,9 +34,7 @@ import argparse
 import asyncio
 import contextlib
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +44,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from _topology import Topology  # noqa: E402 - bench/ is sys.path[0]
+
+from activities.backends.fake.backend import FakeScenario  # noqa: E402
+from tasks.registry import TASKS_DIR  # noqa: E402
+
 TASK = "t0_artifact"
 FLAVOR = "cpu-basic"
 READY = "HOG-AT-FULL-FORCE"
@@ -195,55 +200,22 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def server(state_dir: Path) -> Iterator[str]:
-    """`posttrain-env server` on a free port of 127.0.0.1, its state in `state_dir`."""
-    port = free_port()
-    env = dict(os.environ, POSTTRAIN_STATE_DIR=str(state_dir), POSTTRAIN_BACKEND="local")
-    for name in ("TEMPORAL_ADDRESS", "POSTTRAIN_API_KEYS", "POSTTRAIN_TEMPORAL_METRICS_PORT"):
-        env.pop(name, None)
-    log = open(state_dir / "server.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "posttrain_server.cli", "server", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
+    """`posttrain-env server` on the local backend (bench/_topology.py's all-in-one shape), its
+    state in `state_dir`, the repository's tasks."""
+    topology = Topology(
+        "allinone",
+        state_dir,
+        FakeScenario(),  # unused: the backend is local
+        TASKS_DIR,
+        extra_env={"POSTTRAIN_BACKEND": "local"},
     )
-    url = f"http://127.0.0.1:{port}"
     try:
-        wait_for_health(url, proc, state_dir / "server.log")
-        yield url
+        topology.start()
+        yield topology.base_url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-
-
-def wait_for_health(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    import httpx
-
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited: {log.read_text(errors='replace')[-2000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit("the server did not answer /health within 180 s")
+        topology.stop()
 
 
 class Episode:

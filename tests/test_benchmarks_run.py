@@ -8,6 +8,7 @@ CI runs too, so that the default set stays a few minutes."""
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,16 @@ def test_the_loopback_benchmark_runs_and_prints_its_figures() -> None:
     )
     assert "TCP connect to 127.0.0.1 (trapped)" in out and "all_reduce" in out, out
     assert "ratio" in out and "target" in out, out
+
+
+@pytest.mark.slow
+def test_the_neighbours_benchmark_runs_and_prints_its_ratios() -> None:
+    # As root: real local jobs, one hog (the log flood: the quickest at full force).
+    args = ("--hogs", "log_flood", "--rounds", "1", "--calls", "5")
+    out = run("bench/neighbours.py", *args, timeout=600)
+    (row,) = [line for line in out.splitlines() if line.startswith("log_flood")]
+    assert len(re.findall(r"\d+\.\d\dx", row)) == 3, out  # job time, p50 and p99 ratios
+    assert row.rstrip().endswith(("ok", "OVER 2x")), out
 
 
 def test_the_client_import_benchmark_runs_and_prints_both_shapes() -> None:

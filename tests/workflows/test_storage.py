@@ -15,10 +15,18 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.backends.fake.backend import FakeJobScript, FakeScenario
 from posttrain_common.contracts.jobs import JobRole
+from posttrain_common.settings import Settings
+from posttrain_env.limits import (
+    HF_ARTIFACT_CAP_BYTES,
+    HF_EPISODE_STORAGE_BYTES,
+    STORAGE_DAYS_WHEN_KEPT_FOREVER,
+    STORAGE_USD_PER_TB_MONTH,
+)
 from tests.workflows.harness import running_worker
 from workflows.episode.ledger import storage_cost_micro_usd
 
 MB = 10**6
+GIB = 1 << 30
 # $25 per TB-month, kept 15 days: half a month.
 PRICED = {"storage_usd_per_tb_month": 25.0, "job_retention_days": 15.0}
 
@@ -149,3 +157,26 @@ async def test_an_episode_with_nothing_valid_to_submit_ends_at_its_time_limit_wi
         status = await ep.status()
         assert status.done and status.end is not None
         assert status.end.reason == "time_limit" and status.end.reward == 0.0  # never None
+
+
+async def test_a_task_without_caps_of_its_own_gets_its_backends_defaults(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """The defaults (posttrain_env/limits.py, docs/tasks.md): the fake stands in for Hugging
+    Face, so an episode may keep 100 GiB and one artifact 20 GiB, charged for the job
+    retention's 14 days at $25 per TB-month; kept forever, for a year."""
+    rules = scenario(outputs("SMALL", 3 * MB))
+    async with running_worker(
+        time_skipping_env, tmp_path, rules, storage_usd_per_tb_month=25.0
+    ) as h:
+        ep = await h.episode()
+        job_id = await ep.submit_job(script="print('SMALL')\n")
+        live = (await ep.call("jobs_status", job_id=job_id)).metadata["service_spend"]
+        assert live["storage"]["cap_bytes"] == HF_EPISODE_STORAGE_BYTES == 100 * GIB
+        assert live["storage"]["reserved_bytes"] == HF_ARTIFACT_CAP_BYTES == 20 * GIB
+        held = storage_cost_micro_usd(HF_ARTIFACT_CAP_BYTES, 25_000_000, 14.0)
+        assert live["reserved"]["usd"] == pytest.approx((5 * 167 + held) / 1e6)
+    forever = Settings(job_retention_days=0, submitted_retention_days=0)
+    assert forever.storage_billed_days == STORAGE_DAYS_WHEN_KEPT_FOREVER
+    assert STORAGE_DAYS_WHEN_KEPT_FOREVER == 365
+    assert Settings().storage_usd_per_tb_month == STORAGE_USD_PER_TB_MONTH == 25.0

@@ -62,15 +62,7 @@ class HfJobStorage:
         if keep_artifact:
             kept = outputs_prefix(folder) + "/"
             files = {path: size for path, size in files.items() if not path.startswith(kept)}
-        paths = sorted(files)
-        for start in range(0, len(paths), DELETE_BATCH):
-            await self._calls.call(
-                f"deleting the folder of job {ref}",
-                self._api.batch_bucket_files,
-                bucket,
-                delete=paths[start : start + DELETE_BATCH],
-                in_namespace=bucket.split("/")[0],
-            )
+        await self._delete(bucket, sorted(files), f"deleting the folder of job {ref}")
         return sum(files.values())
 
     async def keep_outputs(self, ref: str, over: Callable[[int], object | None]) -> int:
@@ -88,23 +80,26 @@ class HfJobStorage:
         size = sum(files[path] for path in outputs)
         if over(size) is None:
             return size
-        where = bucket.split("/")[0]
         await self._calls.call(
             f"marking the outputs of job {ref} refused",
             self._api.batch_bucket_files,
             bucket,
             add=[(b"", f"{marker}{size}")],
-            in_namespace=where,
+            in_namespace=bucket.split("/")[0],
         )
-        for start in range(0, len(outputs), DELETE_BATCH):
+        await self._delete(bucket, outputs, f"deleting the refused outputs of job {ref}")
+        return size
+
+    async def _delete(self, bucket: str, paths: list[str], what: str) -> None:
+        """Delete `paths` of `bucket`, DELETE_BATCH at a time (`what`: the call's name)."""
+        for start in range(0, len(paths), DELETE_BATCH):
             await self._calls.call(
-                f"deleting the refused outputs of job {ref}",
+                what,
                 self._api.batch_bucket_files,
                 bucket,
-                delete=outputs[start : start + DELETE_BATCH],
-                in_namespace=where,
+                delete=paths[start : start + DELETE_BATCH],
+                in_namespace=bucket.split("/")[0],
             )
-        return size
 
     async def read_outputs(self, ref: str, max_bytes: int) -> DatasetBytes:
         """The job's `outputs/` files (the contamination check), listed by their exact prefix

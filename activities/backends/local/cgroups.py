@@ -36,7 +36,7 @@ CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "blkio")
 # cgroup v1 controllers used where they are mounted and never a gap when absent: `cpuacct`
 # counts the CPU time a job used (v2 counts it in `cpu.stat`), `blkio` throttles the job's I/O
 # on its own disk (best effort: a host without it runs the job unthrottled).
-COUNTING_ONLY = frozenset({"cpuacct", "blkio"})
+OPTIONAL_V1 = frozenset({"cpuacct", "blkio"})
 V1_SHARES_PER_WEIGHT = 1024 / 100  # v1 cpu.shares 1024 == v2 cpu.weight 100 (the defaults)
 CPU_PERIOD_US = 100_000
 
@@ -86,7 +86,7 @@ def find_placements(parent_name: str) -> tuple[list[Placement], dict[str, str]]:
     v2 = mounts.get("")
     v2_available = _read_words(os.path.join(v2[0], "cgroup.controllers")) if v2 else set()
     for controller in CONTROLLERS:
-        if controller in COUNTING_ONLY and controller not in mounts:
+        if controller in OPTIONAL_V1 and controller not in mounts:
             continue  # v1 only: on v2 the cpu controller counts the CPU time itself
         if controller in mounts:
             mountpoint, root = mounts[controller]
