@@ -73,6 +73,7 @@ async def test_two_tasks_three_agents_three_epochs_count_every_outcome_exactly_o
         Outcome.error: 0,
         Outcome.limit: 6,
         Outcome.cancelled: 0,
+        Outcome.replay_miss: 0,
     }
     assert status.attempts == 18 and status.retried == 0
     assert status.mean_reward == (6 * 0.75) / 12 and status.averaged == 12

@@ -4,7 +4,8 @@
 - every job exists exactly once in the backend (one record per key and per job id), and the
   episode started the jobs the play asked for, no more;
 - each job was settled once: the episode's settled spend is the backend's own record of its jobs
-  (price × every started minute of each agent job and dev evaluation, graders free), no minute
+  (price × every started minute of each agent job and dev evaluation, graders free, plus the
+  storage of what each agent job's artifact keeps at the deployment's storage price), no minute
   billed twice, nothing left reserved;
 - the request around the kill was answered once: sent again with its request id through the
   other gateway it gets the same answer, and the episode counted one step per request;
@@ -16,12 +17,29 @@ Each failed invariant is one sentence in the cell's result (the matrix prints th
 from __future__ import annotations
 
 from posttrain_common.contracts.jobs import JobRole
+from posttrain_common.settings import Settings
+from posttrain_env.models import MICRO
 from tests.faults.player import Answer, Player
 from tests.faults.plays import FLAVOR, Expected
 from tests.faults.topology import Topology
-from workflows.episode.ledger import billed_minutes
+from tests.faults.topology import BackendRecord
+from workflows.episode.ledger import billed_minutes, storage_cost_micro_usd
 
 CHARGED = (JobRole.agent, JobRole.dev)  # graders are free (workflows/episode/ledger.py)
+
+
+def bill_micro_usd(record: BackendRecord, micro_usd_per_minute: int, settings: Settings) -> int:
+    """What the backend's record of a charged job costs: every started minute, and for an
+    agent job the storage its artifact keeps (the cluster runs on the settings' defaults)."""
+    compute = micro_usd_per_minute * billed_minutes(record.running_s)
+    if record.role is not JobRole.agent:
+        return compute
+    storage = storage_cost_micro_usd(
+        record.stored_bytes,
+        round(settings.storage_usd_per_tb_month * MICRO),
+        settings.storage_billed_days,
+    )
+    return compute + storage
 
 
 async def check(
@@ -38,6 +56,7 @@ async def check(
             f"{again.data!r}, first {around.data!r}"
         )
     price = topology.prices[FLAVOR]
+    settings = Settings()
     for episode_id, end in expected.ends.items():
         await topology.wait_closed(episode_id)
         status = await topology.status(episode_id)
@@ -75,7 +94,7 @@ async def check(
         if live:
             failures.append(f"{name} ended with jobs live in the backend: {live}")
         charged = [r for r in records if r.role in CHARGED]
-        billed = sum(price * billed_minutes(r.running_s) for r in charged)
+        billed = sum(bill_micro_usd(r, price, settings) for r in charged)
         spend = status.service_spend
         settled = (round(spend.settled.usd * 1e6), spend.settled.jobs, spend.settled.calls)
         backend = (billed, counts[JobRole.agent], counts[JobRole.dev])
@@ -87,10 +106,11 @@ async def check(
         views = {view["job_id"]: view for view in status.jobs}
         for record in charged:
             view = views.get(record.job_id)
-            cost = price * billed_minutes(record.running_s)
+            cost = bill_micro_usd(record, price, settings)
             if view is not None and round(view["cost_usd"] * 1e6) != cost:
                 failures.append(
                     f"{name}: job {record.job_id} settled at {view['cost_usd']} USD, the "
-                    f"backend's {record.running_s:.1f} s bill {cost / 1e6} USD"
+                    f"backend's bill ({record.running_s:.1f} s, {record.stored_bytes} bytes "
+                    f"kept) {cost / 1e6} USD"
                 )
     return failures

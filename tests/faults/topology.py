@@ -50,6 +50,7 @@ class BackendRecord:
     role: JobRole
     state: JobState
     running_s: float
+    stored_bytes: int = 0  # what an ended agent job's artifact keeps (charged as storage)
 
 
 class Topology:
@@ -165,6 +166,7 @@ class Topology:
                 role=request.role,
                 state=view.state,
                 running_s=view.running_s,
+                stored_bytes=view.stored_bytes or 0,
             )
             for request, view in zip(requests, views, strict=True)
         ]
@@ -185,6 +187,7 @@ class Topology:
                     role=JobRole(spec["role"]),
                     state=view.state,
                     running_s=view.running_s,
+                    stored_bytes=view.stored_bytes or 0,
                 )
             )
         return records
