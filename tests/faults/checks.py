@@ -21,8 +21,7 @@ from posttrain_common.settings import Settings
 from posttrain_env.models import MICRO
 from tests.faults.player import Answer, Player
 from tests.faults.plays import FLAVOR, Expected
-from tests.faults.topology import Topology
-from tests.faults.topology import BackendRecord
+from tests.faults.topology import BackendRecord, Topology
 from workflows.episode.ledger import billed_minutes, storage_cost_micro_usd
 
 CHARGED = (JobRole.agent, JobRole.dev)  # graders are free (workflows/episode/ledger.py)
