@@ -69,6 +69,7 @@ Public API (used by launcher.py):
 import ctypes
 import errno
 import os
+import select
 import signal
 import socket
 import struct
@@ -606,10 +607,15 @@ def _helper_serve(channel: socket.socket, ready: threading.Barrier) -> None:
 
 
 def _run_helper(
-    channels: list[socket.socket], uid: int, gid: int, confine: Callable[[], None]
+    channels: list[socket.socket],
+    uid: int,
+    gid: int,
+    confine: Callable[[], None],
+    confined: int,
 ) -> None:
     """The helper process: the job's uid and gid, no groups, non-dumpable, dies with the
-    supervisor, confined by the launcher's AF_UNIX-only filter. Never returns."""
+    supervisor, confined by the launcher's AF_UNIX-only filter; it writes a byte on the pipe
+    `confined` once it is all of these. Never returns."""
     try:
         os.setgroups([])
         os.setresgid(gid, gid, gid)
@@ -621,6 +627,8 @@ def _run_helper(
             threading.Thread(target=_helper_serve, args=(channel, ready), daemon=True).start()
         ready.wait()  # every thread has its own fs struct: unshare is refused from here on
         confine()
+        os.write(confined, b"r")
+        os.close(confined)
         threading.Event().wait()
     except BaseException as exc:
         print(f"launcher: loopback helper: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -650,11 +658,14 @@ def start_supervisor(
         if os.getppid() != parent:
             os._exit(0)
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(WORKERS)]
+        helper_ready, confined = os.pipe2(os.O_CLOEXEC)
         if os.fork() == 0:
             ours.close()
+            os.close(helper_ready)
             for mine, _ in pairs:
                 mine.close()
-            _run_helper([helper for _, helper in pairs], uid, gid, confine)
+            _run_helper([helper for _, helper in pairs], uid, gid, confine, confined)
+        os.close(confined)
         for _, helper in pairs:
             helper.close()
         ours.settimeout(HANDOFF_TIMEOUT_S)
@@ -664,6 +675,15 @@ def start_supervisor(
             fds = []
         if not fds:
             os._exit(0)  # the job fell back to the AF_UNIX-only filter: nothing to serve
+        # The job is told it is served only once the helper runs as the job's uid under its
+        # own filter: before, a loaded machine let the agent's code start while the helper was
+        # still root and unconfined (a test of the supervisor's reach saw helper_uid 0).
+        if (
+            not select.select([helper_ready], [], [], HANDOFF_TIMEOUT_S)[0]
+            or os.read(helper_ready, 1) != b"r"
+        ):
+            raise OSError(errno.ECHILD, "the loopback helper did not confine itself in time")
+        os.close(helper_ready)
         supervisor = Supervisor(arch, fds[0], uid, [mine for mine, _ in pairs])
         ours.sendall(b"k")
         ours.close()

@@ -23,6 +23,7 @@ from posttrain_server.temporal.dev_server import (
     start_dev_command,
     start_excerpt,
 )
+from tests.startup import DEV_SERVER_STARTUP
 
 
 def test_a_failed_start_quotes_only_what_it_wrote(tmp_path: Path) -> None:
@@ -60,7 +61,7 @@ def test_the_server_runs_with_caches_sized_for_ten_thousand_running_jobs(tmp_pat
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         sizes: dict[str, float] = {}
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + DEV_SERVER_STARTUP.total_seconds()
         # The gauges read 0 until the history service has made its caches.
         while not (len(sizes) == 2 and all(sizes.values())) and time.monotonic() < deadline:
             assert server.poll() is None, "the server exited"

@@ -151,10 +151,15 @@ async def test_released_while_a_skip_is_in_flight(
     env = time_skipping_env
     async with watched(env) as locks:
         await env.client.start_workflow(Ticker.run, id="ticker", task_queue=QUEUE)
-        await env.client.start_workflow(Parent.run, "leaves", id="leaves", task_queue=QUEUE)
+        parent = await env.client.start_workflow(
+            Parent.run, "leaves", id="leaves", task_queue=QUEUE
+        )
         # Waiting on a result skips time by itself: the child must end inside the skip.
+        # The started handle names its run: a long poll that comes back empty (the test server
+        # under load) is asked again, where a handle without a run id raises "No completion
+        # event found" (temporalio's WorkflowHandle.result; loaded runs of the default set).
         with env.auto_time_skipping_disabled():
-            await env.client.get_workflow_handle("leaves").result()
+            await parent.result()
         child = await env.client.get_workflow_handle("leaves-child").describe()
         assert child.status == WorkflowExecutionStatus.RUNNING  # it ends inside the skip
         started = time.monotonic()

@@ -15,6 +15,13 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+# How long a test waits for a real server's progress (a dev server's workflow tasks and
+# activities, a worker's Schedule, a gateway's listing) that takes seconds on an idle machine.
+# Beside 16 busy processes (scripts/ci-under-load) waits of 30 and 60 s ran out while the product
+# did its work, only later. How fast it progresses is not these tests' subject (bench/ measures
+# it), so the wait is generous: a passing test takes only as long as the condition does.
+PROGRESS_S = 240.0
+
 
 def wait_until(
     check: Callable[[], T | None], timeout_s: float, what: str, *, every_s: float = 0.05

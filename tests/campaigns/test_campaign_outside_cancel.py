@@ -17,7 +17,7 @@ from tests.conftest import binary
 from tests.replay.record_campaign_histories import LIVE, LONG, Stack, campaign_stack, scenario
 from tests.replay.record_campaign_histories import scripted as scripted_agent
 from tests.replay.record_histories import dev_server
-from tests.waiting import eventually
+from tests.waiting import PROGRESS_S, eventually
 from workflows.campaign.contract import CampaignPhase, CampaignStatus
 from workflows.campaign.workflow import CampaignWorkflow
 from workflows.episode.workflow import EpisodeWorkflow
@@ -81,7 +81,7 @@ async def nothing_left(stack: Stack) -> None:
         async def closed(handle: Any = handle) -> bool:
             return (await handle.describe()).status is WorkflowExecutionStatus.COMPLETED
 
-        await eventually(closed, 60, f"episode {episode_id} closes", every_s=0.5)
+        await eventually(closed, PROGRESS_S, f"episode {episode_id} closes", every_s=0.5)
         spend = (await handle.query(EpisodeWorkflow.status)).service_spend
         assert spend.reserved.usd == 0 and spend.final
 

@@ -33,7 +33,7 @@ from posttrain_server.cluster_local import (
 from tests.faults.player import Player
 from tests.gateway.production import SHUTDOWN_LIMIT_S, cluster_environment
 from tests.gateway.server import free_port
-from tests.waiting import eventually
+from tests.waiting import PROGRESS_S, eventually
 from workflows.ids import episode_workflow_id
 
 SCENARIO = FakeScenario(
@@ -142,7 +142,7 @@ async def test_two_gateways_and_two_workers_an_episode_alternating_between_gatew
             async def running() -> bool:
                 return any(v.state.value == "running" for v in backend.views(datetime.now(UTC)))
 
-            await eventually(running, 60, "the job to run")
+            await eventually(running, PROGRESS_S, "the job to run")
             victim = await busy_worker_pid(members["temporal"]["where"], episode_id)
             worker = next(n for n, m in members.items() if m["pid"] == str(victim))
             os.killpg(victim, signal.SIGKILL)
@@ -161,7 +161,7 @@ async def test_two_gateways_and_two_workers_an_episode_alternating_between_gatew
         async def reported() -> bool:
             return f"{worker} (pid {victim}) exited with status -9" in output.read_text()
 
-        await eventually(reported, 30, "the killed worker's death to be reported")
+        await eventually(reported, PROGRESS_S, "the killed worker's death to be reported")
         assert "not restarted" in output.read_text()
         log = await asyncio.to_thread(Path(members[worker]["log"]).read_text)
         assert log.count("worker on task queue") == 1  # never started again

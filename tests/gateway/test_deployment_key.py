@@ -34,7 +34,7 @@ from tests.gateway.production import (
     start_worker,
 )
 from tests.gateway.server import ServerProcess
-from tests.waiting import eventually
+from tests.waiting import PROGRESS_S, eventually
 from tests.workflows.harness import Answer, reset_new_session, write_task
 from tests.workflows.test_worker_restart import call, dev_server
 from workflows.episode.session import ResetRequest, ResetResult, SessionState, SessionWorkflow
@@ -290,7 +290,7 @@ async def test_key_forget_refuses_while_an_episode_runs_and_then_lets_a_new_key_
                 query = "WorkflowType = 'EpisodeWorkflow' AND ExecutionStatus = 'Running'"
                 return (await client.count_workflows(query)).count == 1
 
-            await eventually(counted, 60, "the episode to be listed")
+            await eventually(counted, PROGRESS_S, "the episode to be listed")
             refused = run_to_exit(["key", "forget"], env)
             assert refused.returncode == 1 and "--force" in refused.stderr, refused.stderr
             refused = run_to_exit(["worker"], {**env, "POSTTRAIN_SERVER_KEY_FILE": str(new)})
@@ -302,7 +302,7 @@ async def test_key_forget_refuses_while_an_episode_runs_and_then_lets_a_new_key_
                 query = "WorkflowType = 'EpisodeWorkflow' AND ExecutionStatus = 'Running'"
                 return (await client.count_workflows(query)).count == 0
 
-            await eventually(none_running, 60, "the episode to be listed as ended")
+            await eventually(none_running, PROGRESS_S, "the episode to be listed as ended")
             forgotten = run_to_exit(["key", "forget"], env)
             assert forgotten.returncode == 0, forgotten.stderr
             worker = start_worker(
@@ -396,7 +396,7 @@ async def test_a_grader_started_by_one_worker_is_scored_right_by_another_on_the_
             async def grader_started() -> bool:
                 return any(r.role is JobRole.grader for r in backend.requests())
 
-            await eventually(grader_started, 60, "worker A to start the grader")
+            await eventually(grader_started, PROGRESS_S, "worker A to start the grader")
             await asyncio.to_thread(first.send_signal, signal.SIGTERM)
             await asyncio.to_thread(first.wait, 60)
             # A stopped before the grader could end (it started after `sent` and runs for

@@ -24,7 +24,7 @@ from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.tools import tool_catalog
 from tests.gateway.mcp_helpers import SUBMIT, create_episode, data, mcp_session, wait_for_state
 from tests.gateway.server import ServerProcess
-from tests.waiting import eventually
+from tests.waiting import PROGRESS_S, eventually
 from tests.workflows.harness import write_task
 
 SCENARIO = FakeScenario(
@@ -167,7 +167,7 @@ async def test_a_disconnect_in_the_middle_of_jobs_wait_loses_nothing(
     async def waiting_in_the_episode() -> bool:  # the wait is a step from when it starts
         return (await server.episode_status(episode["episode_id"])).steps_used == calls + 1
 
-    await eventually(waiting_in_the_episode, 30, "the episode to start the jobs_wait")
+    await eventually(waiting_in_the_episode, PROGRESS_S, "the episode to start the jobs_wait")
     assert not waiting.done()
     waiting.cancel()  # the client goes away mid-call
     with suppress(asyncio.CancelledError):

@@ -10,7 +10,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway.production import cluster_config, cluster_environment, start_cluster
-from tests.waiting import eventually
+from tests.waiting import PROGRESS_S, eventually
 
 
 async def test_the_cluster_serves_temporal_and_worker_metrics_where_it_says(
@@ -42,7 +42,7 @@ async def test_the_cluster_serves_temporal_and_worker_metrics_where_it_says(
                     and found.get(("posttrain_episodes", (("state", "running"),))) == 0
                 )
 
-            await eventually(worker_reads_visibility, 60, "the worker's visibility gauges")
+            await eventually(worker_reads_visibility, PROGRESS_S, "the worker's visibility gauges")
         assert f"worker metrics: {worker.url}" in worker.log_since_start()
         # The worker runs its full garbage collections on its own schedule (the default).
         assert "full garbage collections every 600 s" in worker.log_since_start()

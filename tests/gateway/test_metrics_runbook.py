@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.gateway.mcp_helpers import create_episode, mcp_session
 from tests.gateway.server import ServerProcess
-from tests.waiting import eventually
+from tests.waiting import PROGRESS_S, eventually
 
 OPERATIONS = Path(__file__).parents[2] / "docs" / "operations.md"
 CALLS = re.compile(r"^posttrain_gateway_tool_call_seconds_count\{(.*)\} (\S+)$", re.M)
@@ -49,4 +49,6 @@ async def test_the_pages_curl_shows_the_series_move_during_an_episode(
             is not None
         )
 
-    await eventually(episodes_read, 60, "the running episode in posttrain_episodes", every_s=1)
+    await eventually(
+        episodes_read, PROGRESS_S, "the running episode in posttrain_episodes", every_s=1
+    )

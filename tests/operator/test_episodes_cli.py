@@ -22,7 +22,7 @@ from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.models import EndReason
 from posttrain_server.temporal.dev_server import free_ports
 from tests.operator.dev_env import Operated, operated
-from tests.waiting import eventually
+from tests.waiting import PROGRESS_S, eventually
 from workflows.episode.workflow import EpisodeInput, EpisodeWorkflow
 from workflows.ids import episode_workflow_id
 
@@ -86,7 +86,9 @@ async def test_an_unconfirmed_cancellation_is_found_with_its_backend_job_until_i
             assert done.status == 0, done.stderr
             return [row["episode_id"] for row in done.json()] == [episode_id]
 
-        await eventually(listed_as_stuck, 60, "the episode is listed with --stuck 2s", every_s=0.5)
+        await eventually(
+            listed_as_stuck, PROGRESS_S, "the episode is listed with --stuck 2s", every_s=0.5
+        )
         (row,) = (await op.cli("episodes", "list", "--stuck", "2s", "--json")).json()
         (job,) = row["stuck_jobs"]
         ref = job["backend_job_id"]
@@ -142,7 +144,10 @@ async def test_an_unconfirmed_cancellation_is_found_with_its_backend_job_until_i
             return done.json() == []
 
         await eventually(
-            no_longer_stuck, 60, "the confirmed cancellation leaves the stuck list", every_s=0.5
+            no_longer_stuck,
+            PROGRESS_S,
+            "the confirmed cancellation leaves the stuck list",
+            every_s=0.5,
         )
         found = listed(await op.temporal_list(stuck_query.replace(PLACEHOLDER, cutoff)))
         assert found == {}
@@ -151,7 +156,9 @@ async def test_an_unconfirmed_cancellation_is_found_with_its_backend_job_until_i
             rows = (await op.run("episodes", "list", "--state", "ended", "--json")).json()
             return [r["episode_id"] for r in rows] == [episode_id]
 
-        await eventually(ended, 60, "the episode is ended once its job confirmed", every_s=0.5)
+        await eventually(
+            ended, PROGRESS_S, "the episode is ended once its job confirmed", every_s=0.5
+        )
 
 
 async def test_filters_find_exactly_their_episodes_and_the_pages_commands_run(
@@ -184,7 +191,7 @@ async def test_filters_find_exactly_their_episodes_and_the_pages_commands_run(
             return await ids("--state", "ended") == {cancelled.episode_id, timed_out.episode_id}
 
         await eventually(
-            settled, 60, "the cancelled and the timed-out episodes are ended", every_s=0.5
+            settled, PROGRESS_S, "the cancelled and the timed-out episodes are ended", every_s=0.5
         )
         assert await ids("--task", "t_test") == {cancelled.episode_id, campaign_id}
         assert await ids("--task", "t_short") == {timed_out.episode_id}
@@ -243,5 +250,8 @@ async def test_filters_find_exactly_their_episodes_and_the_pages_commands_run(
             return await ids("--campaign", "c-1", "--end-reason", reason) == {campaign_id}
 
         await eventually(
-            campaign_cancelled, 60, "the page's cancel ended the campaign's episode", every_s=0.5
+            campaign_cancelled,
+            PROGRESS_S,
+            "the page's cancel ended the campaign's episode",
+            every_s=0.5,
         )

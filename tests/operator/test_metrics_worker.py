@@ -33,7 +33,7 @@ from posttrain_server.worker_metrics import (
 )
 from tests.operator.dev_env import operated
 from tests.operator.test_episodes_cli import STUCK, submit
-from tests.waiting import eventually
+from tests.waiting import PROGRESS_S, eventually
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -80,7 +80,7 @@ async def test_the_worker_endpoint_serves_the_episodes_jobs_and_cancellations_it
                     and value(found, "posttrain_jobs", state="running", backend="fake") == 1
                 )
 
-            await eventually(running, 60, "the running episode and its job", every_s=0.5)
+            await eventually(running, PROGRESS_S, "the running episode and its job", every_s=0.5)
             assert value(found, "posttrain_worker_info", backend="fake") == 1
             assert value(found, "posttrain_episodes", state="ended") == 0
             assert value(found, "posttrain_unconfirmed_cancellations") == 0
@@ -96,7 +96,7 @@ async def test_the_worker_endpoint_serves_the_episodes_jobs_and_cancellations_it
                 found = await scrape(url)
                 return value(found, "posttrain_unconfirmed_cancellations") == 1
 
-            await eventually(unconfirmed, 60, "the unconfirmed cancellation", every_s=0.5)
+            await eventually(unconfirmed, PROGRESS_S, "the unconfirmed cancellation", every_s=0.5)
             first_age = value(found, "posttrain_oldest_unconfirmed_cancellation_age_seconds")
             assert first_age is not None and 0 < first_age < 120
 
@@ -106,7 +106,7 @@ async def test_the_worker_endpoint_serves_the_episodes_jobs_and_cancellations_it
                 age = value(found, "posttrain_oldest_unconfirmed_cancellation_age_seconds")
                 return age is not None and age > first_age + 0.5
 
-            await eventually(older, 60, "the cancellation's age growing", every_s=0.5)
+            await eventually(older, PROGRESS_S, "the cancellation's age growing", every_s=0.5)
             assert value(found, "posttrain_jobs", state="cancelling", backend="fake") == 1
             assert value(found, "posttrain_jobs", state="running", backend="fake") == 0
         # Stopped: its info series is gone and its endpoint no longer answers.

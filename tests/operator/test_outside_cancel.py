@@ -16,7 +16,7 @@ from posttrain_common.contracts.episode_calls import EpisodeStatus, ToolCall
 from posttrain_common.contracts.jobs import JobRole
 from posttrain_env.models import JobState
 from tests.operator.dev_env import Operated, operated
-from tests.waiting import eventually
+from tests.waiting import PROGRESS_S, eventually
 from workflows.episode.session import SessionWorkflow
 from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import (
@@ -54,7 +54,7 @@ async def start_job(op: Operated) -> tuple[str, str, str]:
         views = [v for v in op.backend.views(datetime.now(UTC)) if v.key == key]
         return bool(views) and views[0].state is JobState.running
 
-    await eventually(running, 30, "the job runs on the backend", every_s=0.2)
+    await eventually(running, PROGRESS_S, "the job runs on the backend", every_s=0.2)
     (view,) = [v for v in op.backend.views(datetime.now(UTC)) if v.key == key]
     return episode_id, job_id, view.ref
 
@@ -71,7 +71,7 @@ def backend_state(op: Operated, ref: str) -> JobState:
 
 async def audit_record(op: Operated, episode_id: str) -> dict[str, Any]:
     path = record_path(op.state_dir / "audit", episode_id)
-    await eventually(lambda: path.exists(), 60, "the audit record is written", every_s=0.2)
+    await eventually(lambda: path.exists(), PROGRESS_S, "the audit record is written", every_s=0.2)
     return json.loads(path.read_text())
 
 
@@ -107,7 +107,7 @@ async def test_cancelling_a_job_workflow_cancels_its_backend_job_and_settles_it(
             (job,) = s.jobs
             return job["state"] == "cancelled" and s.service_spend.reserved.usd == 0
 
-        await eventually(settled, 60, "the episode settled the cancelled job", every_s=0.5)
+        await eventually(settled, PROGRESS_S, "the episode settled the cancelled job", every_s=0.5)
         assert backend_state(op, ref) is JobState.cancelled
         assert await workflow_status(op, job_workflow) == "COMPLETED"
         s = await status(op, episode_id)
@@ -154,7 +154,7 @@ async def test_a_job_cancelled_through_temporal_and_never_confirmed_is_on_the_re
         async def cancelling() -> bool:
             return (await status(op, episode_id)).jobs[0]["state"] == "cancelling"
 
-        await eventually(cancelling, 60, "the episode sees the job cancelling", every_s=0.5)
+        await eventually(cancelling, PROGRESS_S, "the episode sees the job cancelling", every_s=0.5)
         confirmed = await op.cli(
             "episodes", "confirm-cancelled", episode_id, job_id, "--reason", "gone on the console"
         )
@@ -195,7 +195,7 @@ async def test_cancelling_an_episode_workflow_ends_it_as_an_operator_would(
         async def closed() -> bool:
             return await workflow_status(op, workflow_id) == "COMPLETED"
 
-        await eventually(closed, 30, "the episode's workflow closes", every_s=0.2)
+        await eventually(closed, PROGRESS_S, "the episode's workflow closes", every_s=0.2)
         s = await status(op, episode_id)  # a closed episode still answers its status
         assert s.service_spend.reserved.usd == 0 and s.service_spend.final is True
         listed = (await op.run("episodes", "list", "--state", "ended", "--json")).json()
@@ -217,14 +217,14 @@ async def test_a_terminated_job_workflow_is_wound_down_by_the_reconciler(tmp_pat
             s = await status(op, episode_id)
             return s.jobs[0]["state"] == "cancelled" and s.service_spend.reserved.usd == 0
 
-        await eventually(settled, 60, "the reconciler wound the job down", every_s=0.5)
+        await eventually(settled, PROGRESS_S, "the reconciler wound the job down", every_s=0.5)
         assert backend_state(op, ref) is JobState.cancelled
 
         async def new_run_completed() -> bool:
             # The new run ends just after it told the episode (a moment later under load).
             return await workflow_status(op, job_workflow) == "COMPLETED"
 
-        await eventually(new_run_completed, 60, "the job workflow's new run completed")
+        await eventually(new_run_completed, PROGRESS_S, "the job workflow's new run completed")
         assert "terminated from outside" in (await status(op, episode_id)).jobs[0]["message"]
         ended = await op.cli("episodes", "end", episode_id, "--reason", "test over")
         assert ended.status == 0, ended.stderr
@@ -296,7 +296,7 @@ async def test_a_terminated_watcher_hands_its_jobs_to_the_next_one(tmp_path: Pat
                 return False
             return ref in await op.handle(watcher_id).query(WatcherWorkflow.watched)
 
-        await eventually(watched_again, 60, "a new watcher follows the job", every_s=0.5)
+        await eventually(watched_again, PROGRESS_S, "a new watcher follows the job", every_s=0.5)
         ended = await op.cli("episodes", "end", episode_id, "--reason", "watched again")
         assert ended.status == 0, ended.stderr
         record = await audit_record(op, episode_id)  # the cancellation was seen through
@@ -320,7 +320,9 @@ async def test_a_terminated_account_hands_its_live_episodes_to_the_next_one(
                 return False
             return episode_id in await op.handle(account_id).query(AccountWorkflow.live)
 
-        await eventually(counted_again, 60, "the next account counts the episode", every_s=0.5)
+        await eventually(
+            counted_again, PROGRESS_S, "the next account counts the episode", every_s=0.5
+        )
 
 
 async def session_of(op: Operated, episode_id: str) -> str:

@@ -16,7 +16,7 @@ from mcp_gateway.sessions import Sessions
 from posttrain_common.contracts.episode_calls import EpisodeStatus, ToolCall
 from posttrain_common.contracts.jobs import JobRole
 from tests.operator.dev_env import Operated, operated
-from tests.waiting import eventually
+from tests.waiting import PROGRESS_S, eventually
 from workflows.episode.workflow import EpisodeWorkflow
 from workflows.ids import episode_workflow_id, job_workflow_id
 from workflows.operations import search_attributes as sa
@@ -67,7 +67,7 @@ async def test_a_running_job_shows_running_in_its_state_attribute(tmp_path: Path
         async def running() -> bool:
             return await attribute(op, job, sa.STATE) == "running"
 
-        await eventually(running, 60, "the job's PtState says running", every_s=0.5)
+        await eventually(running, PROGRESS_S, "the job's PtState says running", every_s=0.5)
         # The episode heard it too (from the watcher).
         assert [j["state"] for j in (await live(op, episode_id)).jobs] == ["running"]
 
@@ -83,7 +83,9 @@ async def test_the_reservation_is_shown_and_falls_to_zero_at_the_close(tmp_path:
         async def shown() -> bool:
             return await attribute(op, workflow_id, sa.RESERVED_MICRO_USD) == round(reserved * 1e6)
 
-        await eventually(shown, 30, "PtReservedMicroUsd holds the job's reservation", every_s=0.5)
+        await eventually(
+            shown, PROGRESS_S, "PtReservedMicroUsd holds the job's reservation", every_s=0.5
+        )
         row = await listed_row(op, episode_id)
         assert row is not None and row["reserved_usd"] == reserved
         table = (await op.run("episodes", "list")).stdout
@@ -104,7 +106,9 @@ async def test_the_reservation_is_shown_and_falls_to_zero_at_the_close(tmp_path:
             row = await listed_row(op, episode_id, "--state", "ended")
             return row is not None and row["reserved_usd"] == 0.0
 
-        await eventually(released, 60, "the ended episode holds no reservation", every_s=0.5)
+        await eventually(
+            released, PROGRESS_S, "the ended episode holds no reservation", every_s=0.5
+        )
         assert await attribute(op, workflow_id, sa.RESERVED_MICRO_USD) == 0
 
 
@@ -118,7 +122,9 @@ async def test_stuck_lists_only_open_workflows_and_show_agrees(tmp_path: Path) -
             row = await listed_row(op, episode_id, "--stuck", "1s")
             return row is not None and len(row["stuck_jobs"]) == 1
 
-        await eventually(listed_with_its_job, 60, "the episode is listed as stuck", every_s=0.5)
+        await eventually(
+            listed_with_its_job, PROGRESS_S, "the episode is listed as stuck", every_s=0.5
+        )
         row = await listed_row(op, episode_id, "--stuck", "1s")
         assert row is not None
         shown = (await op.run("episodes", "show", episode_id, "--json")).json()
@@ -138,7 +144,9 @@ async def test_stuck_lists_only_open_workflows_and_show_agrees(tmp_path: Path) -
             row = await listed_row(op, episode_id, "--stuck", "1s")
             return row is not None and row["stuck_jobs"] == []
 
-        await eventually(job_gone, 60, "the terminated job is not listed as stuck", every_s=0.5)
+        await eventually(
+            job_gone, PROGRESS_S, "the terminated job is not listed as stuck", every_s=0.5
+        )
         assert (await op.run("episodes", "show", episode_id, "--json")).json()["stuck_jobs"] == []
 
         await op.handle(episode_workflow_id(episode_id)).terminate("an operator's terminate")
@@ -146,7 +154,9 @@ async def test_stuck_lists_only_open_workflows_and_show_agrees(tmp_path: Path) -
         async def episode_gone() -> bool:
             return await listed_row(op, episode_id, "--stuck", "1s") is None
 
-        await eventually(episode_gone, 60, "a closed episode is not listed as stuck", every_s=0.5)
+        await eventually(
+            episode_gone, PROGRESS_S, "a closed episode is not listed as stuck", every_s=0.5
+        )
         # Its attributes still say it was cancelling: only the open-run rule keeps it out.
         closed = op.handle(episode_workflow_id(episode_id))
         assert await attribute(op, closed.id, sa.CANCEL_PENDING_SINCE) is not None
@@ -170,7 +180,7 @@ async def test_the_time_left_is_as_of_now_not_of_the_last_workflow_task(tmp_path
             ]
             return all(left <= first["time_left_s"] - 2 for left in lefts)
 
-        await eventually(counts_down, 30, "show's time left counts down", every_s=0.5)
+        await eventually(counts_down, PROGRESS_S, "show's time left counts down", every_s=0.5)
         left = (await control.status(episode_id)).time_left_s
         at_most_elapsed = (datetime.now(UTC) - before_first).total_seconds()
         # Counted down by the time that passed between the two reads, no more.
@@ -187,7 +197,7 @@ async def test_an_export_of_an_ending_episode_has_its_end_and_spend(tmp_path: Pa
         async def settled() -> bool:
             return (await live(op, episode_id)).service_spend.settled.usd > 0
 
-        await eventually(settled, 60, "the quick job settled", every_s=0.5)
+        await eventually(settled, PROGRESS_S, "the quick job settled", every_s=0.5)
         await submit(op, episode_id, "r2", "print('stuck')\n")
         assert (await op.cli("episodes", "cancel", episode_id)).status == 0
 
@@ -195,7 +205,7 @@ async def test_an_export_of_an_ending_episode_has_its_end_and_spend(tmp_path: Pa
             status = await live(op, episode_id)
             return status.done and bool(status.cancelling)
 
-        await eventually(ending, 60, "the episode is ending", every_s=0.5)
+        await eventually(ending, PROGRESS_S, "the episode is ending", every_s=0.5)
         status = await live(op, episode_id)
         done = await op.cli("episodes", "export", episode_id)
         assert done.status == 0, done.stderr

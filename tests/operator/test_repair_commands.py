@@ -13,7 +13,7 @@ from activities.backends.fake.backend import FakeJobScript, FakeScenario
 from posttrain_common.contracts.jobs import JobRole
 from tests.operator.dev_env import Operated, operated
 from tests.operator.test_outside_cancel import audit_record, start_job, status, workflow_status
-from tests.waiting import eventually
+from tests.waiting import PROGRESS_S, eventually
 from workflows.ids import episode_workflow_id, job_workflow_id
 from workflows.job.watcher import WatcherWorkflow
 from workflows.job.workflow import CANCEL_REISSUE_S
@@ -50,7 +50,7 @@ async def test_retry_cancel_asks_again_now_and_refuses_when_nothing_is_pending(
         async def asked_once() -> bool:
             return len(await cancel_requests(op, job_workflow)) == 1
 
-        await eventually(asked_once, 30, "the end asked the backend to cancel", every_s=0.2)
+        await eventually(asked_once, PROGRESS_S, "the end asked the backend to cancel", every_s=0.2)
         retried = await op.cli(
             "episodes", "retry-cancel", episode_id, "--reason", "provider flaky", "--by", "ops-1"
         )
@@ -60,7 +60,7 @@ async def test_retry_cancel_asks_again_now_and_refuses_when_nothing_is_pending(
         async def asked_twice() -> bool:
             return len(await cancel_requests(op, job_workflow)) == 2
 
-        await eventually(asked_twice, 30, "retry-cancel asked again", every_s=0.2)
+        await eventually(asked_twice, PROGRESS_S, "retry-cancel asked again", every_s=0.2)
         first, second = await cancel_requests(op, job_workflow)
         assert (second - first).total_seconds() < CANCEL_REISSUE_S  # not the backoff's re-issue
 
@@ -134,7 +134,9 @@ async def test_confirm_cancelled_settles_at_the_minutes_given_and_closes_the_epi
         async def closed() -> bool:
             return await workflow_status(op, episode_workflow_id(episode_id)) == "COMPLETED"
 
-        await eventually(closed, 30, "the episode closes once its job is confirmed", every_s=0.2)
+        await eventually(
+            closed, PROGRESS_S, "the episode closes once its job is confirmed", every_s=0.2
+        )
         (view,) = op.backend.views(datetime.now(UTC))
         assert view.ref == ref and not view.state.terminal  # the backend never agreed
         watcher = op.handle(op.watcher_of(episode_id))
@@ -142,7 +144,7 @@ async def test_confirm_cancelled_settles_at_the_minutes_given_and_closes_the_epi
         async def unwatched() -> bool:
             return ref not in await watcher.query(WatcherWorkflow.watched)
 
-        await eventually(unwatched, 30, "the watcher forgot the job said gone", every_s=0.2)
+        await eventually(unwatched, PROGRESS_S, "the watcher forgot the job said gone", every_s=0.2)
         again = await op.cli("episodes", "confirm-cancelled", episode_id, job_id, "--reason", "x")
         assert again.status == 1 and "is closed (completed)" in again.stderr, again
 

@@ -29,7 +29,7 @@ from tests.operator.test_outside_cancel import (
     status,
     workflow_status,
 )
-from tests.waiting import eventually
+from tests.waiting import PROGRESS_S, eventually
 from workflows.ids import episode_workflow_id
 from workflows.operations.search_attributes import SEARCH_ATTRIBUTES
 
@@ -80,7 +80,7 @@ async def test_the_embedded_server_commands_list_and_describe_an_episode(tmp_pat
             assert done.status == 0, done.stderr
             return episode_workflow_id(episode_id) in done.stdout
 
-        await eventually(listed, 30, "the running episode is listed", every_s=0.5)
+        await eventually(listed, PROGRESS_S, "the running episode is listed", every_s=0.5)
         described = await run_line(op, describing, **{PAGE_EPISODE: episode_id})
         assert described.status == 0, described.stderr
         assert episode_workflow_id(episode_id) in described.stdout
@@ -135,7 +135,9 @@ async def test_a_terminated_episode_holds_money_until_the_pages_trigger_winds_it
         async def held() -> bool:
             return (await collector.read()).ended_holding == 1
 
-        await eventually(held, 30, "the terminated episode counts as holding money", every_s=0.5)
+        await eventually(
+            held, PROGRESS_S, "the terminated episode counts as holding money", every_s=0.5
+        )
         assert backend_state(op, ref) is JobState.running
 
         (line,) = block("a terminated workflow")
@@ -143,7 +145,9 @@ async def test_a_terminated_episode_holds_money_until_the_pages_trigger_winds_it
         async def triggered() -> bool:  # the worker creates the Schedule as it starts
             return (await run_line(op, line)).status == 0
 
-        await eventually(triggered, 30, "the reconciler's Schedule is triggered", every_s=0.5)
+        await eventually(
+            triggered, PROGRESS_S, "the reconciler's Schedule is triggered", every_s=0.5
+        )
         record = await audit_record(op, episode_id)
         assert [a["action"] for a in record["operator_actions"]] == ["wind_down"]
         assert backend_state(op, ref) is JobState.cancelled
@@ -154,7 +158,9 @@ async def test_a_terminated_episode_holds_money_until_the_pages_trigger_winds_it
             reading = await collector.read()
             return reading.ended_holding == 0 and reading.reserved_micro_usd == 0
 
-        await eventually(released, 30, "no money is held once it is wound down", every_s=0.5)
+        await eventually(
+            released, PROGRESS_S, "no money is held once it is wound down", every_s=0.5
+        )
 
 
 async def read_until(stream: asyncio.StreamReader, start: str, timeout_s: float) -> str:

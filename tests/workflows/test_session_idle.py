@@ -12,7 +12,7 @@ from temporalio.testing import WorkflowEnvironment
 from mcp_gateway.sessions import Sessions
 from posttrain_common.contracts.episode_calls import EndRequest
 from posttrain_env.models import EndReason
-from tests.waiting import eventually
+from tests.waiting import PROGRESS_S, eventually
 from tests.workflows.harness import Episode, running_worker
 from workflows.episode.session import IDLE_CLOSE, ResetRequest, ResetResult, SessionWorkflow
 from workflows.episode.workflow import EpisodeWorkflow
@@ -32,7 +32,7 @@ async def end_and_wait_closed(ep: Episode) -> None:
     async def completed() -> bool:
         return await status_of(ep.handle) is WorkflowExecutionStatus.COMPLETED
 
-    await eventually(completed, 30, "the cancelled episode's workflow completed")
+    await eventually(completed, PROGRESS_S, "the cancelled episode's workflow completed")
 
 
 async def test_a_session_whose_episode_closed_closes_after_the_idle_bound(
@@ -49,7 +49,7 @@ async def test_a_session_whose_episode_closed_closes_after_the_idle_bound(
         async def closed() -> bool:
             return await status_of(session) is WorkflowExecutionStatus.COMPLETED
 
-        await eventually(closed, 30, "the idle session closed")
+        await eventually(closed, PROGRESS_S, "the idle session closed")
         # What its gateway asks of it still answers: its last episode.
         assert await session.query(SessionWorkflow.current_episode) == ep.episode_id
 
@@ -94,7 +94,7 @@ async def test_the_gateways_reset_of_a_session_closed_when_idle_starts_it_again(
         async def closed() -> bool:
             return await status_of(handle) is WorkflowExecutionStatus.COMPLETED
 
-        await eventually(closed, 30, "the idle session closed")
+        await eventually(closed, PROGRESS_S, "the idle session closed")
         again = await sessions.reset(session_id, "t_test", "r2")
         h.started.append(again.workflow_id)
         assert again.episode_id != first.episode_id

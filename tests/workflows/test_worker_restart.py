@@ -34,7 +34,7 @@ from posttrain_common.contracts.jobs import JobRole
 from posttrain_common.keys import write_new_key
 from posttrain_server.temporal.dev_server import start_dev_command
 from tests.payload_limits import assert_no_violation_in
-from tests.waiting import eventually
+from tests.waiting import PROGRESS_S, eventually
 from tests.workflows.harness import Answer, reset_new_session, write_task
 from workflows.episode.workflow import EpisodeWorkflow
 
@@ -205,7 +205,7 @@ async def test_a_worker_killed_mid_episode_and_a_new_one_finish_the_same_episode
                 status = await handle.query(EpisodeWorkflow.status, result_type=EpisodeStatus)
                 return status.jobs[0]["state"] == "running"
 
-            await eventually(job_running, 15, f"job {job_id} to run\n{log_tail()}")
+            await eventually(job_running, PROGRESS_S, f"job {job_id} to run\n{log_tail()}")
             stop(first, signal.SIGKILL)
             assert first.returncode == -signal.SIGKILL
 
